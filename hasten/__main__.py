@@ -1,0 +1,3 @@
+from hasten.cli import main
+
+raise SystemExit(main())
