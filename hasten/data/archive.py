@@ -1,0 +1,192 @@
+"""Read and extract directories and archives (.tar, .tar.gz, .tar.xz, .tar.bz2, .zip) safely.
+
+Every archive member is checked before use: absolute names, ``..`` components,
+symbolic and hard links, device files and FIFOs are refused with a ``DataError``
+naming the member (the tar "path traversal" family, CVE-2007-4559 and relatives).
+``safe_extract`` checks the whole archive before it writes a single byte and
+writes regular files itself rather than trusting ``extractall``. Unreadable or
+truncated archives become one ``DataError`` too, never a decompressor traceback.
+"""
+
+from __future__ import annotations
+
+import lzma
+import os
+import re
+import stat
+import tarfile
+import zipfile
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+from hasten.errors import DataError
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
+ZIP_SUFFIXES = (".zip",)
+ARCHIVE_SUFFIXES = TAR_SUFFIXES + ZIP_SUFFIXES
+
+# What a damaged archive raises from inside tarfile/zipfile and the decompressors.
+_READ_ERRORS = (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError,
+                OSError, RuntimeError, NotImplementedError, UnicodeDecodeError)
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def archive_kind(path: str | os.PathLike) -> str | None:
+    """"dir", "tar", "zip", or None for anything else."""
+    path = Path(path)
+    if path.is_dir():
+        return "dir"
+    name = path.name.lower()
+    if name.endswith(ZIP_SUFFIXES):
+        return "zip"
+    if name.endswith(TAR_SUFFIXES):
+        return "tar"
+    return None
+
+
+def archive_stem(path: str | os.PathLike) -> str:
+    """The name without its archive suffix: ``cifar10-jpeg.tar.xz`` -> ``cifar10-jpeg``."""
+    name = Path(path).name
+    for suffix in sorted(ARCHIVE_SUFFIXES, key=len, reverse=True):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _clean_name(raw: str, archive: Path) -> str:
+    """The member's relative POSIX name, or a DataError if it could escape."""
+    name = raw.replace("\\", "/")
+    while name.startswith("./"):
+        name = name[2:]
+    if name.startswith("/") or _DRIVE.match(name) or "\x00" in name:
+        raise DataError(f"archive {archive.name} has a member with an absolute path: {raw!r}; refusing to read it")
+    if ".." in name.split("/"):
+        raise DataError(f"archive {archive.name} has a member that escapes its directory: {raw!r}; refusing to read it")
+    return name.rstrip("/")
+
+
+def _check_tar_member(member: tarfile.TarInfo, archive: Path) -> str:
+    name = _clean_name(member.name, archive)
+    if member.issym() or member.islnk():
+        raise DataError(f"archive {archive.name} has a link member {member.name!r} -> {member.linkname!r}; "
+                        "links are refused")
+    if not (member.isreg() or member.isdir()):
+        raise DataError(f"archive {archive.name} has a device, FIFO or special member {member.name!r}; "
+                        "only regular files and directories are accepted")
+    return name
+
+
+def _check_zip_member(info: zipfile.ZipInfo, archive: Path) -> str:
+    name = _clean_name(info.filename, archive)
+    mode = info.external_attr >> 16
+    if stat.S_ISLNK(mode):
+        raise DataError(f"archive {archive.name} has a symbolic-link member {info.filename!r}; links are refused")
+    if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise DataError(f"archive {archive.name} has a device, FIFO or special member {info.filename!r}; "
+                        "only regular files and directories are accepted")
+    return name
+
+
+def iter_entries(path: str | os.PathLike) -> Iterator[tuple[str, bytes | None]]:
+    """Yield ``(relative name, bytes)`` for every regular file and ``(name, None)``
+    for every directory of a directory tree or an archive, in storage order.
+
+    Archives are read as a stream (one pass, even for .tar.xz). A directory is
+    the user's own tree, so symbolic links in it are followed.
+    """
+    path = Path(path)
+    kind = archive_kind(path)
+    if kind == "dir":
+        yield from _iter_dir(path)
+        return
+    if kind is None:
+        raise DataError(f"{str(path)!r} is neither a directory nor an archive; accepted archives: "
+                        + ", ".join(ARCHIVE_SUFFIXES))
+    try:
+        if kind == "tar":
+            with tarfile.open(path, "r|*") as tf:
+                for member in tf:
+                    name = _check_tar_member(member, path)
+                    if not name:
+                        continue
+                    if member.isdir():
+                        yield name, None
+                    else:
+                        yield name, tf.extractfile(member).read()
+        else:
+            with zipfile.ZipFile(path) as zf:
+                for info in zf.infolist():
+                    name = _check_zip_member(info, path)
+                    if not name:
+                        continue
+                    yield (name, None) if info.is_dir() else (name, zf.read(info))
+    except DataError:
+        raise
+    except _READ_ERRORS as e:
+        raise DataError(f"cannot read archive {str(path)!r}: {type(e).__name__}: {e} "
+                        "(truncated, corrupt or not the format its name says)") from None
+
+
+def _iter_dir(root: Path) -> Iterator[tuple[str, bytes | None]]:
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames.sort()
+        rel = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if rel == "." else rel + "/"
+        if prefix:
+            yield prefix.rstrip("/"), None
+        for name in sorted(filenames):
+            try:
+                data = Path(dirpath, name).read_bytes()
+            except OSError as e:
+                raise DataError(f"cannot read {os.path.join(dirpath, name)!r}: {e.strerror}") from None
+            yield prefix + name, data
+
+
+def iter_files(path: str | os.PathLike) -> Iterator[tuple[str, bytes]]:
+    """``iter_entries`` without the directories."""
+    for name, data in iter_entries(path):
+        if data is not None:
+            yield name, data
+
+
+def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Extract ``archive`` into ``dest`` after checking every member; nothing is
+    written when any member is refused. Returns ``dest``."""
+    archive, dest = Path(archive), Path(dest)
+    kind = archive_kind(archive)
+    if kind not in ("tar", "zip"):
+        raise DataError(f"{str(archive)!r} is not an archive; accepted: " + ", ".join(ARCHIVE_SUFFIXES))
+    try:
+        if kind == "tar":
+            with tarfile.open(archive, "r:*") as tf:
+                members = [(_check_tar_member(m, archive), m) for m in tf.getmembers()]
+                _write_members(dest, [(n, m.isdir(), lambda m=m: tf.extractfile(m).read()) for n, m in members])
+        else:
+            with zipfile.ZipFile(archive) as zf:
+                members = [(_check_zip_member(i, archive), i) for i in zf.infolist()]
+                _write_members(dest, [(n, i.is_dir(), lambda i=i: zf.read(i)) for n, i in members])
+    except DataError:
+        raise
+    except _READ_ERRORS as e:
+        raise DataError(f"cannot extract archive {str(archive)!r}: {type(e).__name__}: {e}") from None
+    return dest
+
+
+def _write_members(dest: Path, members) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest.resolve()
+    for name, is_dir, read in members:
+        if not name:
+            continue
+        target = (root / name).resolve()
+        # Names were checked already; this also catches a directory on disk
+        # that is itself a link pointing elsewhere.
+        if root not in target.parents:
+            raise DataError(f"member {name!r} would land outside {str(dest)!r}; refusing to extract it")
+        if is_dir:
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(read())

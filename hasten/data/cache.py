@@ -1,0 +1,93 @@
+"""The on-disk cache: downloads and decoded datasets.
+
+Lives in ``$HASTEN_CACHE``, else ``~/.cache/hasten``. Every entry is written to a
+temporary name next to its final place and renamed into place, so a crash or a
+concurrent run never leaves a half-written entry that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from hasten.errors import DataError
+
+
+def cache_dir() -> Path:
+    """The cache root (created on first use)."""
+    root = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create the cache directory {str(root)!r} ({e}); set HASTEN_CACHE to a "
+                        "writable directory") from None
+    return root
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tree_fingerprint(root: str | os.PathLike) -> str:
+    """sha256 over relative names, sizes and modification times of every file
+    under ``root``: any added, removed, resized or touched file changes it."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel = Path(dirpath).relative_to(root).as_posix()
+        h.update(f"D {rel}\n".encode())
+        for name in sorted(filenames):
+            st = os.stat(os.path.join(dirpath, name))
+            h.update(f"F {rel}/{name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def entry_key(fingerprint: str, options: dict) -> str:
+    """Cache key from the input's fingerprint and the options that change the output."""
+    blob = json.dumps({"input": fingerprint, "options": options}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def save_entry(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    """Write ``<name>.npy`` per array plus ``meta.json`` into directory ``path``,
+    atomically: everything goes to a temporary sibling that is renamed at the end."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        for name, arr in arrays.items():
+            np.save(tmp / f"{name}.npy", np.ascontiguousarray(arr), allow_pickle=False)
+        with open(tmp / "meta.json", "w") as f:
+            json.dump(meta, f)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not (path / "meta.json").exists():
+                raise
+            # Another run finished the same entry first; its content is identical.
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_entry(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], dict] | None:
+    """The arrays and meta of a complete entry, or None when there is none (or it
+    is unreadable: the caller then rebuilds it)."""
+    if not (path / "meta.json").is_file():
+        return None
+    try:
+        with open(path / "meta.json") as f:
+            meta = json.load(f)
+        arrays = {name: np.load(path / f"{name}.npy", allow_pickle=False) for name in names}
+    except (OSError, ValueError):
+        return None
+    return arrays, meta
