@@ -1,0 +1,65 @@
+"""bfloat16 mixed precision with float32 where it matters, and channels_last.
+
+Based on: Ying et al., "Image Classification at Supercomputer Scale"
+(arXiv:1811.06992): convolutions and matrix products in bfloat16, with batch norm,
+the loss and gradient sums in float32. bfloat16 has float32's exponent range, so
+no loss scaling is needed (unlike float16).
+
+How each float32 part is kept here:
+
+- parameters stay float32 (autocast casts copies for each op), so gradients and
+  their all-reduce are float32 unless a compression hook is chosen on purpose;
+- batch norm: :func:`batchnorm_in_float32` makes every BN layer see a float32
+  input (autocast passes bf16 activations to BN on CUDA); the following conv casts
+  back to bf16 under autocast;
+- loss: :func:`cross_entropy` upcasts the logits.
+
+Changes the training math: yes (bf16 matmuls and convolutions round to 8 bits of
+mantissa); accuracy is expected to match float32 within run-to-run noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["autocast", "batchnorm_in_float32", "cross_entropy", "to_channels_last"]
+
+
+def autocast(device: torch.device, enabled: bool):
+    """bf16 autocast on ``device`` (CUDA or CPU), or a no-op context."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _upcast_input(module: nn.Module, args: tuple):
+    x = args[0]
+    return (x.float(),) + args[1:] if x.dtype != torch.float32 else None
+
+
+def batchnorm_in_float32(model: nn.Module) -> nn.Module:
+    """Make every batch-norm layer of ``model`` normalise a float32 input.
+    Returns ``model`` (modified in place with forward pre-hooks)."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.register_forward_pre_hook(_upcast_input)
+    return model
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """Cross-entropy in float32, with label smoothing (Szegedy et al.,
+    arXiv:1512.00567; 0.1 in Ying et al.): the target puts ``1 - s + s / K`` on
+    the true class and ``s / K`` on each of the K classes otherwise."""
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"Invalid label_smoothing: {label_smoothing} (must be in [0, 1))")
+    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
+
+
+def to_channels_last(model: nn.Module) -> nn.Module:
+    """NHWC memory format: tensor cores and oneDNN read convolutions in this
+    layout without transposes. Inputs should be converted the same way."""
+    return model.to(memory_format=torch.channels_last)
