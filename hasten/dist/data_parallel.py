@@ -1,0 +1,163 @@
+"""Data-parallel training helpers: torchrun setup, DDP with a chosen all-reduce, seeding.
+
+Training code needs four things, in this order::
+
+    info = init_distributed()                 # reads torchrun's env; world size 1 without it
+    seed_everything(0, rank=info.rank)        # same init everywhere, different augmentation
+    model = wrap_ddp(model.to(info.device), hook="ring", compress=None)
+    ...                                       # each rank trains on global_batch // world_size
+    shutdown()
+
+Launch with ``torchrun --nproc-per-node N train.py``; gloo on CPU, NCCL on CUDA.
+
+Changes the training math: no. N ranks with local batch B/N and averaged gradients
+take the same steps as one process with batch B (up to float rounding); only
+``compress="bf16"`` rounds the gradients (see ``hasten.dist.hooks``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from hasten.dist.hooks import COMPRESSIONS, register_allreduce_hook
+
+HOOKS = ("ring", "torus", "naive", "native")
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: ranks, the device it should use, the backend (None: single process)."""
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def init_distributed(backend: str | None = None, device: str = "auto",
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> DistInfo:
+    """Initialise torch.distributed from torchrun's environment and return this rank's DistInfo.
+
+    ``backend``: None picks NCCL when CUDA is used, gloo otherwise. ``device``:
+    "auto" | "cpu" | "cuda"; on CUDA each rank takes GPU ``LOCAL_RANK``.
+    Without torchrun (no WORLD_SIZE, or WORLD_SIZE=1) no process group is made and
+    ``wrap_ddp`` returns the model unchanged. ``timeout_s`` bounds how long a
+    collective waits for a dead or stuck peer. Calling it again is harmless.
+    """
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"backend must be None, 'gloo' or 'nccl', got {backend!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world_size == 1 and not dist.is_initialized():
+        return DistInfo(0, 1, 0, dev, None)
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    if backend == "nccl" and not use_cuda:
+        raise ValueError("backend 'nccl' needs CUDA; use 'gloo' on CPU")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s),
+                                **({"device_id": dev} if use_cuda else {}))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, dist.get_backend())
+
+
+def shutdown() -> None:
+    """Destroy the process group if one exists (safe to call always)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def seed_everything(seed: int, rank: int = 0, *, per_rank: bool = False) -> int:
+    """Seed python, numpy and torch; returns the seed used.
+
+    ``per_rank=False`` (the default) gives every rank the same seed, so models are
+    initialised identically and the data order agrees; ``per_rank=True`` uses
+    ``seed + rank``, for streams that must differ between ranks (augmentation).
+    """
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    used = seed + rank if per_rank else seed
+    random.seed(used)
+    torch.manual_seed(used)
+    try:
+        import numpy as np
+
+        np.random.seed(used % 2**32)
+    except ImportError:
+        pass
+    return used
+
+
+def local_batch_size(global_batch: int, world_size: int) -> int:
+    """The per-rank batch for a global batch; it must divide evenly for exact equivalence."""
+    if global_batch < 1 or world_size < 1 or global_batch % world_size:
+        raise ValueError(f"global batch {global_batch} must be a positive multiple of the "
+                         f"world size {world_size}")
+    return global_batch // world_size
+
+
+def shard(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's contiguous slice of a global batch (dimension 0)."""
+    n = local_batch_size(batch.shape[0], world_size)
+    return batch[rank * n:(rank + 1) * n]
+
+
+def wrap_ddp(model: torch.nn.Module, hook: str = "ring", compress: str | None = None,
+             grid=None, timeout_s: float | None = None, **ddp_kwargs) -> torch.nn.Module:
+    """Wrap ``model`` in DistributedDataParallel averaging gradients with ``hook``.
+
+    hook: "ring" | "torus" | "naive" (hasten's algorithms, as comm hooks) or
+        "native" (the backend's own all_reduce, i.e. plain DDP).
+    compress: None or "bf16" (cast gradient buckets to bfloat16 on the wire).
+    grid: (rows, columns) or "RxC" for the torus (None: the most square grid).
+    timeout_s: per send/recv for hasten's hooks (None: the process group's).
+    ddp_kwargs: passed to DistributedDataParallel (device_ids is set for CUDA).
+
+    In a single process (no process group, or world size 1) the model is returned
+    unchanged: there is nothing to average.
+    """
+    if hook not in HOOKS:
+        raise ValueError(f"hook must be one of {HOOKS}, got {hook!r}")
+    if compress not in COMPRESSIONS:
+        raise ValueError(f"compress must be one of {COMPRESSIONS}, got {compress!r}")
+    if grid is not None and hook != "torus":
+        raise ValueError(f"grid only applies to hook='torus', not {hook!r}")
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return model
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        ddp_kwargs.setdefault("device_ids", [device.index])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+    if hook != "native" or compress is not None:  # native uncompressed is plain DDP
+        register_allreduce_hook(ddp, hook, compress=compress, grid=grid, timeout_s=timeout_s)
+    return ddp
