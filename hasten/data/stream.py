@@ -1,0 +1,257 @@
+"""The streaming input pipeline, with optional data echoing.
+
+For data that is not decoded once and held on the device:
+
+    records (folder/archive cache, maybe slow storage) -> shard per rank and epoch
+    -> decode in worker processes (simplejpeg, else Pillow) -> per-example crop/flip
+    -> [echo] -> shuffle buffer -> batch -> [echo] -> pinned memory -> device
+
+``StreamLoader`` composes the pieces, each usable alone: ``shard_indices``
+(hasten.data.sharding), ``decode_stream`` (hasten.data.decode_pool), ``crop_flip``
+(hasten.data.host_augment), the echo stages and ``shuffle_buffer`` (hasten.echo),
+``batch_examples`` and ``to_device`` (here). It is a plain iterable of
+(images uint8 (B, 3, H, W), labels int64 (B,)) batches and also a
+``torch.utils.data.IterableDataset`` (images come in channels_last memory
+format, which convolutions accept as is): ``DataLoader(loader, batch_size=None,
+num_workers=k)`` splits each rank's shard over the k loader workers.
+
+Echo ``variant`` decides where the echo stage sits (Choi et al., 2019):
+``example-before`` echoes decoded examples and augments every copy afresh on the
+consumer side; ``example-after`` augments in the decode workers and echoes the
+augmented examples; ``batch`` echoes whole batches.
+
+Based on: Choi et al., "Faster Neural Network Training with Data Echoing" (2019);
+Kumar et al., "Scale MLPerf-0.6 models on Google TPU-v3 Pods" / "Image
+Classification at Supercomputer Scale" (2018-19) for sharding, caching,
+prefetching and fused decode.
+
+Changes the training math: no, without echoing (the usual shuffled, augmented
+epochs); yes with echoing (see hasten.echo.stages).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from hasten.data.decode_pool import decode_stream
+from hasten.data.host_augment import crop_flip
+from hasten.data.sharding import shard_indices
+from hasten.echo import (
+    AutoEcho,
+    EchoCounters,
+    check_buffer_size,
+    check_factor,
+    check_variant,
+    echo_batches,
+    echo_examples,
+    shuffle_buffer,
+)
+
+
+def batch_examples(
+    examples: Iterable[tuple[np.ndarray, int, int]], batch_size: int, *, drop_last: bool = False,
+    counters: EchoCounters | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Group (image HWC, label, key) examples into (images NHWC, labels, keys) arrays."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
+    return _batched(examples, batch_size, drop_last, counters)
+
+
+def _batched(examples, batch_size, drop_last, counters):
+    images, labels, keys = [], [], []
+    for image, label, key in examples:
+        images.append(image)
+        labels.append(label)
+        keys.append(key)
+        if len(images) == batch_size:
+            if counters is not None:
+                counters.record_batch(keys)
+            yield np.stack(images), np.asarray(labels, dtype=np.int64), np.asarray(keys, dtype=np.int64)
+            images, labels, keys = [], [], []
+    if images and not drop_last:
+        if counters is not None:
+            counters.record_batch(keys)
+        yield np.stack(images), np.asarray(labels, dtype=np.int64), np.asarray(keys, dtype=np.int64)
+
+
+def _examples(chunks) -> Iterator[tuple[np.ndarray, int, int]]:
+    for chunk in chunks:
+        yield from zip(chunk.images, chunk.labels.tolist(), chunk.keys.tolist())
+
+
+def to_device(
+    batches: Iterable[tuple[torch.Tensor, ...]], device: torch.device | str, *, depth: int = 2
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Move tuples of CPU tensors to ``device``: pinned memory, non-blocking copies,
+    ``depth`` batches in flight ahead of the consumer. On a CPU device, a no-op."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        yield from batches
+        return
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def pin():
+        # Pinning and the copy's setup run off the training thread, overlapping the step.
+        try:
+            for batch in batches:
+                item = tuple(t.pin_memory() for t in batch)
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            q.put(e)
+
+    thread = threading.Thread(target=pin, daemon=True, name="hasten-pin")
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield tuple(t.to(device, non_blocking=True) for t in item)
+    finally:
+        stop.set()
+
+
+class StreamLoader(torch.utils.data.IterableDataset):
+    """Shuffled, sharded, augmented batches streamed from a record store.
+
+    ``records``: ``records[i] -> (name, bytes, label)`` with ``len``; usually
+    ``hasten.data.records.open_records(path)``, possibly wrapped in ``SlowStorage``.
+    ``echo``: a factor >= 1 or an ``AutoEcho``; ``variant``: where it applies.
+    ``shuffle_buffer``: items (examples, or batches for batch echoing) mixed after
+    echoing. ``augment``: random crop (reflect pad 4) and flip. ``counters``
+    accumulate over epochs. Call ``set_epoch(e)`` before each epoch, as with
+    DistributedSampler (iterating also advances it by one). ``with_keys``: yield
+    (images, labels, dataset indices) to trace examples.
+    """
+
+    def __init__(
+        self,
+        records,
+        *,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        workers: int = 0,
+        chunk_size: int = 128,
+        prefetch: int = 4,
+        image_size: int | None = None,
+        augment: bool = True,
+        echo: float | AutoEcho = 1,
+        variant: str = "example-before",
+        shuffle_buffer: int = 0,
+        device: torch.device | str = "cpu",
+        max_bad_fraction: float = 0.01,
+        poll_s: float = 0.2,
+        with_keys: bool = False,
+    ):
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be an integer >= 1; got {chunk_size!r}")
+        shard_indices(len(records), rank=rank, world_size=world_size)  # validates rank and world_size
+        self.records = records
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.workers, self.chunk_size, self.prefetch = workers, chunk_size, prefetch
+        self.image_size, self.augment = image_size, augment
+        self.echo = check_factor(echo)
+        self.variant = check_variant(variant)
+        self.buffer = check_buffer_size(shuffle_buffer)
+        self.device = torch.device(device)
+        self.max_bad_fraction, self.poll_s = max_bad_fraction, poll_s
+        self.with_keys = with_keys
+        self.counters = EchoCounters()
+        self.skipped: list[tuple[str, str]] = []
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def indices(self, epoch: int) -> np.ndarray:
+        """This rank's (and DataLoader worker's) dataset indices for ``epoch``."""
+        idx = shard_indices(len(self.records), rank=self.rank, world_size=self.world_size, epoch=epoch,
+                            seed=self.seed, shuffle=self.shuffle)
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            idx = idx[info.id :: info.num_workers]
+        return idx
+
+    def __len__(self) -> int:
+        """Batches per epoch without echoing (echoing adds about (e - 1) times as many)."""
+        n = len(self.indices(self.epoch))
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch = self.epoch
+        self.epoch += 1
+        return self._epoch(epoch)
+
+    def _epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        idx = self.indices(epoch)
+        chunks = [idx[i : i + self.chunk_size] for i in range(0, len(idx), self.chunk_size)]
+        echoing = isinstance(self.echo, AutoEcho) or self.echo != 1
+        augment_late = self.augment and echoing and self.variant == "example-before"
+        seed = (self.seed * 1_000_003 + epoch) * 1_000_003 + self.rank
+        # Processes cannot be started from inside a (daemonic) DataLoader worker.
+        workers = 0 if torch.utils.data.get_worker_info() is not None else self.workers
+        decoded = decode_stream(
+            self.records, chunks, workers=workers, image_size=self.image_size,
+            augment=crop_flip if self.augment and not augment_late else None, seed=seed * 7919,
+            prefetch=self.prefetch, max_bad_fraction=self.max_bad_fraction, poll_s=self.poll_s,
+            on_bad=self.skipped.extend,
+        )
+        examples = _examples(decoded)
+        if echoing and self.variant != "batch":
+            examples = echo_examples(examples, self.echo, seed=self.seed, epoch=epoch, counters=self.counters)
+        else:
+            examples = _count_fresh(examples, self.counters)
+        if self.variant != "batch" or not echoing:
+            examples = shuffle_buffer(examples, self.buffer, seed=seed)
+        batches = batch_examples(examples, self.batch_size, drop_last=self.drop_last, counters=self.counters)
+        if augment_late:
+            batches = _augment_batches(batches, np.random.default_rng(seed))
+        if echoing and self.variant == "batch":
+            batches = echo_batches(batches, self.echo, seed=self.seed, epoch=epoch, counters=self.counters)
+            batches = shuffle_buffer(batches, self.buffer, seed=seed)
+        return to_device(_as_tensors(batches, self.with_keys), self.device, depth=2)
+
+
+def _count_fresh(examples, counters: EchoCounters):
+    for example in examples:
+        counters.fresh_examples += 1
+        yield example
+
+
+def _augment_batches(batches, rng: np.random.Generator):
+    for images, labels, keys in batches:
+        yield crop_flip(images, rng), labels, keys
+
+
+def _as_tensors(batches, with_keys: bool) -> Iterator[tuple[torch.Tensor, ...]]:
+    for images, labels, keys in batches:
+        # A (B, 3, H, W) view in channels_last memory format: no copy (a contiguous
+        # NCHW copy of uint8 costs more than decoding on CPU); convolutions take it as is.
+        batch = (torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels))
+        yield batch + (torch.from_numpy(keys),) if with_keys else batch

@@ -1,0 +1,34 @@
+"""Data echoing (Choi et al., 2019): reuse prepared data when input is the bottleneck.
+
+- ``echo_examples`` / ``echo_batches``: echo stages for any iterable or DataLoader;
+- ``shuffle_buffer``: spread echoed copies apart;
+- ``AutoEcho``: an echo factor that follows the measured upstream/downstream ratio;
+- ``EchoCounters`` / ``timed_loader``: fresh examples, waits, idle fraction.
+"""
+
+from hasten.echo.auto import AutoEcho
+from hasten.echo.counters import EchoCounters, timed_loader
+from hasten.echo.stages import (
+    VARIANTS,
+    check_buffer_size,
+    check_factor,
+    check_variant,
+    echo_batches,
+    echo_copies,
+    echo_examples,
+    shuffle_buffer,
+)
+
+__all__ = [
+    "AutoEcho",
+    "EchoCounters",
+    "VARIANTS",
+    "check_buffer_size",
+    "check_factor",
+    "check_variant",
+    "echo_batches",
+    "echo_copies",
+    "echo_examples",
+    "shuffle_buffer",
+    "timed_loader",
+]
