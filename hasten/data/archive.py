@@ -80,10 +80,11 @@ def _check_tar_member(member: tarfile.TarInfo, archive: Path) -> str:
 
 def _check_zip_member(info: zipfile.ZipInfo, archive: Path) -> str:
     name = _clean_name(info.filename, archive)
-    mode = info.external_attr >> 16
-    if stat.S_ISLNK(mode):
+    # Unix zips keep st_mode in the high 16 bits; a file type of 0 means "not recorded".
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind == stat.S_IFLNK:
         raise DataError(f"archive {archive.name} has a symbolic-link member {info.filename!r}; links are refused")
-    if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
         raise DataError(f"archive {archive.name} has a device, FIFO or special member {info.filename!r}; "
                         "only regular files and directories are accepted")
     return name

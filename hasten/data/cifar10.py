@@ -115,11 +115,13 @@ def read_cifar10_binary(path: str | os.PathLike) -> ImageDataset:
                         source=str(path))
 
 
-def download_cifar10(root: str | os.PathLike | None = None, url: str = URL, md5: str = MD5) -> Path:
-    """Download (once) and extract (once) the canonical archive; return the
-    directory holding the ``*.bin`` batches. Offline this fails within seconds
-    with a ``DataError`` saying how to point at a local copy."""
+def download_cifar10(root: str | os.PathLike | None = None, url: str | None = None, md5: str | None = None) -> Path:
+    """Download (once) and extract (once) the canonical archive into ``root``
+    (default: the cache directory); return the directory holding the ``*.bin``
+    batches. Offline this fails within seconds with a ``DataError`` saying how
+    to point at a local copy. ``url`` and ``md5`` default to ``URL`` and ``MD5``."""
     root = Path(root) if root is not None else cache_dir()
+    url, md5 = url or URL, md5 or MD5
     target = root / BATCHES_DIR
     if _bin_files_in(target).keys() >= set(TRAIN_FILES + TEST_FILES):
         return target

@@ -75,6 +75,8 @@ def _decode_pillow(data: bytes, name: str) -> np.ndarray:
                 img.load()
                 rgb = img.convert("RGB")
         array = np.asarray(rgb, dtype=np.uint8)
+    except Image.UnidentifiedImageError:
+        raise BadImageError(f"{name}: damaged image data (Pillow cannot identify it)") from None
     except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file, by design
         raise BadImageError(f"{name}: {type(e).__name__}: {e}") from None
     if array.ndim != 3 or array.shape[2] != 3 or 0 in array.shape:

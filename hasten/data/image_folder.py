@@ -81,27 +81,27 @@ def load_image_folder(
             _check_bad_fraction(path, skipped, meta["total_files"], max_bad_fraction)
             return _dataset(meta["name"], meta["classes"], arrays, str(path), skipped, cached=True)
 
-    classes, samples, stray = _collect(path)
-    names = [n for n, _, _ in samples]
-    results = _decode_all([(n, d) for n, d, _ in samples], image_size, workers or os.cpu_count() or 1)
+    names, dirs, formats, chunks = _read_and_decode(path, image_size, workers or os.cpu_count() or 1)
+    classes, samples, stray = _layout(path, names, dirs)
+    reasons = [reason for _, chunk_reasons, _ in chunks for reason in chunk_reasons]
+    shapes = [shape for _, _, chunk_shapes in chunks for shape in chunk_shapes]
 
-    skipped = stray + [(n, r) for n, r in zip(names, results) if isinstance(r, str)]
+    skipped = stray + [(names[i], reasons[i]) for i, _, _ in samples if reasons[i] is not None]
     total = len(samples) + len(stray)
     _check_bad_fraction(path, skipped, total, max_bad_fraction)
-    good = [(n, r, label) for (n, _, label), r in zip(samples, results) if not isinstance(r, str)]
-    _check_sizes(path, good)
+    good = [(i, split, label) for i, split, label in samples if reasons[i] is None]
+    _check_sizes(path, [(names[i], shapes[i]) for i, _, _ in good])
 
     arrays = {}
     for split in SPLITS:
-        mine = [(n, img, label) for n, img, label in good if n.startswith(split + "/")]
-        present = {label for _, _, label in mine}
-        lost = [c for i, c in enumerate(classes) if i not in present]
+        mine = [(i, label) for i, s, label in good if s == split]
+        lost = sorted(set(classes) - {classes[label] for _, label in mine})
         if lost:
             raise DataError(f"{path}: no readable image left in {split}/ for class(es) {', '.join(lost)}")
-        arrays[f"{split}_images"] = np.stack([img for _, img, _ in mine]).transpose(0, 3, 1, 2).copy()
-        arrays[f"{split}_labels"] = np.array([label for _, _, label in mine], dtype=np.int64)
+        arrays[f"{split}_images"] = _assemble(chunks, [i for i, _ in mine])
+        arrays[f"{split}_labels"] = np.array([label for _, label in mine], dtype=np.int64)
 
-    all_jpeg = all(image_format(d) == "jpeg" for (_, d, _), r in zip(samples, results) if not isinstance(r, str))
+    all_jpeg = all(formats[i] == "jpeg" for i, _, _ in good)
     name = "CIFAR-10-JPEG" if classes == CIFAR10_CLASSES and all_jpeg else stem
     if entry is not None:
         save_entry(entry, arrays, {"name": name, "classes": classes, "skipped": skipped,
@@ -120,28 +120,111 @@ def _dataset(name, classes, arrays, source, skipped, cached) -> ImageDataset:
                         source=source, skipped=list(skipped), cached=cached)
 
 
-def _collect(path: Path) -> tuple[list[str], list[tuple[str, bytes, int]], list[tuple[str, str]]]:
-    """Read the tree once: sorted class names, (name, bytes, label) samples in
-    (split, class, name) order, and stray files that sit in a split folder but
-    outside any class folder."""
-    entries = list(iter_entries(path))
-    root = _find_root(path, entries)
-    found: dict[str, dict[str, list[tuple[str, bytes]]]] = {s: {} for s in SPLITS}
+_Chunk = tuple  # (images, reasons, shapes): see _decode_chunk
+
+
+def _read_and_decode(path: Path, image_size: int | None, workers: int):
+    """One pass over the input: file names, directory names, each file's format,
+    and the decoded chunks of ``CHUNK`` consecutive files.
+
+    Chunks go to the worker processes while the archive is still being read, so
+    decompression (one core) overlaps decoding (the others). Every file except
+    dot-files is decoded; which ones are samples is decided afterwards.
+    """
+    names, dirs, formats, pending, batch = [], [], [], [], []
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+
+    def submit():
+        pending.append(pool.submit(_decode_chunk, batch, image_size) if pool else _decode_chunk(batch, image_size))
+
+    try:
+        with progress(desc="reading and decoding", unit="file") as bar:
+            for name, data in iter_entries(path):
+                if data is None:
+                    dirs.append(name)
+                    continue
+                if name.rsplit("/", 1)[-1].startswith("."):
+                    continue
+                names.append(name)
+                formats.append(image_format(data))
+                batch.append((name, data))
+                if len(batch) == CHUNK:
+                    submit()
+                    batch = []
+                bar.update()
+            if batch:
+                submit()
+            chunks = [p.result() if pool else p for p in pending]
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)
+    return names, dirs, formats, chunks
+
+
+def _decode_chunk(chunk: list[tuple[str, bytes]], image_size: int | None) -> _Chunk:
+    """Decode in a worker. Returns the good images as one (k, 3, H, W) array when
+    they share a size (one cheap pickle back), else a list of (3, H, W) arrays;
+    per file, the reason it is bad (None when good); per file, (H, W) or None."""
+    arrays, reasons, shapes = [], [], []
+    for name, data in chunk:
+        try:
+            array = decode_image(data, name, image_size)
+        except BadImageError as e:
+            reasons.append(str(e).removeprefix(f"{name}: "))
+            shapes.append(None)
+            continue
+        arrays.append(array)
+        reasons.append(None)
+        shapes.append(array.shape[:2])
+    if arrays and len({a.shape for a in arrays}) == 1:
+        return np.stack(arrays).transpose(0, 3, 1, 2).copy(), reasons, shapes
+    return [a.transpose(2, 0, 1).copy() for a in arrays], reasons, shapes
+
+
+def _assemble(chunks: list[_Chunk], files: list[int]) -> np.ndarray:
+    """Gather the decoded images of ``files`` (indices in reading order) into one
+    (N, 3, H, W) array; callers checked that they are good and of one size."""
+    rows_of = [np.cumsum([r is None for r in reasons]) - 1 for _, reasons, _ in chunks]
+    by_chunk: dict[int, tuple[list[int], list[int]]] = {}
+    for pos, i in enumerate(files):
+        c, j = divmod(i, CHUNK)
+        dst, src = by_chunk.setdefault(c, ([], []))
+        dst.append(pos)
+        src.append(int(rows_of[c][j]))
+    first = files[0]
+    h, w = chunks[first // CHUNK][2][first % CHUNK]
+    out = np.empty((len(files), 3, h, w), dtype=np.uint8)
+    for c, (dst, src) in by_chunk.items():
+        images = chunks[c][0]
+        if isinstance(images, np.ndarray):
+            out[dst] = images[src]
+        else:
+            for d, s in zip(dst, src):
+                out[d] = images[s]
+    return out
+
+
+def _layout(path: Path, names: list[str], dirs: list[str]):
+    """Check the folder layout from names alone. Returns the sorted class names,
+    the samples as (file index, split, label) in (split, class, name) order, and
+    stray files that sit in a split folder but outside any class folder."""
+    root = _find_root(path, names + dirs)
+    found: dict[str, dict[str, list[tuple[str, int]]]] = {s: {} for s in SPLITS}
     stray = []
-    for name, data in entries:
+    entries = [(n, None) for n in dirs] + [(n, i) for i, n in enumerate(names)]
+    for name, index in entries:
         parts = name[len(root):].split("/") if name.startswith(root) else []
         if len(parts) < 2 or parts[0] not in SPLITS or parts[-1].startswith("."):
             continue
-        rel = "/".join(parts)
         if len(parts) == 2:
-            if data is None:
+            if index is None:
                 found[parts[0]].setdefault(parts[1], [])
             else:
-                stray.append((rel, f"not inside a {parts[0]}/<class>/ folder"))
+                stray.append((name, f"not inside a {parts[0]}/<class>/ folder"))
             continue
         files = found[parts[0]].setdefault(parts[1], [])
-        if data is not None:
-            files.append((rel, data))
+        if index is not None:
+            files.append((name, index))
 
     train, test = set(found["train"]), set(found["test"])
     if train != test:
@@ -149,18 +232,18 @@ def _collect(path: Path) -> tuple[list[str], list[tuple[str, bytes, int]], list[
             f"{path}: train/ and test/ have different classes: only in train: {sorted(train - test) or 'none'}; "
             f"only in test: {sorted(test - train) or 'none'}"
         )
-    empty = [f"{s}/{c}" for s in SPLITS for c in sorted(found[s]) if not found[s][c]]
+    empty = [f"{root}{s}/{c}" for s in SPLITS for c in sorted(found[s]) if not found[s][c]]
     if empty:
         raise DataError(f"{path}: empty class folder(s): {', '.join(empty)}")
     classes = sorted(train)
-    samples = [(n, d, label) for s in SPLITS for label, c in enumerate(classes) for n, d in sorted(found[s][c])]
+    samples = [(i, s, label) for s in SPLITS for label, c in enumerate(classes) for _, i in sorted(found[s][c])]
     return classes, samples, stray
 
 
-def _find_root(path: Path, entries: list[tuple[str, bytes | None]]) -> str:
+def _find_root(path: Path, names: list[str]) -> str:
     """The prefix ("" or "<folder>/") under which train/<class>/ and test/<class>/ live."""
     roots = set()
-    for name, _ in entries:
+    for name in names:
         parts = name.split("/")
         for i, part in enumerate(parts[:-1]):
             if part in SPLITS:
@@ -168,41 +251,13 @@ def _find_root(path: Path, entries: list[tuple[str, bytes | None]]) -> str:
                 break
     for root in sorted(roots, key=lambda r: (r.count("/") if r else -1, r)):
         prefix = root + "/" if root else ""
-        if all(any(n.startswith(f"{prefix}{s}/") for n, _ in entries) for s in SPLITS):
+        if all(any(n.startswith(f"{prefix}{s}/") for n in names) for s in SPLITS):
             return prefix
-    top = sorted({n.split("/")[0] for n, _ in entries})
+    top = sorted({n.split("/")[0] for n in names})
     raise DataError(
         f"{path}: expected folders train/<class>/ and test/<class>/, found "
         f"{', '.join(top[:_SHOW]) or 'nothing'}{' ...' if len(top) > _SHOW else ''}"
     )
-
-
-def _decode_chunk(chunk: list[tuple[str, bytes]], image_size: int | None) -> list[np.ndarray | str]:
-    """Decode in a worker: an array per good file, the reason (a str) per bad one."""
-    out = []
-    for name, data in chunk:
-        try:
-            out.append(decode_image(data, name, image_size))
-        except BadImageError as e:
-            out.append(str(e).split(": ", 1)[-1])
-    return out
-
-
-def _decode_all(files: list[tuple[str, bytes]], image_size: int | None, workers: int) -> list[np.ndarray | str]:
-    chunks = [files[i : i + CHUNK] for i in range(0, len(files), CHUNK)]
-    bar = progress(total=len(files), desc="decoding images", unit="img")
-    results: list[np.ndarray | str] = []
-    with bar:
-        if workers == 1 or len(chunks) == 1:
-            for chunk in chunks:
-                results.extend(_decode_chunk(chunk, image_size))
-                bar.update(len(chunk))
-        else:
-            with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-                for chunk, out in zip(chunks, pool.map(_decode_chunk, chunks, [image_size] * len(chunks))):
-                    results.extend(out)
-                    bar.update(len(chunk))
-    return results
 
 
 def _check_bad_fraction(path: Path, skipped: list[tuple[str, str]], total: int, limit: float) -> None:
@@ -215,13 +270,13 @@ def _check_bad_fraction(path: Path, skipped: list[tuple[str, str]], total: int, 
         )
 
 
-def _check_sizes(path: Path, good: list[tuple[str, np.ndarray, int]]) -> None:
-    shapes = Counter(img.shape for _, img, _ in good)
-    if len(shapes) <= 1:
+def _check_sizes(path: Path, named_shapes: list[tuple[str, tuple[int, int]]]) -> None:
+    counts = Counter(shape for _, shape in named_shapes)
+    if len(counts) <= 1:
         return
-    (h, w, _), _ = shapes.most_common(1)[0]
-    odd = [(n, img.shape) for n, img, _ in good if img.shape[:2] != (h, w)]
-    name, (oh, ow, _) = odd[0]
+    (h, w), _ = counts.most_common(1)[0]
+    odd = [(n, shape) for n, shape in named_shapes if shape != (h, w)]
+    name, (oh, ow) = odd[0]
     raise DataError(
         f"{path}: images have different sizes: most are {h}x{w}, but {name} is {oh}x{ow}"
         f"{f' (and {len(odd) - 1} more)' if len(odd) > 1 else ''}; pass image_size=S to resize the "
