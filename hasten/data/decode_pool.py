@@ -198,12 +198,11 @@ class _DecodeStream:
         else:
             tasks = self.ctx.Queue()
             results = self.ctx.Queue()
-            for _ in range(self.workers):
-                p = self.ctx.Process(target=_worker_main, daemon=True,
+            for k in range(self.workers):
+                p = self.ctx.Process(target=_worker_main, daemon=True, name=f"hasten-decode-{k}",
                                      args=(self.records, tasks, results, self.image_size, self.augment))
                 p.start()
                 procs.append(p)
-            self.pids = [p.pid for p in procs]
 
             def put(number, indices):
                 tasks.put((number, self.seed + number, indices))

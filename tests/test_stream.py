@@ -1,0 +1,219 @@
+"""The streaming input pipeline: records, sharding, decode workers, slow storage."""
+
+import io
+import multiprocessing as mp
+import os
+import signal
+import tarfile
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hasten.data.decode import decode_image
+from hasten.data.decode_pool import DecodeWorkerError, decode_fitted
+from hasten.data.records import open_records
+from hasten.data.sharding import shard_indices
+from hasten.data.slow_storage import SlowStorage, slow_iter
+from hasten.data.stream import StreamLoader
+from hasten.errors import DataError
+
+CLASSES = ("cat", "dog", "emu")
+
+
+def jpeg_bytes(rng, size=16):
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """train/<class>/NNN.jpg (60 random 16x16 images) and test/<class>/ (6)."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for split, per_class in (("train", 20), ("test", 2)):
+        for c in CLASSES:
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                (root / split / c / f"{i:03d}.jpg").write_bytes(jpeg_bytes(rng))
+    return root
+
+
+@pytest.mark.parametrize("n,world", [(10, 3), (60, 4), (7, 1), (5, 8)])
+def test_shards_cover_every_example_once_per_epoch(n, world):
+    for epoch in (0, 1):
+        shards = [shard_indices(n, rank=r, world_size=world, epoch=epoch, seed=5) for r in range(world)]
+        assert sorted(np.concatenate(shards).tolist()) == list(range(n))
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+        again = shard_indices(n, rank=0, world_size=world, epoch=epoch, seed=5)
+        assert np.array_equal(again, shards[0])
+    a = shard_indices(60, rank=0, world_size=2, epoch=0)
+    b = shard_indices(60, rank=0, world_size=2, epoch=1)
+    assert not np.array_equal(a, b)
+    padded = [shard_indices(10, rank=r, world_size=3, pad=True) for r in range(3)]
+    assert {len(s) for s in padded} == {4}
+
+
+@pytest.mark.parametrize("kwargs", [dict(rank=3, world_size=3), dict(world_size=0), dict(rank=-1)])
+def test_shard_arguments_validated(kwargs):
+    with pytest.raises(ValueError, match="rank|world_size"):
+        shard_indices(10, **kwargs)
+
+
+def test_records_from_folder_and_archive_agree(folder, tmp_path):
+    tar = tmp_path / "images.tar.gz"
+    with tarfile.open(tar, "w:gz") as tf:
+        tf.add(folder, arcname="images")
+    a, b = open_records(folder), open_records(tar)
+    assert len(a) == len(b) == 60 and a.classes == b.classes == list(CLASSES)
+    assert a[5][1] == b[5][1] and a[5][2] == b[5][2]
+    assert len(open_records(folder, "test")) == 6
+    with pytest.raises(ValueError, match="train, test"):
+        open_records(folder, "validation")
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "x.jpg").write_bytes(b"x")
+    with pytest.raises(DataError, match="train/<class>"):
+        open_records(tmp_path / "flat")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stream_ranks_cover_every_example_once(folder, workers):
+    records = open_records(folder)
+    keys = []
+    for rank in range(3):
+        loader = StreamLoader(records, batch_size=7, rank=rank, world_size=3, workers=workers, chunk_size=8,
+                              with_keys=True)
+        loader.set_epoch(2)
+        for images, labels, k in loader:
+            assert images.shape[1:] == (3, 16, 16) and images.dtype == torch.uint8
+            assert torch.equal(labels, torch.from_numpy(records.labels[k.numpy()]))
+            keys += k.tolist()
+    assert sorted(keys) == list(range(60))
+
+
+def test_stream_inside_a_dataloader(folder):
+    loader = StreamLoader(open_records(folder), batch_size=5, with_keys=True)
+    dl = torch.utils.data.DataLoader(loader, batch_size=None, num_workers=2)
+    keys = [k for _, _, ks in dl for k in ks.tolist()]
+    assert sorted(keys) == list(range(60))
+
+
+def collect(loader):
+    return [(x.clone(), k.clone()) for x, _, k in loader]
+
+
+def test_example_before_copies_differ_after_copies_identical(folder):
+    records = open_records(folder)
+    for variant, expect_equal in (("example-before", False), ("example-after", True)):
+        loader = StreamLoader(records, batch_size=60, echo=2, variant=variant, with_keys=True)
+        pairs = same = 0
+        for images, keys in collect(loader):
+            for i in range(0, len(keys) - 1, 2):
+                assert keys[i] == keys[i + 1]  # no shuffle buffer: copies are adjacent
+                pairs += 1
+                same += torch.equal(images[i], images[i + 1])
+        assert pairs == 60
+        if expect_equal:
+            assert same == pairs
+        else:
+            assert same <= 0.1 * pairs  # a random crop and flip coincide rarely (1 in 162)
+
+
+def test_batch_echo_and_counters(folder):
+    loader = StreamLoader(open_records(folder), batch_size=10, echo=3, variant="batch", with_keys=True)
+    batches = collect(loader)
+    assert len(batches) == 18
+    for i in range(0, 18, 3):
+        assert all(torch.equal(batches[i][0], batches[i + j][0]) for j in (1, 2))
+    c = loader.counters
+    assert c.fresh_examples == 60 and c.fresh_batches == 6
+
+
+def test_shuffle_buffer_in_stream_lowers_duplicates(folder):
+    rates = []
+    for buffer in (0, 120):
+        loader = StreamLoader(open_records(folder), batch_size=12, echo=2, shuffle_buffer=buffer)
+        list(loader)
+        rates.append(loader.counters.duplicate_rate)
+    assert rates[0] == pytest.approx(0.5) and rates[1] < 0.3
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(echo=0.5), ">= 1"), (dict(variant="sideways"), "example-before, example-after, batch"),
+    (dict(shuffle_buffer=-1), "integer >= 0"), (dict(batch_size=0), "batch_size"), (dict(workers=-1), "workers"),
+])
+def test_stream_rejects_bad_parameters(folder, kwargs, match):
+    args = dict(batch_size=4) | kwargs
+    with pytest.raises(ValueError, match=match):
+        next(iter(StreamLoader(open_records(folder), **args)))
+
+
+def test_corrupt_images_skipped_and_counted_then_refused(folder, tmp_path):
+    import shutil
+
+    root = tmp_path / "damaged"
+    shutil.copytree(folder, root)
+    (root / "train" / "cat" / "000.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
+    data = (root / "train" / "dog" / "001.jpg").read_bytes()
+    (root / "train" / "dog" / "001.jpg").write_bytes(data[: len(data) // 2])
+    records = open_records(root)
+    loader = StreamLoader(records, batch_size=8, max_bad_fraction=0.05, with_keys=True)
+    keys = [k for _, _, ks in loader for k in ks.tolist()]
+    assert len(keys) == 58
+    assert sorted(name for name, _ in loader.skipped) == ["train/cat/000.jpg", "train/dog/001.jpg"]
+    with pytest.raises(DataError, match="max_bad_fraction"):
+        list(StreamLoader(records, batch_size=8, max_bad_fraction=0.01))
+
+
+def test_killed_worker_raises_within_seconds(folder):
+    slow = SlowStorage(open_records(folder), latency_s=0.01)
+    loader = StreamLoader(slow, batch_size=4, workers=2, chunk_size=4, poll_s=0.1)
+    it = iter(loader)
+    next(it)
+    victims = [p for p in mp.active_children() if p.name.startswith("hasten-decode-")]
+    assert victims
+    os.kill(victims[0].pid, signal.SIGKILL)
+    raised = []
+
+    def drain():  # in a thread, so that a hang fails the test instead of stalling it
+        try:
+            for _ in it:
+                pass
+        except DecodeWorkerError as e:
+            raised.append(e)
+
+    t0 = time.monotonic()
+    consumer = threading.Thread(target=drain, daemon=True)
+    consumer.start()
+    consumer.join(timeout=10)
+    assert not consumer.is_alive(), "the iterator hung after a worker died"
+    assert raised and "SIGKILL" in str(raised[0])
+    assert time.monotonic() - t0 < 5
+
+
+def test_slow_storage_imposes_latency_and_bandwidth():
+    t0 = time.perf_counter()
+    out = list(slow_iter([b"x" * 1000] * 5, latency_s=0.01, bandwidth_bytes_per_s=100_000))
+    elapsed = time.perf_counter() - t0
+    assert len(out) == 5 and elapsed >= 5 * (0.01 + 0.01)
+    store = SlowStorage([b"ab", b"cd"], latency_s=0.0)
+    assert store[1] == b"cd" and len(store) == 2 and store.reads == 1
+    with pytest.raises(ValueError, match="latency_s"):
+        SlowStorage([], latency_s=-1)
+    with pytest.raises(ValueError, match="bandwidth"):
+        slow_iter([], bandwidth_bytes_per_s=0)
+
+
+def test_fused_downscale_decode_matches_plain_decode():
+    rng = np.random.default_rng(1)
+    smooth = np.kron(rng.integers(0, 256, (16, 16, 3)), np.ones((16, 16, 1))).astype(np.uint8)  # 256x256
+    buf = io.BytesIO()
+    Image.fromarray(smooth).save(buf, format="JPEG", quality=95)
+    fused = decode_fitted(buf.getvalue(), "big.jpg", 64)
+    plain = decode_image(buf.getvalue(), "big.jpg", image_size=64)
+    assert fused.shape == plain.shape == (64, 64, 3)
+    assert np.abs(fused.astype(int) - plain.astype(int)).mean() < 8
