@@ -170,7 +170,7 @@ def test_corrupt_images_skipped_and_counted_then_refused(folder, tmp_path):
 
 
 def test_killed_worker_raises_within_seconds(folder):
-    slow = SlowStorage(open_records(folder), latency_s=0.01)
+    slow = SlowStorage(open_records(folder), latency_s=0.05)
     loader = StreamLoader(slow, batch_size=4, workers=2, chunk_size=4, poll_s=0.1)
     it = iter(loader)
     next(it)

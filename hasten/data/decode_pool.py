@@ -229,6 +229,8 @@ class _DecodeStream:
                         raise chunk
                     pending[got_number] = chunk
                 chunk = pending.pop(number)
+                # A dead worker may have taken a chunk with it: stop now rather than at the gap.
+                self._check_workers(procs)
                 number += 1
                 seen += len(chunk.keys) + len(chunk.bad)
                 if chunk.bad:
