@@ -1,0 +1,204 @@
+"""A device-resident data loader: the whole dataset lives on the accelerator.
+
+From David Page's "How to train your ResNet" (part 2: per-batch host-side
+preprocessing was the bottleneck; doing it once on the GPU cut 297 s to 70 s) and
+Keller Jordan's airbench (dataset normalised once on the GPU, batched per-sample
+augmentation, alternating flip). Per epoch the loader draws every random number it
+needs for the whole dataset in a few device calls; per batch it only slices and
+gathers device tensors. No host work, no worker processes, no copies.
+
+Data-parallel use: every rank builds the same loader with the same ``seed`` and
+its own ``rank``/``world_size``. All ranks then draw the same permutation and
+augmentation parameters, and rank r takes rows [r*B, (r+1)*B) of each global batch
+of ``B * world_size`` examples, so W ranks with batch B see exactly what one
+process with batch W*B sees.
+
+Changes the training math: no (it is how data is fed); the augmentations it
+applies are training-math choices, see ``hasten.data.augment``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from hasten.data import augment
+
+FLIP_MODES = ("none", "random", "alternating")
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """Per-sample training augmentation. ``translate``: max shift in pixels (reflect
+    padding); ``flip``: none|random|alternating; ``cutout``: square side, 0 = off."""
+
+    translate: int = 0
+    flip: str = "none"
+    cutout: int = 0
+
+    def __post_init__(self) -> None:
+        if self.flip not in FLIP_MODES:
+            raise ValueError(f"Invalid flip mode {self.flip!r}; accepted: {', '.join(FLIP_MODES)}")
+        if self.translate < 0 or self.cutout < 0:
+            raise ValueError(f"translate and cutout must be >= 0, got {self.translate}, {self.cutout}")
+
+
+def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float],
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 (N, C, H, W) in 0..255 -> ``dtype``, per-channel ``(x/255 - mean)/std``
+    (mean and std in 0..1 units)."""
+    m = torch.tensor(mean, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor(std, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
+    return ((images.float() / 255 - m) / s).to(dtype)
+
+
+def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of uint8 images (N, C, H, W), in 0..1 units.
+    Accumulated in float64 over chunks: no full-size float copy of the data set."""
+    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    total_sq = torch.zeros_like(total)
+    for i in range(0, len(images), chunk):
+        x = images[i:i + chunk].to(torch.float64) / 255
+        total += x.sum(dim=(0, 2, 3)).cpu()
+        total_sq += (x * x).sum(dim=(0, 2, 3)).cpu()
+    count = images.numel() / images.shape[1]
+    mean = total / count
+    std = (total_sq / count - mean * mean).clamp_min(0).sqrt()
+    return mean.tolist(), std.tolist()
+
+
+class GpuLoader:
+    """Iterate ``(inputs, labels)`` batches of a device-resident dataset.
+
+    images: uint8 tensor (N, C, H, W), labels: int64 (N,), on any device; both are
+    moved to ``device`` once. ``batch_size`` is per rank. Each ``iter()`` is one
+    epoch; the epoch counter also drives the alternating flip.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                 device: torch.device | str = "cpu", shuffle: bool = True, drop_last: bool = True,
+                 augment: Augmentation | None = None, mean: Sequence[float] | None = None,
+                 std: Sequence[float] | None = None, dtype: torch.dtype = torch.float32,
+                 channels_last: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError(f"images must be a uint8 tensor (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        if labels.shape != (len(images),):
+            raise ValueError(f"labels must have shape ({len(images)},), got {tuple(labels.shape)}")
+        if batch_size < 1:
+            raise ValueError(f"Invalid batch_size: {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"Invalid rank {rank} for world_size {world_size}")
+        if len(images) < batch_size * world_size and drop_last:
+            raise ValueError(f"{len(images)} examples cannot fill one global batch of {batch_size * world_size}")
+        self.device = torch.device(device)
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.augment = augment or Augmentation()
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.channels_last = channels_last
+        if mean is None or std is None:
+            mean, std = channel_stats(images)
+        self.mean, self.std = list(mean), list(std)
+        self.labels = labels.to(self.device)
+        self.images = normalize(images.to(self.device), self.mean, self.std, dtype)
+        pad = self.augment.translate
+        # Pad once, not per batch: cropping a padded copy is a pure gather.
+        self._padded = F.pad(self.images, (pad,) * 4, mode="reflect") if pad else self.images
+        self._flip_base: torch.Tensor | None = None
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        global_batch = self.batch_size * self.world_size
+        n = len(self.labels)
+        return n // global_batch if self.drop_last else -(-n // global_batch)
+
+    def _generator(self, epoch: int) -> torch.Generator:
+        g = torch.Generator(device=self.device)
+        g.manual_seed(self.seed * 1_000_003 + epoch)
+        return g
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        n, aug = len(self.labels), self.augment
+        g = self._generator(epoch)
+        order = torch.randperm(n, generator=g, device=self.device) if self.shuffle else torch.arange(n, device=self.device)
+        shifts = augment.random_shifts(n, aug.translate, generator=g, device=self.device) if aug.translate else None
+        if aug.flip == "random":
+            flips = torch.rand(n, generator=g, device=self.device) < 0.5
+        elif aug.flip == "alternating":
+            if self._flip_base is None:
+                self._flip_base = torch.rand(n, generator=self._generator(-1), device=self.device) < 0.5
+            flips = augment.alternating_flip_mask(self._flip_base, epoch)
+        else:
+            flips = None
+        if aug.cutout:
+            h, w = self.images.shape[-2:]
+            centers = torch.stack([torch.randint(0, h, (n,), generator=g, device=self.device),
+                                   torch.randint(0, w, (n,), generator=g, device=self.device)], 1)
+        global_batch = self.batch_size * self.world_size
+        for i in range(len(self)):
+            start = i * global_batch + self.rank * self.batch_size
+            idx = order[start:min(start + self.batch_size, (i + 1) * global_batch)]
+            if shifts is not None:
+                x = augment.crop_with_shifts(self._padded[idx], shifts[idx], aug.translate)
+            else:
+                x = self.images[idx]
+            if flips is not None:
+                x = augment.flip_where(x, flips[idx])
+            if aug.cutout:
+                x = augment.cutout(x, aug.cutout, centers=centers[idx])
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, self.labels[idx]
+
+
+
+class HostLoader:
+    """The same kind of batches, prepared per batch on the host and then copied to
+    the device: the "before" of Page's first ladder rung, kept for the ablation.
+
+    Data stays uint8 in host memory; each batch is gathered, normalised and
+    augmented on the CPU, then copied (pinned and non-blocking on CUDA).
+    Alternating flip is treated as random flip here.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                 device: torch.device | str = "cpu", shuffle: bool = True, drop_last: bool = True,
+                 augment: Augmentation | None = None, mean: Sequence[float] | None = None,
+                 std: Sequence[float] | None = None, dtype: torch.dtype = torch.float32,
+                 channels_last: bool = False, seed: int = 0) -> None:
+        if batch_size < 1:
+            raise ValueError(f"Invalid batch_size: {batch_size}")
+        self.images, self.labels = images.cpu(), labels.cpu()
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.augment = augment or Augmentation()
+        if mean is None or std is None:
+            mean, std = channel_stats(images)
+        self.mean, self.std = list(mean), list(std)
+        self.device, self.dtype = torch.device(device), dtype
+        self.channels_last, self.seed, self.epoch = channels_last, seed, 0
+
+    def __len__(self) -> int:
+        n = len(self.labels)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        aug = self.augment
+        order = torch.randperm(len(self.labels), generator=g) if self.shuffle else torch.arange(len(self.labels))
+        pin = self.device.type == "cuda"
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            x = augment.random_crop_reflect(normalize(self.images[idx], self.mean, self.std), aug.translate, generator=g)
+            if aug.flip != "none":
+                x = augment.random_flip(x, generator=g)
+            x = augment.cutout(x, aug.cutout, generator=g)
+            if pin:
+                x = x.pin_memory()
+            x = x.to(self.device, self.dtype, non_blocking=True)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, self.labels[idx].to(self.device, non_blocking=True)
