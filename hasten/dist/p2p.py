@@ -124,8 +124,11 @@ def exchange(send: torch.Tensor, recv: torch.Tensor, dst: int, src: int, group,
     and adding overlap.
     """
     send_segs, recv_segs = segments(send, seg_elems), segments(recv, seg_elems)
-    ops = ([dist.P2POp(dist.isend, s, dst, group) for s in send_segs]
-           + [dist.P2POp(dist.irecv, r, src, group) for r in recv_segs])
+    # Receives first: gloo sends data only once the receiver has announced a buffer, and
+    # with two ranks that announcement shares one TCP stream with our own data; posted
+    # after our sends it would wait behind them.
+    ops = ([dist.P2POp(dist.irecv, r, src, group) for r in recv_segs]
+           + [dist.P2POp(dist.isend, s, dst, group) for s in send_segs])
     if not ops:
         return
     works = dist.batch_isend_irecv(ops)
@@ -137,9 +140,9 @@ def exchange(send: torch.Tensor, recv: torch.Tensor, dst: int, src: int, group,
             for i in range(len(recv_segs)):
                 on_segment(i)
         return
-    for i, w in enumerate(works[len(send_segs):]):
+    for i, w in enumerate(works[:len(recv_segs)]):
         wait(w, f"{what} (receive from rank {src})", timeout_s)
         if on_segment is not None:
             on_segment(i)
-    for w in works[:len(send_segs)]:
+    for w in works[len(recv_segs):]:
         wait(w, f"{what} (send to rank {dst})", timeout_s)

@@ -1,0 +1,116 @@
+"""What runs inside each rank of an all-reduce benchmark: timing, checking, calibration.
+
+Times follow nccl-tests: each iteration starts after a barrier and lasts until the
+slowest rank finishes (the max over ranks). algbw = bytes / time; busbw = algbw x
+2(N-1)/N, the per-link rate a bandwidth-optimal all-reduce needs, comparable
+across N and to the link rate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from hasten.dist.naive import naive_allreduce
+from hasten.dist.ring import ring_allreduce
+from hasten.dist.torus import torus_allreduce
+
+BENCH_ALGORITHMS = ("ring", "torus", "naive", "native")
+
+
+@dataclass
+class BenchConfig:
+    algos: tuple[str, ...]
+    sizes: tuple[int, ...]          # bytes, float32 tensors
+    iters: int = 5
+    warmup: int = 1
+    grid: tuple[int, int] | None = None
+    calibrate_peers: dict = field(default_factory=lambda: {"link": 1})  # name -> peer of rank 0
+    calibrate_sizes: tuple[int, ...] = (4096, 1 << 20, 8 << 20)
+
+
+def _run(algo: str, x: torch.Tensor, grid) -> None:
+    if algo == "ring":
+        ring_allreduce(x, check_sizes=False)
+    elif algo == "torus":
+        torus_allreduce(x, grid, check_sizes=False)
+    elif algo == "naive":
+        naive_allreduce(x, check_sizes=False)
+    else:
+        dist.all_reduce(x)
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def time_allreduce(algo: str, nbytes: int, iters: int, warmup: int, grid=None) -> list[float]:
+    """Seconds per iteration (slowest rank); raises if the sum is ever wrong."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.empty(max(1, nbytes // 4), dtype=torch.float32)
+    expected = world * (world + 1) / 2  # exact in float32 for these small integers
+    times = []
+    for i in range(warmup + iters):
+        x.fill_(rank + 1)
+        dist.barrier()
+        start = time.perf_counter()
+        _run(algo, x, grid)
+        elapsed = time.perf_counter() - start
+        if not bool((x == expected).all()):
+            raise RuntimeError(f"{algo} all-reduce of {nbytes} bytes gave a wrong sum on rank {rank}")
+        elapsed = _slowest(elapsed)
+        if i >= warmup:
+            times.append(elapsed)
+    return times
+
+
+def ping_pong(peer: int, sizes: tuple[int, ...], iters: int = 3) -> list[float]:
+    """One-way seconds rank 0 <-> ``peer`` for each size (half the best round trip); others idle."""
+    rank = dist.get_rank()
+    out = []
+    for nbytes in sizes:
+        buf = torch.empty(max(1, nbytes // 4), dtype=torch.float32)
+        best = float("inf")
+        for _ in range(iters + 1):  # the first round trip also sets up the connection
+            dist.barrier()
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            elif rank == peer:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            best = min(best, time.perf_counter() - start)
+        out.append(best / 2)
+    return out
+
+
+def gamma_per_byte(nbytes: int = 32 << 20, iters: int = 5) -> float:
+    """Seconds per byte to add two float32 tensors on this machine (the model's gamma)."""
+    a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
+    a.add_(b)
+    start = time.perf_counter()
+    for _ in range(iters):
+        a.add_(b)
+    return (time.perf_counter() - start) / iters / nbytes
+
+
+def bench_worker(rank: int, world: int, cfg: BenchConfig) -> dict:
+    """Calibrate, then time every algorithm at every size; rank 0's dict is the result."""
+    calibration = {}
+    if world > 1:
+        for name, peer in cfg.calibrate_peers.items():
+            calibration[name] = ping_pong(peer, cfg.calibrate_sizes)
+    gamma = gamma_per_byte()
+    if "torus" in cfg.algos:
+        torus_allreduce(torch.ones(world), cfg.grid)  # creates the subgroups outside the timing
+    times = {}
+    for algo in cfg.algos:
+        for nbytes in cfg.sizes:
+            times[(algo, nbytes)] = time_allreduce(algo, nbytes, cfg.iters, cfg.warmup, cfg.grid)
+    return {"calibration": calibration, "gamma": gamma, "times": times}
