@@ -1,0 +1,75 @@
+"""``hasten train``: large-batch data-parallel training (see hasten.recipes.train).
+
+One process:      hasten train --data cifar10-jpeg.tar.xz --model resnet18 --batch-size 1024
+Several, CPU:     torchrun --nproc-per-node 4 -m hasten train ... --bn-group 2
+Several nodes:    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+                      --rdzv-endpoint HOST:29400 -m hasten train ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from hasten.recipes.train import DEFAULT_BASE_LR, HOOKS, OPTIMIZERS, TrainConfig
+
+_D = TrainConfig()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    p.add_argument("--data", help="dataset: image folder or archive (ImageNet layout too), or CIFAR-10 "
+                   "binary; default $HASTEN_DATA or the CIFAR-10 download")
+    p.add_argument("--model", default=_D.model, help="resnet10|resnet18|resnet34|resnet50")
+    p.add_argument("--width", type=int, default=_D.width, help="channels of the first stage")
+    p.add_argument("--image-size", type=int, default=None, help="resize image folders to SxS")
+    p.add_argument("--train-subset", type=int, default=0, help="train on N random images (0 = all)")
+    p.add_argument("--batch-size", type=int, default=_D.batch_size, help="global batch, all ranks")
+    p.add_argument("--epochs", type=float, default=_D.epochs)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=_D.optimizer)
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate per --base-batch images (default {DEFAULT_BASE_LR})")
+    p.add_argument("--base-batch", type=int, default=_D.base_batch, help="linear scaling: lr x B / this")
+    p.add_argument("--momentum", type=float, default=_D.momentum)
+    p.add_argument("--weight-decay", type=float, default=_D.weight_decay)
+    p.add_argument("--trust-coefficient", type=float, default=_D.trust_coefficient, help="LARS eta")
+    p.add_argument("--warmup-epochs", type=float, default=_D.warmup_epochs)
+    p.add_argument("--decay-power", type=float, default=_D.decay_power, help="polynomial decay power")
+    p.add_argument("--label-smoothing", type=float, default=_D.label_smoothing)
+    p.add_argument("--bn-group", type=int, default=_D.bn_group, help="replicas sharing BN statistics")
+    p.add_argument("--ghost-batch", type=int, default=0, help="virtual BN batch inside a replica (0 = off)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (BN, loss, gradients in fp32)")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--hook", choices=HOOKS, default=_D.hook, help="gradient all-reduce (hasten.dist)")
+    p.add_argument("--compress", choices=["bf16"], default=None, help="compress gradients on the wire")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end)")
+    p.add_argument("--resume", help="checkpoint file, or a run directory holding checkpoint.pt")
+    p.add_argument("--seed", type=int, default=_D.seed)
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms only")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--json", help="also write the final report to this JSON file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hasten.recipes.train import load_resume, train
+    from hasten.rundir import RunDir, write_json
+
+    cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__})
+    # Validate before making a run directory or starting any process group.
+    cfg.validate(int(os.environ.get("WORLD_SIZE", "1")))
+    resume = load_resume(args.resume, cfg) if args.resume else None
+    main = int(os.environ.get("RANK", "0")) == 0
+    run_dir = RunDir("train") if main else None
+    try:
+        report = train(cfg, run_dir=run_dir, resume=resume)
+    finally:
+        if run_dir is not None:
+            run_dir.close()
+    if main:
+        if args.json:
+            write_json(args.json, report)
+        print(f"{report['dataset']}: accuracy {report['accuracy']:.4f} after {report['steps']} steps "
+              f"({report['epochs']:.2f} epochs) at global batch {report['global_batch']} on "
+              f"{report['world_size']} process(es); {report['images_per_s']:.0f} images/s; "
+              f"run dir {report['run_dir']}")
+    return 0

@@ -1,0 +1,371 @@
+"""Large-batch data-parallel training, one file from top to bottom.
+
+The recipe of Goyal et al. (arXiv:1706.02677), You et al. (arXiv:1708.03888) and
+Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
+
+- global batch B split evenly over W ranks (gloo on CPU, NCCL on CUDA), gradients
+  averaged by DDP with one of hasten's all-reduce hooks (``hasten.dist``);
+- SGD with the linear scaling rule, or LARS (``hasten.optim.Lars``), biases and
+  batch-norm parameters excluded from adaptation and weight decay;
+- linear warm-up then polynomial (power 2) decay, label smoothing;
+- batch norm per replica, over groups of k replicas (``GroupBatchNorm``) or over
+  virtual batches inside a replica (``GhostBatchNorm2d``);
+- bf16 autocast with BN, loss and gradient reduction in float32; channels_last;
+- the dataset resident on the device (``GpuLoader``), sharded by rank, with an
+  epoch-seeded order so a run can resume at any step;
+- atomic checkpoints every N steps; ``resume`` restores model, optimizer,
+  scheduler, step, random state and data position.
+
+Changes the training math: yes (it is a training recipe).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hasten.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from hasten.data import load_dataset
+from hasten.data.gpu_loader import Augmentation, GpuLoader, channel_stats, normalize
+from hasten.dist.data_parallel import init_distributed, seed_everything, shutdown, wrap_ddp
+from hasten.errors import ConfigError
+from hasten.models.resnet import MODELS, build_model
+from hasten.nn.ghost_bn import GhostBatchNorm2d
+from hasten.nn.group_bn import convert_batchnorm
+from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
+from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups, scaled_lr
+from hasten.progress import progress
+
+# ----------------------------------------------------------------------------
+# Hyperparameters
+# ----------------------------------------------------------------------------
+
+OPTIMIZERS = ("sgd", "lars")
+HOOKS = ("native", "ring", "torus", "naive")
+# Learning rate per 256 images (linear scaling rule), when --lr is not given.
+DEFAULT_BASE_LR = {
+    "sgd": 0.1,   # Goyal et al.: 0.1 x B / 256
+    "lars": 0.3,  # SimCLR / BYOL with LARS, eta 0.001: 0.3 x B / 256
+}
+
+
+@dataclass
+class TrainConfig:
+    data: str | None = None
+    model: str = "resnet18"
+    width: int = 64              # channels of the first stage (64 = the standard ResNet)
+    image_size: int | None = None
+    train_subset: int = 0        # use the first N training images (0 = all), for small experiments
+    batch_size: int = 512        # global batch, over all ranks
+    epochs: float = 10.0
+    optimizer: str = "sgd"
+    lr: float | None = None      # base rate per base_batch images; None: DEFAULT_BASE_LR
+    base_batch: int = 256
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    trust_coefficient: float = 0.001
+    warmup_epochs: float = 2.0
+    decay_power: float = 2.0
+    label_smoothing: float = 0.1
+    bn_group: int = 1            # replicas sharing BN statistics (GroupBatchNorm)
+    ghost_batch: int = 0         # images per virtual BN batch inside a replica (0 = off)
+    bf16: bool = False
+    channels_last: bool = False
+    hook: str = "native"
+    compress: str | None = None
+    checkpoint_every: int = 0    # steps; 0 = only at the end
+    seed: int = 0
+    deterministic: bool = False
+    device: str = "auto"
+
+    def validate(self, world_size: int) -> None:
+        """Every check that does not need the data: fails before any work starts."""
+        def bad(msg):
+            raise ConfigError(msg)
+
+        if self.model not in MODELS:
+            bad(f"unknown model {self.model!r}; choose one of {sorted(MODELS)}")
+        if self.optimizer not in OPTIMIZERS:
+            bad(f"unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
+        if self.hook not in HOOKS:
+            bad(f"unknown all-reduce hook {self.hook!r}; choose one of {list(HOOKS)}")
+        if self.compress not in (None, "bf16"):
+            bad(f"unknown gradient compression {self.compress!r}; choose bf16 or leave it off")
+        for name in ("batch_size", "width", "base_batch", "bn_group"):
+            if getattr(self, name) < 1:
+                bad(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("train_subset", "ghost_batch", "checkpoint_every", "seed"):
+            if getattr(self, name) < 0:
+                bad(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not self.epochs > 0:
+            bad(f"--epochs must be > 0, got {self.epochs}")
+        if not 0 <= self.warmup_epochs < self.epochs:
+            bad(f"--warmup-epochs must be in [0, epochs={self.epochs}), got {self.warmup_epochs}")
+        if self.lr is not None and not self.lr > 0:
+            bad(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.label_smoothing < 1:
+            bad(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.batch_size % world_size:
+            bad(f"global batch {self.batch_size} is not divisible by the world size {world_size}; "
+                f"use a multiple of {world_size}")
+        if world_size % self.bn_group:
+            bad(f"--bn-group {self.bn_group} does not divide the world size {world_size}; use one of "
+                f"{[k for k in range(1, world_size + 1) if world_size % k == 0]}")
+        local = self.batch_size // world_size
+        if self.ghost_batch and (self.ghost_batch > local or local % self.ghost_batch):
+            bad(f"--ghost-batch {self.ghost_batch} must divide the per-replica batch {local}")
+        if self.ghost_batch and self.bn_group > 1:
+            bad("--ghost-batch and --bn-group > 1 cannot be combined; choose one")
+
+    @property
+    def base_lr(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_BASE_LR[self.optimizer]
+
+
+# Fields that define the training math: a checkpoint resumes only with the same ones.
+MATH_FIELDS = ("model", "width", "image_size", "train_subset", "batch_size", "epochs", "optimizer",
+               "lr", "base_batch", "momentum", "weight_decay", "trust_coefficient", "warmup_epochs",
+               "decay_power", "label_smoothing", "bn_group", "ghost_batch", "bf16", "seed")
+
+
+# ----------------------------------------------------------------------------
+# Model and optimizer
+# ----------------------------------------------------------------------------
+
+def ghost_batchnorm(model: nn.Module, num_splits: int) -> nn.Module:
+    """Replace each ``nn.BatchNorm2d`` by a ``GhostBatchNorm2d`` with ``num_splits``
+    virtual batches, keeping parameters and buffers."""
+    for name, child in model.named_children():
+        if type(child) is nn.BatchNorm2d:
+            ghost = GhostBatchNorm2d(child.num_features, num_splits, eps=child.eps, momentum=child.momentum)
+            ghost.load_state_dict(child.state_dict())
+            setattr(model, name, ghost)
+        else:
+            ghost_batchnorm(child, num_splits)
+    return model
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    groups = lars_param_groups(model, cfg.weight_decay)
+    if cfg.optimizer == "lars":
+        return Lars(groups, lr=lr, momentum=cfg.momentum, trust_coefficient=cfg.trust_coefficient)
+    # SGD gets the same exclusion of biases and BN parameters from weight decay.
+    for g in groups:
+        g.pop("adapt", None)
+    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=True)
+
+
+# ----------------------------------------------------------------------------
+# Evaluation
+# ----------------------------------------------------------------------------
+
+@torch.no_grad()
+def evaluate(model, images, labels, *, mean, std, device, bf16, channels_last, rank, world_size,
+             batch_size=1000) -> float:
+    """Top-1 accuracy on the whole test set; each rank takes every W-th batch.
+    ``model`` must be the plain module (not DDP, whose forward is collective)."""
+    model.eval()
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    for start in range(rank * batch_size, len(labels), world_size * batch_size):
+        x = normalize(images[start:start + batch_size].to(device), mean, std)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with autocast(device, bf16):
+            pred = model(x).argmax(1)
+        correct += (pred == labels[start:start + batch_size].to(device)).sum()
+    if world_size > 1:
+        torch.distributed.all_reduce(correct)
+    model.train()
+    return correct.item() / len(labels)
+
+
+# ----------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------
+
+def train(cfg: TrainConfig, *, run_dir=None, resume: str | os.PathLike | dict | None = None,
+          dataset=None) -> dict:
+    """Train per ``cfg``; returns the final report. ``run_dir``: a ``RunDir`` (rank 0)
+    for config, metrics and checkpoints. ``resume``: a checkpoint path, a run
+    directory, or the dict :func:`load_resume` returned. ``dataset``: an
+    ``ImageDataset`` to use instead of loading ``cfg.data``."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg.validate(world_size)
+    state = resume if isinstance(resume, dict) or resume is None else load_resume(resume, cfg)
+    if cfg.deterministic:
+        # cuBLAS needs this before its first call to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True
+    info = init_distributed(device=cfg.device)
+    try:
+        return _train(cfg, info, run_dir, state, dataset)
+    finally:
+        shutdown()
+
+
+def load_resume(resume: str | os.PathLike, cfg: TrainConfig) -> dict:
+    """Load a checkpoint to resume ``cfg`` from; a clear error if it is damaged or
+    was written with a different training configuration."""
+    path = Path(resume)
+    if path.is_dir():
+        path = path / "checkpoint.pt"
+    state = load_checkpoint(path)
+    if "config" not in state or "model" not in state:
+        raise CheckpointError(f"{path} is not a hasten train checkpoint (no config/model entries)")
+    saved = state["config"]
+    diff = [f"{k}: checkpoint {saved.get(k)!r}, now {getattr(cfg, k)!r}"
+            for k in MATH_FIELDS if saved.get(k) != getattr(cfg, k)]
+    if diff:
+        raise ConfigError(f"cannot resume {path} with a different training configuration: "
+                          + "; ".join(diff))
+    return state
+
+
+def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict:
+    device, rank, world = info.device, info.rank, info.world_size
+    main = rank == 0
+    seed_everything(cfg.seed)
+
+    # --- data ---------------------------------------------------------------
+    ds = dataset if dataset is not None else load_dataset(cfg.data, image_size=cfg.image_size)
+    train_x, train_y = ds.train.images, ds.train.labels
+    if cfg.train_subset:
+        # A fixed random subset: image folders are stored class by class.
+        keep = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(0))[:cfg.train_subset]
+        train_x, train_y = train_x[keep], train_y[keep]
+    if len(train_y) < cfg.batch_size:
+        raise ConfigError(f"the training set has {len(train_y)} images, fewer than one global batch "
+                          f"of {cfg.batch_size}")
+    size = train_x.shape[-1]
+    mean, std = channel_stats(train_x)
+    local_batch = cfg.batch_size // world
+    loader = GpuLoader(
+        train_x, train_y, local_batch, device=device, shuffle=True, drop_last=True,
+        # Standard CIFAR/ImageNet-style light augmentation: 1/8-image shifts and flips.
+        augment=Augmentation(translate=max(1, size // 8), flip="random"),
+        mean=mean, std=std, channels_last=cfg.channels_last, seed=cfg.seed, rank=rank, world_size=world,
+    )
+    steps_per_epoch = len(loader)
+    total_steps = max(1, round(cfg.epochs * steps_per_epoch))
+    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
+    warmup_steps = min(warmup_steps, total_steps - 1)
+
+    # --- model, optimizer, schedule ------------------------------------------
+    model = build_model(cfg.model, ds.num_classes, size, cfg.width)
+    if cfg.ghost_batch:
+        model = ghost_batchnorm(model, local_batch // cfg.ghost_batch)
+    model = model.to(device)
+    if cfg.bf16:
+        batchnorm_in_float32(model)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    lr = scaled_lr(cfg.base_lr, cfg.batch_size, cfg.base_batch)
+    optimizer = build_optimizer(cfg, model, lr)
+    scheduler = WarmupPolyDecay(optimizer, warmup_steps, total_steps, power=cfg.decay_power)
+    step = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step = state["step"]
+        set_rng_state(state["rng"])
+    # Group BN after loading: it shares the very same parameters and buffers.
+    model = convert_batchnorm(model, group_size=cfg.bn_group)
+    ddp = wrap_ddp(model, hook=cfg.hook, compress=cfg.compress)
+
+    def checkpoint():
+        if main and run_dir is not None:
+            save_checkpoint(run_dir.path / "checkpoint.pt", {
+                "config": asdict(cfg), "step": step, "epoch": step // steps_per_epoch,
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": rng_state(),
+            })
+
+    if main and run_dir is not None:
+        run_dir.write_config({**asdict(cfg), "world_size": world, "local_batch": local_batch,
+                              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
+                              "warmup_steps": warmup_steps, "peak_lr": lr, "dataset": ds.name,
+                              "resumed_from_step": step})
+
+    # --- loop ---------------------------------------------------------------
+    start_step = step
+    bar = progress(total=total_steps, initial=step, desc="train", **({} if main else {"disable": True}))
+    t0 = time.perf_counter()
+    loss_sum, loss_n = torch.zeros((), device=device), 0
+    while step < total_steps:
+        loader.epoch = step // steps_per_epoch
+        skip = step % steps_per_epoch  # resume mid-epoch: same order, skip what was done
+        for i, (x, y) in enumerate(loader):
+            if i < skip:
+                continue
+            with autocast(device, cfg.bf16):
+                logits = ddp(x)
+            loss = cross_entropy(logits, y, cfg.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            loss_sum += loss.detach()
+            loss_n += 1
+            bar.update(1)
+            if main and run_dir is not None and (step % steps_per_epoch == 0 or step == total_steps):
+                # .item() syncs with the device: once per epoch, not per step.
+                elapsed = time.perf_counter() - t0
+                run_dir.log(step=step, epoch=step / steps_per_epoch, loss=(loss_sum / loss_n).item(),
+                            lr=scheduler.get_last_lr()[0], time_s=elapsed,
+                            images_per_s=(step - start_step) * cfg.batch_size / elapsed)
+                loss_sum.zero_()
+                loss_n = 0
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                checkpoint()
+            if step >= total_steps:
+                break
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    train_time = time.perf_counter() - t0
+    bar.close()
+    checkpoint()
+
+    if world > 1:
+        # DDP broadcasts rank 0's BN statistics before each forward, so after the
+        # last step they differ; evaluate every rank with rank 0's.
+        for b in model.buffers():
+            torch.distributed.broadcast(b, 0)
+    accuracy = evaluate(model, ds.test.images, ds.test.labels, mean=mean, std=std, device=device,
+                        bf16=cfg.bf16, channels_last=cfg.channels_last, rank=rank, world_size=world)
+    images = (step - start_step) * cfg.batch_size
+    report = {
+        "accuracy": accuracy,
+        "steps": step,
+        "epochs": step / steps_per_epoch,
+        "global_batch": cfg.batch_size,
+        "local_batch": local_batch,
+        "world_size": world,
+        "time_s": train_time,
+        "images_per_s": images / train_time if train_time > 0 else math.nan,
+        "resumed_from_step": start_step,
+        "dataset": ds.name,
+        "train_images": len(train_y),
+        "model": cfg.model,
+        "optimizer": cfg.optimizer,
+        "peak_lr": lr,
+        "bn_group": cfg.bn_group,
+        "ghost_batch": cfg.ghost_batch,
+        "bf16": cfg.bf16,
+        "device": str(device),
+    }
+    if main and run_dir is not None:
+        report["run_dir"] = str(run_dir.path)
+        run_dir.log(step=step, test_accuracy=accuracy)
+        run_dir.write_results(report)
+    return report
