@@ -65,7 +65,7 @@ def cleanup_leftovers(prefix: str = PREFIX) -> list[str]:
     return removed
 
 
-def probe() -> str | None:
+def probe(prefix: str = PREFIX) -> str | None:
     """None if namespaces, veth, a bridge and htb can be made here; else the reason why not."""
     if os.geteuid() != 0:
         return "network namespaces need root"
@@ -73,7 +73,7 @@ def probe() -> str | None:
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (apt-get install iproute2)"
     try:
-        with EmulatedCluster(1, rate_gbit=1.0):
+        with EmulatedCluster(1, rate_gbit=1.0, prefix=prefix):
             pass
     except NetnsUnavailable as exc:
         return str(exc)

@@ -1,0 +1,69 @@
+"""The emulated cluster: namespaces are made, links are shaped, everything is torn down."""
+
+import subprocess
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hasten.dist import ring_allreduce
+from hasten.dist.launch import spawn
+from hasten.dist.netns import EmulatedCluster, probe
+
+PREFIX = "hsx"  # not the benchmark's prefix: a test must never tear down a running benchmark
+REASON = probe(PREFIX)
+
+
+def _namespaces():
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+
+
+def _worker(rank, world, nbytes):
+    x = torch.full((4,), float(rank + 1))
+    ring_allreduce(x)
+    buf = torch.empty(nbytes // 4)
+    dist.barrier()
+    start = time.perf_counter()
+    if rank == 0:
+        dist.send(buf, 1)
+        dist.recv(buf[:1], 1)
+    elif rank == 1:
+        dist.recv(buf, 0)
+        dist.send(buf[:1], 0)
+    return x.tolist(), time.perf_counter() - start
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")
+def test_emulated_cluster_shapes_links_and_tears_down():
+    rate_gbit, nbytes = 0.1, 1 << 20
+    with EmulatedCluster(3, rate_gbit, prefix=PREFIX) as cluster:
+        assert len(_namespaces()) == 3
+        assert [p.master_addr for p in cluster.placement] == ["10.213.0.1"] * 3
+        results = spawn(_worker, 3, (nbytes,), timeout_s=30, placement=cluster.placement)
+    assert _namespaces() == []
+    assert all(x == [6.0] * 4 for x, _ in results)
+    wire_s = nbytes * 8 / (rate_gbit * 1e9)  # 84 ms at 0.1 Gbit/s
+    # Loopback moves 1 MiB in about a millisecond: taking most of the wire time shows the shaping.
+    assert results[0][1] > 0.7 * wire_s
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")
+def test_teardown_after_error_and_leftover_cleanup():
+    with pytest.raises(RuntimeError):
+        with EmulatedCluster(2, 1.0, prefix=PREFIX):
+            raise RuntimeError("boom")
+    assert _namespaces() == []
+    subprocess.run(["ip", "netns", "add", f"{PREFIX}7"], check=True)  # a killed run's leftover
+    with EmulatedCluster(1, 1.0, prefix=PREFIX):
+        assert _namespaces() == [f"{PREFIX}0"]
+    assert _namespaces() == []
+
+
+def test_bad_cluster_options():
+    with pytest.raises(ValueError, match="go together"):
+        EmulatedCluster(4, 1.0, inter_rate_gbit=0.25)
+    with pytest.raises(ValueError, match="must divide"):
+        EmulatedCluster(6, 1.0, inter_rate_gbit=0.25, local_size=4)
