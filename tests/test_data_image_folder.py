@@ -219,6 +219,18 @@ def test_cache_hit_returns_identical_tensors_without_decoding(tmp_path, monkeypa
     assert calls
 
 
+def test_damaged_cache_entry_is_rebuilt(tmp_path):
+    root = tmp_path / "pets"
+    make_folder(root)
+    first = load_dataset(root, workers=1)
+    (entry,) = (tmp_path / "cache" / "image_folder").iterdir()
+    npy = entry / "train_images.npy"
+    npy.write_bytes(npy.read_bytes()[:100])
+    rebuilt = load_dataset(root, workers=1)
+    assert not rebuilt.cached and torch.equal(rebuilt.train.images, first.train.images)
+    assert load_dataset(root, workers=1).cached
+
+
 def test_archive_cache_key_follows_content(tmp_path, monkeypatch):
     src = tmp_path / "src"
     make_folder(src)

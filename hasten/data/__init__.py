@@ -108,12 +108,14 @@ def load_dataset(
     """
     from hasten.data import cifar10, image_folder
 
+    origin = ""
     if path is None:
         env = os.environ.get("HASTEN_DATA")
         path = Path(env) if env else cifar10.download_cifar10()
+        origin = " (from HASTEN_DATA)" if env else ""
     path = Path(path).expanduser()
     if not path.exists():
-        raise DataError(f"dataset path {str(path)!r} does not exist (give a directory or an archive: "
+        raise DataError(f"dataset path {str(path)!r}{origin} does not exist (give a directory or an archive: "
                         ".tar, .tar.gz, .tar.xz, .zip)")
     if cifar10.is_cifar10_binary(path):
         return cifar10.read_cifar10_binary(path)

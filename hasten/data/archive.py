@@ -130,8 +130,14 @@ def iter_entries(path: str | os.PathLike) -> Iterator[tuple[str, bytes | None]]:
                         "(truncated, corrupt or not the format its name says)") from None
 
 
+def walk_error(e: OSError) -> None:
+    """``os.walk`` skips directories it cannot list unless told otherwise; a
+    skipped class folder would be silent data loss."""
+    raise DataError(f"cannot list directory {e.filename!r}: {e.strerror}")
+
+
 def _iter_dir(root: Path) -> Iterator[tuple[str, bytes | None]]:
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error, followlinks=True):
         dirnames.sort()
         rel = Path(dirpath).relative_to(root).as_posix()
         prefix = "" if rel == "." else rel + "/"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hasten.data.archive import walk_error
 from hasten.errors import DataError
 
 
@@ -43,7 +44,7 @@ def tree_fingerprint(root: str | os.PathLike) -> str:
     under ``root``: any added, removed, resized or touched file changes it."""
     root = Path(root)
     h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error, followlinks=True):
         dirnames.sort()
         rel = Path(dirpath).relative_to(root).as_posix()
         h.update(f"D {rel}\n".encode())
@@ -80,14 +81,16 @@ def save_entry(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
 
 
 def load_entry(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], dict] | None:
-    """The arrays and meta of a complete entry, or None when there is none (or it
-    is unreadable: the caller then rebuilds it)."""
+    """The arrays and meta of a complete entry, or None when there is none. An
+    unreadable entry (a disk error, a file damaged after the fact) is deleted,
+    so the caller's rebuild can take its place."""
     if not (path / "meta.json").is_file():
         return None
     try:
         with open(path / "meta.json") as f:
             meta = json.load(f)
         arrays = {name: np.load(path / f"{name}.npy", allow_pickle=False) for name in names}
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):
+        shutil.rmtree(path, ignore_errors=True)
         return None
     return arrays, meta

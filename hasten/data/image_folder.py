@@ -104,8 +104,11 @@ def load_image_folder(
     all_jpeg = all(formats[i] == "jpeg" for i, _, _ in good)
     name = "CIFAR-10-JPEG" if classes == CIFAR10_CLASSES and all_jpeg else stem
     if entry is not None:
-        save_entry(entry, arrays, {"name": name, "classes": classes, "skipped": skipped,
-                                   "total_files": total, "source": str(path), "version": CACHE_VERSION})
+        try:
+            save_entry(entry, arrays, {"name": name, "classes": classes, "skipped": skipped,
+                                       "total_files": total, "source": str(path), "version": CACHE_VERSION})
+        except OSError as e:
+            log.warning("could not write the decode cache %s (%s); the next run decodes again", entry, e)
     return _dataset(name, classes, arrays, str(path), skipped, cached=False)
 
 

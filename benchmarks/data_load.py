@@ -1,0 +1,152 @@
+"""Time ``load_dataset`` on CIFAR-10-JPEG: the first (decoding) and the later (cached) loads.
+
+Measures, each first load in a fresh, empty cache directory:
+
+- first load, decoding in worker processes (the default: one per core);
+- first load, decoding in the calling process only (``workers=1``), for the ratio;
+- second load in the same process (cache hit: hash the archive, ``np.load``);
+- second load in a fresh Python process, from interpreter start to tensors in
+  memory (what a second ``hasten speedrun`` waits for before training).
+
+Cached loads read from the OS page cache (the entry was just written), as a
+second run on the same machine would. Prints a table, writes
+``benchmarks/results/data_load.json`` and ``data_load.png``.
+
+    python benchmarks/data_load.py [--data PATH] [--first N] [--cached N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hasten.data import load_dataset
+from hasten.environment import describe_environment, hardware_label
+from hasten.rundir import write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10-jpeg.tar.xz"
+
+FRESH_PROCESS = """
+import sys, time
+t0 = time.perf_counter()
+from hasten.data import load_dataset
+t1 = time.perf_counter()
+ds = load_dataset(sys.argv[1])
+assert ds.cached, "expected a cache hit"
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def timed_load(data: Path, cache: Path, **kwargs) -> tuple[float, object]:
+    os.environ["HASTEN_CACHE"] = str(cache)
+    start = time.perf_counter()
+    ds = load_dataset(data, **kwargs)
+    return time.perf_counter() - start, ds
+
+
+def fresh_process_load(data: Path, cache: Path) -> tuple[float, float]:
+    """Seconds from launching a new interpreter to a loaded (cached) dataset, and
+    the part of it spent importing hasten.data (Python and torch)."""
+    env = {**os.environ, "HASTEN_CACHE": str(cache), "HASTEN_PROGRESS": "0"}
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(data)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    total = time.perf_counter() - start
+    return total, float(out.split()[0])
+
+
+def stats(xs: list[float]) -> dict:
+    return {"n": len(xs), "mean_s": statistics.mean(xs), "std_s": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "min_s": min(xs), "runs_s": xs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA.resolve())
+    parser.add_argument("--first", type=int, default=3, help="first (uncached) loads per variant")
+    parser.add_argument("--cached", type=int, default=5, help="cached loads per variant")
+    args = parser.parse_args()
+    os.environ.setdefault("HASTEN_PROGRESS", "0")
+
+    rows: dict[str, list[float]] = {"first load, workers=all cores": [], "first load, workers=1": [],
+                                    "cached, same process": [], "cached, fresh process": [],
+                                    "  of which import torch+hasten": []}
+    scratch = Path(tempfile.mkdtemp(prefix="hasten-bench-"))
+    try:
+        for i in range(args.first):
+            for label, workers in (("first load, workers=all cores", None), ("first load, workers=1", 1)):
+                cache = scratch / f"{i}-{workers}"
+                seconds, ds = timed_load(args.data, cache, workers=workers)
+                assert not ds.cached
+                rows[label].append(seconds)
+                shutil.rmtree(cache)
+        cache = scratch / "warm"
+        timed_load(args.data, cache)
+        for _ in range(args.cached):
+            seconds, ds = timed_load(args.data, cache)
+            assert ds.cached
+            rows["cached, same process"].append(seconds)
+            total, imports = fresh_process_load(args.data, cache)
+            rows["cached, fresh process"].append(total)
+            rows["  of which import torch+hasten"].append(imports)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    env = describe_environment("cpu")
+    result = {
+        "benchmark": "data_load",
+        "data": str(args.data),
+        "dataset": ds.summary(),
+        "hardware": hardware_label(env),
+        "environment": env,
+        "note": "2-core machine shared with other jobs during the run; cached loads read from the page cache",
+        "results": {label: stats(xs) for label, xs in rows.items()},
+    }
+    first = result["results"]["first load, workers=all cores"]["mean_s"]
+    result["speedup_cached_vs_first"] = first / result["results"]["cached, same process"]["mean_s"]
+
+    print(f"{ds.summary()}\n{hardware_label(env)}, torch {torch.__version__}")
+    print(f"{'load':<32}{'n':>3}{'mean s':>9}{'std s':>8}{'min s':>8}")
+    for label, s in result["results"].items():
+        print(f"{label:<32}{s['n']:>3}{s['mean_s']:>9.3f}{s['std_s']:>8.3f}{s['min_s']:>8.3f}")
+    print(f"cached load is {result['speedup_cached_vs_first']:.0f}x faster than the first load")
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    write_json(RESULTS / "data_load.json", result)
+    plot(result, RESULTS / "data_load.png")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [k for k in result["results"] if not k.startswith(" ")]
+    means = [result["results"][k]["mean_s"] for k in labels]
+    stds = [result["results"][k]["std_s"] for k in labels]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.barh(labels, means, xerr=stds, color=["#c44", "#e99", "#4a4", "#8c8"][: len(labels)])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds (mean ± std)")
+    ax.set_title(f"load_dataset(cifar10-jpeg.tar.xz), {result['hardware']}", fontsize=9)
+    for y, (m, s) in enumerate(zip(means, stds)):
+        ax.text(m + s, y, f"  {m:.2f} s", va="center", fontsize=8)
+    ax.set_xlim(0, max(m + s for m, s in zip(means, stds)) * 1.2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
