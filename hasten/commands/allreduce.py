@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", help="also write the PNG plot here")
 
 
-def _validate(args) -> tuple[list[int], int]:
+def validate(args) -> tuple[list[int], int]:
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if not sizes:
         raise ConfigError("--sizes: give at least one size, e.g. 1M")
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     from hasten.environment import describe_environment, hardware_label
     from hasten.rundir import RunDir, write_json
 
-    sizes, world = _validate(args)
+    sizes, world = validate(args)
     report = measure(args, sizes, world)
     if not report:  # a non-zero rank under torchrun
         return 0

@@ -56,6 +56,8 @@ def _child(rank, world_size, port, placement, backend, timeout_s, fn, args, conn
         import torch
 
         torch.set_num_threads(1)  # N ranks share the machine's cores
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         master_addr = "127.0.0.1"
         if placement is not None:
             _enter_netns(placement.netns)
@@ -85,12 +87,15 @@ def _child(rank, world_size, port, placement, backend, timeout_s, fn, args, conn
 
 def spawn(fn: Callable, world_size: int, args: tuple = (), *, backend: str = "gloo",
           timeout_s: float = 60.0, placement: list[RankPlacement] | None = None,
-          check: bool = True, join_timeout_s: float | None = None) -> list:
+          check: bool = True, join_timeout_s: float | None = None,
+          start_method: str = "fork") -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked ranks; return their results.
 
     ``timeout_s`` is the process group's timeout (a dead peer makes the others fail
     after at most this long). The whole launch is killed after ``join_timeout_s``
-    (default: 4 x timeout_s + 60 s). With ``check`` a failed rank raises
+    (default: 4 x timeout_s + 60 s). ``start_method="spawn"`` starts fresh
+    interpreters instead of forking (needed once CUDA is initialised; ``fn`` must
+    then be importable). With ``check`` a failed rank raises
     CollectiveError naming it; without, its entry is an ``("error", message)``
     tuple (``("died", exitcode)`` for a rank that exited without reporting).
     """
@@ -98,7 +103,9 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, backend: str = "gl
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if placement is not None and len(placement) != world_size:
         raise ValueError(f"placement has {len(placement)} entries for {world_size} ranks")
-    ctx = mp.get_context("fork")
+    if start_method not in ("fork", "spawn"):
+        raise ValueError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
+    ctx = mp.get_context(start_method)
     port = free_port() if placement is None else random.randint(20000, 60000)
     procs, pipes = [], []
     for rank in range(world_size):

@@ -26,6 +26,7 @@ import atexit
 import os
 import shutil
 import subprocess
+import time
 
 from hasten.dist.launch import RankPlacement
 from hasten.errors import HastenError
@@ -47,8 +48,18 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return res
 
 
+def _links(prefix: str) -> list[str]:
+    out = _ip("ip", "-o", "link", "show", check=False).stdout
+    names = (line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line)
+    return [n for n in names if n.startswith(prefix)]
+
+
 def cleanup_leftovers(prefix: str = PREFIX) -> list[str]:
-    """Delete namespaces and bridges named ``prefix*`` (left by a killed run); returns their names."""
+    """Delete namespaces, veths and bridges named ``prefix*`` (e.g. left by a killed run).
+
+    Returns their names. Waits (up to 10 s) until the kernel has really removed the
+    links: a veth outlives its namespace briefly, and re-creating it too soon fails.
+    """
     if shutil.which("ip") is None:
         return []
     removed = []
@@ -57,12 +68,13 @@ def cleanup_leftovers(prefix: str = PREFIX) -> list[str]:
         if name.startswith(prefix):
             _ip("ip", "netns", "del", name, check=False)
             removed.append(name)
-    for line in _ip("ip", "-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
-        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith(prefix):
+    deadline = time.monotonic() + 10
+    while (links := _links(prefix)) and time.monotonic() < deadline:
+        for name in links:
             _ip("ip", "link", "del", name, check=False)
             removed.append(name)
-    return removed
+        time.sleep(0.1)
+    return sorted(set(removed))
 
 
 def probe(prefix: str = PREFIX) -> str | None:

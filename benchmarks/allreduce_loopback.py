@@ -1,0 +1,69 @@
+"""All-reduce on loopback (no emulated network): what the algorithms cost on this machine's CPU.
+
+On loopback every "link" is a kernel memory copy on the same (here: 2, shared)
+cores, so there is no topology: the numbers say how much CPU each algorithm
+spends, not how it would scale on a network. N = 2, 4, 8; sizes 1K .. 256M;
+ring, torus, naive and gloo's own all_reduce. Prints tables, writes
+``benchmarks/results/allreduce_loopback.json`` and ``allreduce_loopback.png``.
+
+    python benchmarks/allreduce_loopback.py [--iters 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from allreduce_emulated import report_for
+
+from hasten.commands import allreduce as cmd
+from hasten.environment import describe_environment, hardware_label
+from hasten.rundir import write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIZES = "1K,64K,1M,16M,256M"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iters", type=int, default=3)
+    a = p.parse_args()
+    started = time.time()
+    reports = {}
+    for n in (2, 4, 8):
+        reports[n] = report_for(["--world", str(n), "--sizes", SIZES, "--iters", str(a.iters),
+                                 "--warmup", "1"])
+        print(f"\nN = {n}, loopback")
+        print(cmd.format_table(reports[n]["results"]))
+    env = describe_environment("cpu")
+    write_json(RESULTS / "allreduce_loopback.json", {
+        "benchmark": "allreduce_loopback", "environment": env, "iters": a.iters, "warmup": 1,
+        "note": "2 CPU cores shared with other engineers' jobs while this ran",
+        "wall_s": time.time() - started, "runs": {str(n): r for n, r in reports.items()}})
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    for ax, (n, rep) in zip(axes, reports.items()):
+        for algo in ("naive", "ring", "torus", "native"):
+            rs = [r for r in rep["results"] if r["algo"] == algo]
+            ax.plot([r["bytes"] for r in rs], [r["busbw_gbps"] for r in rs], "o-", label=algo)
+        ax.set(xlabel="message size (bytes)", title=f"N = {n}, loopback")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("busbw (GB/s)")
+    axes[0].legend()
+    fig.suptitle(f"gloo on loopback, {hardware_label(env)}, torch {env['torch']}; mean of "
+                 f"{a.iters} runs; CPU shared with other jobs", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "allreduce_loopback.png", dpi=110)
+    plt.close(fig)
+    print(f"\nwrote {RESULTS / 'allreduce_loopback.json'} and .png in {time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
