@@ -2,6 +2,7 @@
 
 Measures, each first load in a fresh, empty cache directory:
 
+- reading the archive alone (decompression and tar parsing, no decoding);
 - first load, decoding in worker processes (the default: one per core);
 - first load, decoding in the calling process only (``workers=1``), for the ratio;
 - second load in the same process (cache hit: hash the archive, ``np.load``);
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 
 from hasten.data import load_dataset
+from hasten.data.archive import iter_files
 from hasten.environment import describe_environment, hardware_label
 from hasten.rundir import write_json
 
@@ -47,27 +50,34 @@ print(t1 - t0, time.perf_counter() - t1)
 """
 
 
-def timed_load(data: Path, cache: Path, **kwargs) -> tuple[float, object]:
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (decode workers,
+    subprocesses): unlike wall time, barely changed by other jobs on the machine."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed_load(data: Path, cache: Path, **kwargs) -> tuple[float, float, object]:
+    """(wall seconds, CPU seconds, dataset) of one load with ``cache`` as the cache directory."""
     os.environ["HASTEN_CACHE"] = str(cache)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     ds = load_dataset(data, **kwargs)
-    return time.perf_counter() - start, ds
+    return time.perf_counter() - start, cpu_seconds() - cpu, ds
 
 
-def fresh_process_load(data: Path, cache: Path) -> tuple[float, float]:
-    """Seconds from launching a new interpreter to a loaded (cached) dataset, and
-    the part of it spent importing hasten.data (Python and torch)."""
+def fresh_process_load(data: Path, cache: Path) -> tuple[float, float, float]:
+    """Wall and CPU seconds from launching a new interpreter to a loaded (cached)
+    dataset, and the wall seconds of it spent importing hasten.data (and torch)."""
     env = {**os.environ, "HASTEN_CACHE": str(cache), "HASTEN_PROGRESS": "0"}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     out = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(data)], env=env, check=True,
                          capture_output=True, text=True).stdout
-    total = time.perf_counter() - start
-    return total, float(out.split()[0])
+    return time.perf_counter() - start, cpu_seconds() - cpu, float(out.split()[0])
 
 
-def stats(xs: list[float]) -> dict:
+def stats(xs: list[float], cpu: list[float]) -> dict:
     return {"n": len(xs), "mean_s": statistics.mean(xs), "std_s": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-            "min_s": min(xs), "runs_s": xs}
+            "min_s": min(xs), "runs_s": xs, "cpu_mean_s": statistics.mean(cpu) if cpu else None}
 
 
 def main() -> None:
@@ -77,27 +87,37 @@ def main() -> None:
     parser.add_argument("--cached", type=int, default=5, help="cached loads per variant")
     args = parser.parse_args()
     os.environ.setdefault("HASTEN_PROGRESS", "0")
+    load_before = os.getloadavg()
 
-    rows: dict[str, list[float]] = {"first load, workers=all cores": [], "first load, workers=1": [],
+    rows: dict[str, list[float]] = {"read archive only, no decoding": [],
+                                    "first load, workers=all cores": [], "first load, workers=1": [],
                                     "cached, same process": [], "cached, fresh process": [],
                                     "  of which import torch+hasten": []}
+    cpu: dict[str, list[float]] = {label: [] for label in rows}
     scratch = Path(tempfile.mkdtemp(prefix="hasten-bench-"))
     try:
         for i in range(args.first):
+            start, cpu_start = time.perf_counter(), cpu_seconds()
+            sum(len(data) for _, data in iter_files(args.data))
+            rows["read archive only, no decoding"].append(time.perf_counter() - start)
+            cpu["read archive only, no decoding"].append(cpu_seconds() - cpu_start)
             for label, workers in (("first load, workers=all cores", None), ("first load, workers=1", 1)):
                 cache = scratch / f"{i}-{workers}"
-                seconds, ds = timed_load(args.data, cache, workers=workers)
+                seconds, cpu_s, ds = timed_load(args.data, cache, workers=workers)
                 assert not ds.cached
                 rows[label].append(seconds)
+                cpu[label].append(cpu_s)
                 shutil.rmtree(cache)
         cache = scratch / "warm"
         timed_load(args.data, cache)
         for _ in range(args.cached):
-            seconds, ds = timed_load(args.data, cache)
+            seconds, cpu_s, ds = timed_load(args.data, cache)
             assert ds.cached
             rows["cached, same process"].append(seconds)
-            total, imports = fresh_process_load(args.data, cache)
+            cpu["cached, same process"].append(cpu_s)
+            total, cpu_s, imports = fresh_process_load(args.data, cache)
             rows["cached, fresh process"].append(total)
+            cpu["cached, fresh process"].append(cpu_s)
             rows["  of which import torch+hasten"].append(imports)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -109,16 +129,19 @@ def main() -> None:
         "dataset": ds.summary(),
         "hardware": hardware_label(env),
         "environment": env,
-        "note": "2-core machine shared with other jobs during the run; cached loads read from the page cache",
-        "results": {label: stats(xs) for label, xs in rows.items()},
+        "load_average_before": load_before,
+        "note": ("machine shared with other jobs during the run (see load_average_before): wall times are "
+                 "inflated, CPU times much less so; cached loads read from the page cache"),
+        "results": {label: stats(xs, cpu[label]) for label, xs in rows.items()},
     }
     first = result["results"]["first load, workers=all cores"]["mean_s"]
     result["speedup_cached_vs_first"] = first / result["results"]["cached, same process"]["mean_s"]
 
     print(f"{ds.summary()}\n{hardware_label(env)}, torch {torch.__version__}")
-    print(f"{'load':<32}{'n':>3}{'mean s':>9}{'std s':>8}{'min s':>8}")
+    print(f"{'load':<32}{'n':>3}{'mean s':>9}{'std s':>8}{'min s':>8}{'CPU s':>8}")
     for label, s in result["results"].items():
-        print(f"{label:<32}{s['n']:>3}{s['mean_s']:>9.3f}{s['std_s']:>8.3f}{s['min_s']:>8.3f}")
+        cpu_s = f"{s['cpu_mean_s']:>8.3f}" if s["cpu_mean_s"] is not None else f"{'':>8}"
+        print(f"{label:<32}{s['n']:>3}{s['mean_s']:>9.3f}{s['std_s']:>8.3f}{s['min_s']:>8.3f}{cpu_s}")
     print(f"cached load is {result['speedup_cached_vs_first']:.0f}x faster than the first load")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -136,7 +159,7 @@ def plot(result: dict, path: Path) -> None:
     means = [result["results"][k]["mean_s"] for k in labels]
     stds = [result["results"][k]["std_s"] for k in labels]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.barh(labels, means, xerr=stds, color=["#c44", "#e99", "#4a4", "#8c8"][: len(labels)])
+    ax.barh(labels, means, xerr=stds, color=["#999", "#c44", "#e99", "#4a4", "#8c8"][: len(labels)])
     ax.invert_yaxis()
     ax.set_xlabel("seconds (mean ± std)")
     ax.set_title(f"load_dataset(cifar10-jpeg.tar.xz), {result['hardware']}", fontsize=9)

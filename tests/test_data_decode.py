@@ -77,3 +77,12 @@ def test_resize_center_crop_takes_the_middle():
     assert out.shape == (10, 10, 3)
     expected = np.asarray(Image.fromarray(big).resize((15, 10), Image.BICUBIC))[:, 2:12]
     assert np.array_equal(out, expected)
+
+
+@pytest.mark.parametrize("use_simplejpeg", [True, False])
+def test_decompression_bombs_are_refused(monkeypatch, use_simplejpeg):
+    if not use_simplejpeg:
+        monkeypatch.setattr(decode, "simplejpeg", None)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 40x56 = 2240 pixels counts as a bomb now
+    with pytest.raises(BadImageError, match="big.jpg.*DecompressionBomb"):
+        decode_image(_encode(_photo()), "big.jpg")

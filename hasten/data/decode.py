@@ -54,7 +54,9 @@ def decode_image(data: bytes, name: str = "<bytes>", image_size: int | None = No
     array = None
     if fmt == "jpeg" and simplejpeg is not None:
         try:
-            array = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+            h, w, _, _ = simplejpeg.decode_jpeg_header(data)
+            if h * w <= max_pixels():  # larger ones go to Pillow, which refuses them by name
+                array = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
         except Exception:  # noqa: BLE001 - retry with Pillow, which reports the reason
             array = None
     if array is None:
@@ -62,6 +64,13 @@ def decode_image(data: bytes, name: str = "<bytes>", image_size: int | None = No
     if image_size is not None and array.shape[:2] != (image_size, image_size):
         array = resize_center_crop(array, image_size, name)
     return array
+
+
+def max_pixels() -> int:
+    """Pillow's decompression-bomb limit, applied to both decoders."""
+    from PIL import Image
+
+    return Image.MAX_IMAGE_PIXELS or 2**62
 
 
 def _decode_pillow(data: bytes, name: str) -> np.ndarray:
