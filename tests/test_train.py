@@ -97,7 +97,7 @@ def test_dataset_smaller_than_one_batch():
 @pytest.mark.parametrize("optimizer,extra", [("lars", {}), ("sgd", {"ghost_batch": 4, "bf16": True})])
 def test_tiny_run_learns_and_reports(optimizer, extra):
     cfg = TrainConfig(model="resnet10", width=4, batch_size=16, epochs=4, warmup_epochs=1,
-                      optimizer=optimizer, lr=0.4 if optimizer == "sgd" else 10.0, **extra)
+                      optimizer=optimizer, lr=0.4 if optimizer == "sgd" else None, **extra)
     report = train(cfg, dataset=tiny_dataset())
     assert report["accuracy"] >= 0.8  # chance is 0.5
     assert report["steps"] == 24 and report["epochs"] == 4 and report["global_batch"] == 16
@@ -171,3 +171,12 @@ def test_torchrun_two_ranks_with_group_bn_matches_one_process(image_folder, tmp_
     for k in b:
         if a[k].is_floating_point():
             torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4, msg=k)
+
+
+def test_streaming_loader_trains_from_the_image_folder(image_folder, tmp_path):
+    out = tmp_path / "report.json"
+    assert _cli("--data", str(image_folder), *TINY, "--epochs", "4", "--loader", "stream",
+                "--json", str(out)) == 0
+    report = json.loads(out.read_text())
+    assert report["loader"] == "stream" and report["steps"] == 24  # 96 images / 16 x 4 epochs
+    assert report["accuracy"] >= 0.8

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from hasten.recipes.train import DEFAULT_BASE_LR, HOOKS, OPTIMIZERS, TrainConfig
+from hasten.recipes.train import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, HOOKS, LOADERS, LR_SCALINGS,
+                                  OPTIMIZERS, TrainConfig)
 
 _D = TrainConfig()
 
@@ -24,12 +25,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=_D.width, help="channels of the first stage")
     p.add_argument("--image-size", type=int, default=None, help="resize image folders to SxS")
     p.add_argument("--train-subset", type=int, default=0, help="train on N random images (0 = all)")
+    p.add_argument("--loader", choices=LOADERS, default=_D.loader,
+                   help="device: decode once, keep the set on the device; stream: decode per epoch in "
+                   "worker processes (datasets larger than memory)")
+    p.add_argument("--workers", type=int, default=0, help="decode processes per rank (--loader stream)")
     p.add_argument("--batch-size", type=int, default=_D.batch_size, help="global batch, all ranks")
     p.add_argument("--epochs", type=float, default=_D.epochs)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=_D.optimizer)
-    p.add_argument("--lr", type=float, default=None,
-                   help=f"learning rate per --base-batch images (default {DEFAULT_BASE_LR})")
-    p.add_argument("--base-batch", type=int, default=_D.base_batch, help="linear scaling: lr x B / this")
+    p.add_argument("--lr", type=float, default=None, help=f"learning rate (default {DEFAULT_BASE_LR})")
+    p.add_argument("--lr-scaling", choices=LR_SCALINGS, default=None,
+                   help=f"linear: peak = lr x batch / base-batch (default {DEFAULT_LR_SCALING})")
+    p.add_argument("--base-batch", type=int, default=_D.base_batch, help="for linear scaling")
     p.add_argument("--momentum", type=float, default=_D.momentum)
     p.add_argument("--weight-decay", type=float, default=_D.weight_decay)
     p.add_argument("--trust-coefficient", type=float, default=_D.trust_coefficient, help="LARS eta")

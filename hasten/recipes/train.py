@@ -48,11 +48,16 @@ from hasten.progress import progress
 
 OPTIMIZERS = ("sgd", "lars")
 HOOKS = ("native", "ring", "torus", "naive")
-# Learning rate per 256 images (linear scaling rule), when --lr is not given.
+LR_SCALINGS = ("linear", "none")
+LOADERS = ("device", "stream")
+# Normalisation for streamed data, which is never seen whole: the usual ImageNet statistics.
+STREAM_MEAN, STREAM_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# When --lr / --lr-scaling are not given:
 DEFAULT_BASE_LR = {
-    "sgd": 0.1,   # Goyal et al.: 0.1 x B / 256
-    "lars": 0.3,  # SimCLR / BYOL with LARS, eta 0.001: 0.3 x B / 256
+    "sgd": 0.1,   # Goyal et al.: peak lr = 0.1 x B / 256
+    "lars": 10.0,  # TPU ResNet-50 reference (lars_util.py): peak lr 10 for any batch < 16k
 }
+DEFAULT_LR_SCALING = {"sgd": "linear", "lars": "none"}
 
 
 @dataclass
@@ -61,11 +66,14 @@ class TrainConfig:
     model: str = "resnet18"
     width: int = 64              # channels of the first stage (64 = the standard ResNet)
     image_size: int | None = None
-    train_subset: int = 0        # use the first N training images (0 = all), for small experiments
+    train_subset: int = 0        # train on N random images (0 = all), for small experiments
+    loader: str = "device"       # device: decode once, whole set on the device; stream: hasten.data.stream
+    workers: int = 0             # decode processes per rank for --loader stream
     batch_size: int = 512        # global batch, over all ranks
     epochs: float = 10.0
     optimizer: str = "sgd"
-    lr: float | None = None      # base rate per base_batch images; None: DEFAULT_BASE_LR
+    lr: float | None = None      # None: DEFAULT_BASE_LR
+    lr_scaling: str | None = None  # linear: peak = lr x batch / base_batch; none: peak = lr
     base_batch: int = 256
     momentum: float = 0.9
     weight_decay: float = 5e-4
@@ -93,6 +101,12 @@ class TrainConfig:
             bad(f"unknown model {self.model!r}; choose one of {sorted(MODELS)}")
         if self.optimizer not in OPTIMIZERS:
             bad(f"unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
+        if self.loader not in LOADERS:
+            bad(f"unknown --loader {self.loader!r}; choose one of {list(LOADERS)}")
+        if self.loader == "stream" and self.train_subset:
+            bad("--train-subset needs --loader device (the stream reads whole splits)")
+        if self.lr_scaling not in (None, *LR_SCALINGS):
+            bad(f"unknown --lr-scaling {self.lr_scaling!r}; choose one of {list(LR_SCALINGS)}")
         if self.hook not in HOOKS:
             bad(f"unknown all-reduce hook {self.hook!r}; choose one of {list(HOOKS)}")
         if self.compress not in (None, "bf16"):
@@ -100,7 +114,7 @@ class TrainConfig:
         for name in ("batch_size", "width", "base_batch", "bn_group"):
             if getattr(self, name) < 1:
                 bad(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("train_subset", "ghost_batch", "checkpoint_every", "seed"):
+        for name in ("train_subset", "ghost_batch", "checkpoint_every", "seed", "workers"):
             if getattr(self, name) < 0:
                 bad(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.epochs > 0:
@@ -124,13 +138,16 @@ class TrainConfig:
             bad("--ghost-batch and --bn-group > 1 cannot be combined; choose one")
 
     @property
-    def base_lr(self) -> float:
-        return self.lr if self.lr is not None else DEFAULT_BASE_LR[self.optimizer]
+    def peak_lr(self) -> float:
+        lr = self.lr if self.lr is not None else DEFAULT_BASE_LR[self.optimizer]
+        if (self.lr_scaling or DEFAULT_LR_SCALING[self.optimizer]) == "linear":
+            return scaled_lr(lr, self.batch_size, self.base_batch)
+        return lr
 
 
 # Fields that define the training math: a checkpoint resumes only with the same ones.
 MATH_FIELDS = ("model", "width", "image_size", "train_subset", "batch_size", "epochs", "optimizer",
-               "lr", "base_batch", "momentum", "weight_decay", "trust_coefficient", "warmup_epochs",
+               "lr", "lr_scaling", "base_batch", "momentum", "weight_decay", "trust_coefficient", "warmup_epochs",
                "decay_power", "label_smoothing", "bn_group", "ghost_batch", "bf16", "seed")
 
 
@@ -166,23 +183,98 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.opti
 # ----------------------------------------------------------------------------
 
 @torch.no_grad()
-def evaluate(model, images, labels, *, mean, std, device, bf16, channels_last, rank, world_size,
-             batch_size=1000) -> float:
-    """Top-1 accuracy on the whole test set; each rank takes every W-th batch.
-    ``model`` must be the plain module (not DDP, whose forward is collective)."""
+def evaluate(model, batches, *, device, bf16, world_size) -> float:
+    """Top-1 accuracy over this rank's ``(inputs, labels)`` batches, summed over
+    ranks. ``model`` must be the plain module (not DDP, whose forward is collective)."""
     model.eval()
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    for start in range(rank * batch_size, len(labels), world_size * batch_size):
-        x = normalize(images[start:start + batch_size].to(device), mean, std)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
+    counts = torch.zeros(2, device=device, dtype=torch.long)  # correct, seen
+    for x, y in batches:
         with autocast(device, bf16):
             pred = model(x).argmax(1)
-        correct += (pred == labels[start:start + batch_size].to(device)).sum()
+        counts += torch.stack([(pred == y).sum(), torch.tensor(len(y), device=device)])
     if world_size > 1:
-        torch.distributed.all_reduce(correct)
+        torch.distributed.all_reduce(counts)
     model.train()
-    return correct.item() / len(labels)
+    return counts[0].item() / max(1, counts[1].item())
+
+
+def _prepare(images, mean, std, device, channels_last):
+    x = normalize(images.to(device, non_blocking=True), mean, std)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x.contiguous()
+
+
+# ----------------------------------------------------------------------------
+# Input: the whole dataset on the device, or streamed from a record store
+# ----------------------------------------------------------------------------
+
+def device_input(cfg, dataset, device, rank, world, local_batch):
+    """(epoch_batches(epoch), steps_per_epoch, test_batches(), num_classes, image size, name)
+    with the decoded dataset resident on the device (``GpuLoader``)."""
+    ds = dataset if dataset is not None else load_dataset(cfg.data, image_size=cfg.image_size)
+    train_x, train_y = ds.train.images, ds.train.labels
+    if cfg.train_subset:
+        # A fixed random subset: image folders are stored class by class.
+        keep = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(0))[:cfg.train_subset]
+        train_x, train_y = train_x[keep], train_y[keep]
+    if len(train_y) < cfg.batch_size:
+        raise ConfigError(f"the training set has {len(train_y)} images, fewer than one global batch "
+                          f"of {cfg.batch_size}")
+    size = train_x.shape[-1]
+    mean, std = channel_stats(train_x)
+    loader = GpuLoader(
+        train_x, train_y, local_batch, device=device, shuffle=True, drop_last=True,
+        # Standard CIFAR/ImageNet-style light augmentation: 1/8-image shifts and flips.
+        augment=Augmentation(translate=max(1, size // 8), flip="random"),
+        mean=mean, std=std, channels_last=cfg.channels_last, seed=cfg.seed, rank=rank, world_size=world,
+    )
+
+    def epoch_batches(epoch):
+        loader.epoch = epoch  # the order and augmentation depend on (seed, epoch) only
+        return iter(loader)
+
+    def test_batches(batch_size=1000):
+        x, y = ds.test.images, ds.test.labels
+        for start in range(rank * batch_size, len(y), world * batch_size):
+            yield (_prepare(x[start:start + batch_size], mean, std, device, cfg.channels_last),
+                   y[start:start + batch_size].to(device))
+
+    return epoch_batches, len(loader), test_batches, ds.num_classes, size, ds.name
+
+
+def stream_input(cfg, device, rank, world, local_batch):
+    """The same, streamed (``hasten.data.stream.StreamLoader``): records read from
+    the folder or archive, sharded by rank, decoded in ``cfg.workers`` processes:
+    for datasets that do not fit in memory (ImageNet)."""
+    from hasten.data.records import open_records
+    from hasten.data.stream import StreamLoader
+
+    train_rec, test_rec = open_records(cfg.data, "train"), open_records(cfg.data, "test")
+    # Every rank must take the same number of steps: shards differ by up to one image.
+    steps_per_epoch = len(train_rec) // world // local_batch
+    if steps_per_epoch < 1:
+        raise ConfigError(f"the training set has {len(train_rec)} images, fewer than one global batch "
+                          f"of {cfg.batch_size}")
+    common = dict(rank=rank, world_size=world, workers=cfg.workers, image_size=cfg.image_size,
+                  device=device)
+    train_stream = StreamLoader(train_rec, batch_size=local_batch, seed=cfg.seed, drop_last=True,
+                                augment=True, **common)
+
+    def epoch_batches(epoch):
+        train_stream.set_epoch(epoch)
+        for i, (x, y) in enumerate(train_stream):
+            if i == steps_per_epoch:
+                break
+            yield _prepare(x, STREAM_MEAN, STREAM_STD, device, cfg.channels_last), y
+
+    def test_batches():
+        test_stream = StreamLoader(test_rec, batch_size=1000, shuffle=False, augment=False, **common)
+        for x, y in test_stream:
+            yield _prepare(x, STREAM_MEAN, STREAM_STD, device, cfg.channels_last), y
+
+    first, _ = next(iter(StreamLoader(test_rec, batch_size=1, shuffle=False, augment=False,
+                                      image_size=cfg.image_size)))
+    return (epoch_batches, steps_per_epoch, test_batches, len(train_rec.classes), first.shape[-1],
+            Path(cfg.data).name)
 
 
 # ----------------------------------------------------------------------------
@@ -236,31 +328,19 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
     seed_everything(cfg.seed)
 
     # --- data ---------------------------------------------------------------
-    ds = dataset if dataset is not None else load_dataset(cfg.data, image_size=cfg.image_size)
-    train_x, train_y = ds.train.images, ds.train.labels
-    if cfg.train_subset:
-        # A fixed random subset: image folders are stored class by class.
-        keep = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(0))[:cfg.train_subset]
-        train_x, train_y = train_x[keep], train_y[keep]
-    if len(train_y) < cfg.batch_size:
-        raise ConfigError(f"the training set has {len(train_y)} images, fewer than one global batch "
-                          f"of {cfg.batch_size}")
-    size = train_x.shape[-1]
-    mean, std = channel_stats(train_x)
     local_batch = cfg.batch_size // world
-    loader = GpuLoader(
-        train_x, train_y, local_batch, device=device, shuffle=True, drop_last=True,
-        # Standard CIFAR/ImageNet-style light augmentation: 1/8-image shifts and flips.
-        augment=Augmentation(translate=max(1, size // 8), flip="random"),
-        mean=mean, std=std, channels_last=cfg.channels_last, seed=cfg.seed, rank=rank, world_size=world,
-    )
-    steps_per_epoch = len(loader)
+    if cfg.loader == "stream":
+        epoch_batches, steps_per_epoch, test_batches, num_classes, size, data_name = stream_input(
+            cfg, device, rank, world, local_batch)
+    else:
+        epoch_batches, steps_per_epoch, test_batches, num_classes, size, data_name = device_input(
+            cfg, dataset, device, rank, world, local_batch)
     total_steps = max(1, round(cfg.epochs * steps_per_epoch))
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
     warmup_steps = min(warmup_steps, total_steps - 1)
 
     # --- model, optimizer, schedule ------------------------------------------
-    model = build_model(cfg.model, ds.num_classes, size, cfg.width)
+    model = build_model(cfg.model, num_classes, size, cfg.width)
     if cfg.ghost_batch:
         model = ghost_batchnorm(model, local_batch // cfg.ghost_batch)
     model = model.to(device)
@@ -268,7 +348,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
         batchnorm_in_float32(model)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    lr = scaled_lr(cfg.base_lr, cfg.batch_size, cfg.base_batch)
+    lr = cfg.peak_lr
     optimizer = build_optimizer(cfg, model, lr)
     scheduler = WarmupPolyDecay(optimizer, warmup_steps, total_steps, power=cfg.decay_power)
     step = 0
@@ -293,7 +373,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
     if main and run_dir is not None:
         run_dir.write_config({**asdict(cfg), "world_size": world, "local_batch": local_batch,
                               "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-                              "warmup_steps": warmup_steps, "peak_lr": lr, "dataset": ds.name,
+                              "warmup_steps": warmup_steps, "peak_lr": lr, "dataset": data_name,
                               "resumed_from_step": step})
 
     # --- loop ---------------------------------------------------------------
@@ -302,9 +382,8 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
     t0 = time.perf_counter()
     loss_sum, loss_n = torch.zeros((), device=device), 0
     while step < total_steps:
-        loader.epoch = step // steps_per_epoch
         skip = step % steps_per_epoch  # resume mid-epoch: same order, skip what was done
-        for i, (x, y) in enumerate(loader):
+        for i, (x, y) in enumerate(epoch_batches(step // steps_per_epoch)):
             if i < skip:
                 continue
             with autocast(device, cfg.bf16):
@@ -341,8 +420,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
         # last step they differ; evaluate every rank with rank 0's.
         for b in model.buffers():
             torch.distributed.broadcast(b, 0)
-    accuracy = evaluate(model, ds.test.images, ds.test.labels, mean=mean, std=std, device=device,
-                        bf16=cfg.bf16, channels_last=cfg.channels_last, rank=rank, world_size=world)
+    accuracy = evaluate(model, test_batches(), device=device, bf16=cfg.bf16, world_size=world)
     images = (step - start_step) * cfg.batch_size
     report = {
         "accuracy": accuracy,
@@ -354,8 +432,9 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
         "time_s": train_time,
         "images_per_s": images / train_time if train_time > 0 else math.nan,
         "resumed_from_step": start_step,
-        "dataset": ds.name,
-        "train_images": len(train_y),
+        "dataset": data_name,
+        "images_per_epoch": steps_per_epoch * cfg.batch_size,
+        "loader": cfg.loader,
         "model": cfg.model,
         "optimizer": cfg.optimizer,
         "peak_lr": lr,

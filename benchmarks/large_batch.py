@@ -1,0 +1,146 @@
+"""Large-batch experiment: accuracy at global batch 512 .. 8192 with the same epoch
+budget (SGD + linear scaling + warm-up against LARS), and BN group sizes with a
+small per-replica batch. Writes benchmarks/results/large_batch.json and .png.
+
+The issue's experiment is a GPU-scale one (ResNet on full CIFAR-10, many epochs).
+The defaults here are a small-scale CPU version: a narrow ResNet-10 on CIFAR-10-JPEG
+downsampled to 16x16 (2x2 average pooling), a random training subset and a few
+epochs, so that each configuration takes one to two minutes on 2 CPU cores. Accuracies
+are therefore far below CIFAR-10 state of the art; what is compared is the
+configurations against each other, measured side by side in one run.
+
+Group BN part: with R replicas of b images and groups of k replicas, each BN
+normalises over k*b images. On one process this is simulated exactly, for the
+statistics, by ghost batch norm with virtual batches of k*b images over the global
+batch (the real multi-process GroupBatchNorm computes the same statistics; its
+equivalence with plain BN on the concatenated batch is tested with 2 and 4 gloo
+processes in tests/test_group_bn.py). Only the running-statistics average differs.
+
+    python benchmarks/large_batch.py                  # about 15-20 min on 2 cores
+    python benchmarks/large_batch.py --epochs 1 --subset 8192 --batches 512,8192  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hasten.data import ImageDataset, Split, load_dataset
+from hasten.environment import describe_environment, hardware_label
+from hasten.recipes.train import TrainConfig, train
+from hasten.rundir import write_json
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def downsample(split: Split, factor: int) -> Split:
+    if factor == 1:
+        return split
+    x = F.avg_pool2d(split.images.float(), factor).round().to(torch.uint8)
+    return Split(x, split.labels)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default="/work/shared/data/cifar10-jpeg.tar.xz")
+    p.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 32 -> 16 px)")
+    p.add_argument("--subset", type=int, default=16384, help="training images (random subset)")
+    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--warmup-epochs", type=float, default=1.0)
+    p.add_argument("--model", default="resnet10")
+    p.add_argument("--width", type=int, default=8)
+    p.add_argument("--batches", default="512,2048,8192", help="global batches for the SGD/LARS part")
+    p.add_argument("--sgd-lr", type=float, default=0.1, help="per 256 images (linear scaling)")
+    p.add_argument("--lars-lr", type=float, default=10.0, help="peak, not scaled (TPU reference)")
+    p.add_argument("--replica-batch", type=int, default=16, help="images per simulated replica")
+    p.add_argument("--bn-groups", default="1,4,32", help="replicas per BN group (1 = per-replica BN)")
+    p.add_argument("--bn-global-batch", type=int, default=512)
+    p.add_argument("--out", default=str(RESULTS / "large_batch.json"))
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(2)
+    t_load = time.perf_counter()
+    full = load_dataset(args.data)
+    ds = ImageDataset(full.name, full.classes, downsample(full.train, args.downsample),
+                      downsample(full.test, args.downsample), source=full.source)
+    print(f"{full.summary()}; downsampled x{args.downsample} in {time.perf_counter() - t_load:.0f} s",
+          file=sys.stderr)
+    common = dict(model=args.model, width=args.width, train_subset=args.subset, epochs=args.epochs,
+                  warmup_epochs=args.warmup_epochs, device="cpu")
+
+    runs = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        for opt, lr, scaling in [("sgd", args.sgd_lr, "linear"), ("lars", args.lars_lr, "none")]:
+            runs.append(("batch", dict(batch_size=batch, optimizer=opt, lr=lr, lr_scaling=scaling)))
+    for k in [int(k) for k in args.bn_groups.split(",")]:
+        bn_batch = k * args.replica_batch
+        runs.append(("bn", dict(batch_size=args.bn_global_batch, optimizer="sgd", lr=args.sgd_lr,
+                                lr_scaling="linear",
+                                ghost_batch=bn_batch if bn_batch < args.bn_global_batch else 0,
+                                _group=k, _bn_batch=bn_batch)))
+
+    env = describe_environment("cpu")
+    results = {
+        "benchmark": "large_batch",
+        "scale": "small-scale CPU experiment (not the GPU-scale experiment of the issue)",
+        "dataset": f"{full.name}, {args.subset} random training images, downsampled to "
+                   f"{ds.image_size[0]}x{ds.image_size[1]}, full test set ({len(ds.test)} images)",
+        "hardware": hardware_label(env) + "; shared with other jobs during the run",
+        "environment": env,
+        "args": vars(args),
+        "n_runs_per_config": 1,
+        "runs": [],
+    }
+    print(f"{'part':5} {'batch':>6} {'opt':5} {'BN batch':>8} {'steps':>6} {'peak lr':>8} "
+          f"{'accuracy':>8} {'time s':>7}")
+    for part, kw in runs:
+        group, bn_batch = kw.pop("_group", None), kw.pop("_bn_batch", None)
+        cfg = TrainConfig(**common, **kw)
+        r = train(cfg, dataset=ds)
+        row = {"part": part, "batch": cfg.batch_size, "optimizer": cfg.optimizer,
+               "bn_batch": bn_batch or cfg.batch_size, "bn_group": group, "steps": r["steps"],
+               "peak_lr": r["peak_lr"], "accuracy": r["accuracy"], "time_s": r["time_s"],
+               "images_per_s": r["images_per_s"]}
+        results["runs"].append(row)
+        print(f"{part:5} {row['batch']:6d} {row['optimizer']:5} {row['bn_batch']:8d} {row['steps']:6d} "
+              f"{row['peak_lr']:8.3g} {row['accuracy']:8.4f} {row['time_s']:7.1f}", flush=True)
+        write_json(args.out, results)  # after every run: a partial result survives a crash
+    plot(results, Path(args.out).with_suffix(".png"))
+    return 0
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for opt, label in [("sgd", "SGD + linear scaling + warm-up"), ("lars", "LARS (peak lr 10)")]:
+        rows = [r for r in results["runs"] if r["part"] == "batch" and r["optimizer"] == opt]
+        a.plot([r["batch"] for r in rows], [100 * r["accuracy"] for r in rows], "o-", label=label)
+    a.set_xscale("log", base=2)
+    a.set_xlabel("global batch (same epoch budget)")
+    a.set_ylabel("test accuracy (%)")
+    a.set_title("Batch size: SGD vs LARS")
+    a.legend()
+    rows = [r for r in results["runs"] if r["part"] == "bn"]
+    b.plot([r["bn_batch"] for r in rows], [100 * r["accuracy"] for r in rows], "s-")
+    for r in rows:
+        b.annotate(f"k={r['bn_group']}", (r["bn_batch"], 100 * r["accuracy"]))
+    b.set_xscale("log", base=2)
+    b.set_xlabel("BN batch = k replicas x 16 images")
+    b.set_title("BN group size (simulated replicas)")
+    fig.suptitle(f"{results['dataset']}\n{results['scale']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
