@@ -255,6 +255,18 @@ def test_worker_processes_give_the_same_result(tmp_path, monkeypatch):
     assert serial.skipped == parallel.skipped == [("train/dog/bad.jpg", serial.skipped[0][1])]
 
 
+def _die(chunk, image_size):
+    os._exit(1)  # what an out-of-memory kill or a decoder segfault looks like to the pool
+
+
+def test_a_dying_worker_is_one_data_error(tmp_path, monkeypatch):
+    root = tmp_path / "pets"
+    make_folder(root)
+    monkeypatch.setattr(image_folder, "_decode_chunk", _die)
+    with pytest.raises(DataError, match="worker process died"):
+        load_dataset(root, workers=2, cache=False)
+
+
 def test_bad_options_are_refused(tmp_path):
     root = tmp_path / "pets"
     make_folder(root)

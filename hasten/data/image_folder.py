@@ -21,10 +21,14 @@ stop the load with one ``DataError``. Dot-files (``.DS_Store``) are ignored.
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
+import sys
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -81,10 +85,10 @@ def load_image_folder(
             _check_bad_fraction(path, skipped, meta["total_files"], max_bad_fraction)
             return _dataset(meta["name"], meta["classes"], arrays, str(path), skipped, cached=True)
 
-    names, dirs, formats, chunks = _read_and_decode(path, image_size, workers or os.cpu_count() or 1)
+    names, dirs, formats, chunks = _read_and_decode(path, image_size, workers or usable_cores())
     classes, samples, stray = _layout(path, names, dirs)
-    reasons = [reason for _, chunk_reasons, _ in chunks for reason in chunk_reasons]
-    shapes = [shape for _, _, chunk_shapes in chunks for shape in chunk_shapes]
+    reasons = [reason for chunk in chunks for reason in chunk.reasons]
+    shapes = [shape for chunk in chunks for shape in chunk.shapes]
 
     skipped = stray + [(names[i], reasons[i]) for i, _, _ in samples if reasons[i] is not None]
     total = len(samples) + len(stray)
@@ -123,10 +127,32 @@ def _dataset(name, classes, arrays, source, skipped, cached) -> ImageDataset:
                         source=source, skipped=list(skipped), cached=cached)
 
 
-_Chunk = tuple  # (images, reasons, shapes): see _decode_chunk
+class DecodedChunk(NamedTuple):
+    """What a worker sends back for ``CHUNK`` consecutive files."""
+
+    images: np.ndarray | list[np.ndarray]  # good images: (k, 3, H, W) if one size, else k (3, H, W) arrays
+    reasons: list[str | None]  # per file: why it is bad, or None
+    shapes: list[tuple[int, int] | None]  # per file: (H, W) when good
 
 
-def _read_and_decode(path: Path, image_size: int | None, workers: int):
+def usable_cores() -> int:
+    """Cores this process may run on (a container's limit, not the host's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    # fork where it is safe (Linux): workers start in milliseconds and never
+    # re-import the caller's script, whatever the Python version's default.
+    methods = mp.get_all_start_methods()
+    context = mp.get_context("fork") if "fork" in methods and sys.platform == "linux" else None
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+
+def _read_and_decode(
+    path: Path, image_size: int | None, workers: int
+) -> tuple[list[str], list[str], list[str | None], list[DecodedChunk]]:
     """One pass over the input: file names, directory names, each file's format,
     and the decoded chunks of ``CHUNK`` consecutive files.
 
@@ -135,7 +161,7 @@ def _read_and_decode(path: Path, image_size: int | None, workers: int):
     dot-files is decoded; which ones are samples is decided afterwards.
     """
     names, dirs, formats, pending, batch = [], [], [], [], []
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    pool = _pool(workers) if workers > 1 else None
 
     def submit():
         pending.append(pool.submit(_decode_chunk, batch, image_size) if pool else _decode_chunk(batch, image_size))
@@ -158,16 +184,17 @@ def _read_and_decode(path: Path, image_size: int | None, workers: int):
             if batch:
                 submit()
             chunks = [p.result() if pool else p for p in pending]
+    except BrokenProcessPool:
+        raise DataError(f"{path}: a decoding worker process died (out of memory, or a crash inside the image "
+                        "decoder); workers=1 decodes in this process and shows where") from None
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)
     return names, dirs, formats, chunks
 
 
-def _decode_chunk(chunk: list[tuple[str, bytes]], image_size: int | None) -> _Chunk:
-    """Decode in a worker. Returns the good images as one (k, 3, H, W) array when
-    they share a size (one cheap pickle back), else a list of (3, H, W) arrays;
-    per file, the reason it is bad (None when good); per file, (H, W) or None."""
+def _decode_chunk(chunk: list[tuple[str, bytes]], image_size: int | None) -> DecodedChunk:
+    """Decode in a worker; good images of one size travel back as one array (one cheap pickle)."""
     arrays, reasons, shapes = [], [], []
     for name, data in chunk:
         try:
@@ -180,14 +207,14 @@ def _decode_chunk(chunk: list[tuple[str, bytes]], image_size: int | None) -> _Ch
         reasons.append(None)
         shapes.append(array.shape[:2])
     if arrays and len({a.shape for a in arrays}) == 1:
-        return np.stack(arrays).transpose(0, 3, 1, 2).copy(), reasons, shapes
-    return [a.transpose(2, 0, 1).copy() for a in arrays], reasons, shapes
+        return DecodedChunk(np.stack(arrays).transpose(0, 3, 1, 2).copy(), reasons, shapes)
+    return DecodedChunk([a.transpose(2, 0, 1).copy() for a in arrays], reasons, shapes)
 
 
-def _assemble(chunks: list[_Chunk], files: list[int]) -> np.ndarray:
+def _assemble(chunks: list[DecodedChunk], files: list[int]) -> np.ndarray:
     """Gather the decoded images of ``files`` (indices in reading order) into one
     (N, 3, H, W) array; callers checked that they are good and of one size."""
-    rows_of = [np.cumsum([r is None for r in reasons]) - 1 for _, reasons, _ in chunks]
+    rows_of = [np.cumsum([r is None for r in chunk.reasons]) - 1 for chunk in chunks]
     by_chunk: dict[int, tuple[list[int], list[int]]] = {}
     for pos, i in enumerate(files):
         c, j = divmod(i, CHUNK)
@@ -195,10 +222,10 @@ def _assemble(chunks: list[_Chunk], files: list[int]) -> np.ndarray:
         dst.append(pos)
         src.append(int(rows_of[c][j]))
     first = files[0]
-    h, w = chunks[first // CHUNK][2][first % CHUNK]
+    h, w = chunks[first // CHUNK].shapes[first % CHUNK]
     out = np.empty((len(files), 3, h, w), dtype=np.uint8)
     for c, (dst, src) in by_chunk.items():
-        images = chunks[c][0]
+        images = chunks[c].images
         if isinstance(images, np.ndarray):
             out[dst] = images[src]
         else:
