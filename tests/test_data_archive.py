@@ -1,6 +1,7 @@
 """Safe archive reading and extraction: crafted archives that try to escape are refused."""
 
 import io
+import os
 import stat
 import tarfile
 import zipfile
@@ -118,6 +119,14 @@ def test_garbage_and_truncated_archives_are_data_errors(tmp_path, suffix):
     truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
     with pytest.raises(DataError, match="cannot read archive"):
         list(iter_files(truncated))
+
+
+def test_fifo_in_a_directory_is_an_error_not_a_hang(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "a.txt").write_bytes(b"a")
+    os.mkfifo(tmp_path / "train" / "pipe")
+    with pytest.raises(DataError, match="pipe.*not a regular file"):
+        list(iter_files(tmp_path))
 
 
 def test_archive_stem():

@@ -144,10 +144,14 @@ def _iter_dir(root: Path) -> Iterator[tuple[str, bytes | None]]:
         if prefix:
             yield prefix.rstrip("/"), None
         for name in sorted(filenames):
+            file = os.path.join(dirpath, name)
             try:
-                data = Path(dirpath, name).read_bytes()
+                # Reading a FIFO or a device would block or never end.
+                if not stat.S_ISREG(os.stat(file).st_mode):
+                    raise DataError(f"{file!r} is a device, FIFO or socket, not a regular file")
+                data = Path(file).read_bytes()
             except OSError as e:
-                raise DataError(f"cannot read {os.path.join(dirpath, name)!r}: {e.strerror}") from None
+                raise DataError(f"cannot read {file!r}: {e.strerror}") from None
             yield prefix + name, data
 
 
