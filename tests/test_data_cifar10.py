@@ -178,6 +178,15 @@ def test_hasten_data_variable_is_used_before_downloading(tmp_path, monkeypatch):
     assert torch.equal(load_dataset().train.images, torch.from_numpy(xtr))
 
 
+def test_pickled_python_version_is_refused_with_a_pointer_to_the_binary_one(tmp_path):
+    batches = tmp_path / "cifar-10-batches-py"
+    batches.mkdir()
+    for name in ("data_batch_1", "test_batch", "batches.meta"):
+        (batches / name).write_bytes(b"\x80\x04 a pickle")
+    with pytest.raises(DataError, match="never unpickled.*cifar-10-binary.tar.gz"):
+        load_dataset(tmp_path)
+
+
 def test_missing_path_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load_dataset(tmp_path / "nope.tar.gz")

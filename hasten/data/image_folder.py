@@ -284,9 +284,13 @@ def _find_root(path: Path, names: list[str]) -> str:
         if all(any(n.startswith(f"{prefix}{s}/") for n in names) for s in SPLITS):
             return prefix
     top = sorted({n.split("/")[0] for n in names})
+    hint = ""
+    if any(n.rsplit("/", 1)[-1] == "data_batch_1" for n in names):
+        hint = ("; this looks like the pickled 'python version' of CIFAR-10, which is never unpickled "
+                "here (it can run code): use the binary version, cifar-10-binary.tar.gz")
     raise DataError(
         f"{path}: expected folders train/<class>/ and test/<class>/, found "
-        f"{', '.join(top[:_SHOW]) or 'nothing'}{' ...' if len(top) > _SHOW else ''}"
+        f"{', '.join(top[:_SHOW]) or 'nothing'}{' ...' if len(top) > _SHOW else ''}{hint}"
     )
 
 
