@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from hasten.errors import ConfigError
-from hasten.nn.group_bn import GroupBatchNorm, bn_process_group, convert_batchnorm
+from hasten.nn.group_bn import GroupBatchNorm, bn_process_group, convert_batchnorm, ghost_batchnorm
 
 C, B = 3, 4  # channels, images per rank
 
@@ -23,18 +23,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, group_size, port, channels_last):
+def _worker(rank, world, group_size, port, channels_last, backend="gloo"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     try:
         g = torch.Generator().manual_seed(0)
-        x_all = torch.randn(world * B, C, 5, 5, generator=g) * 3 + 1
-        dy_all = torch.randn(world * B, C, 5, 5, generator=g)
+        x_all = (torch.randn(world * B, C, 5, 5, generator=g) * 3 + 1).to(dev)
+        dy_all = torch.randn(world * B, C, 5, 5, generator=g).to(dev)
         weight, bias = torch.rand(C, generator=g) + 0.5, torch.randn(C, generator=g)
 
         def bn(cls):
-            m = cls(C)
+            m = cls(C).to(dev)
             with torch.no_grad():
                 m.weight.copy_(weight)
                 m.bias.copy_(bias)
@@ -85,6 +88,15 @@ def test_group_bn_equals_bn_on_concatenated_batch(world, group_size, channels_la
     mp.spawn(_worker, args=(world, group_size, _free_port(), channels_last), nprocs=world, join=True)
 
 
+@pytest.mark.gpu
+@pytest.mark.multiproc
+def test_group_bn_on_nccl():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    world = min(4, torch.cuda.device_count())
+    mp.spawn(_worker, args=(world, 2, _free_port(), True, "nccl"), nprocs=world, join=True)
+
+
 def test_single_process_group_size_one_is_plain_bn():
     m = nn.Sequential(nn.BatchNorm2d(3))
     assert convert_batchnorm(m, group_size=1) is m
@@ -105,3 +117,21 @@ def test_eval_mode_uses_running_stats_like_batchnorm():
     gbn.load_state_dict(bn.state_dict())
     x = torch.randn(2, 3, 4, 4)
     torch.testing.assert_close(gbn.eval()(x), bn.eval()(x))
+
+
+def test_ghost_batchnorm_splits_statistics_and_keeps_parameters():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 1.5)
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    ghost_batchnorm(model, num_splits=2)
+    assert type(model[1]).__name__ == "GhostBatchNorm2d"
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ref.items())
+    x = torch.randn(8, 3, 2, 2) + torch.arange(8.0).view(8, 1, 1, 1)  # halves differ
+    y = model(x)
+    plain = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    plain.load_state_dict(ref)
+    h = plain[0](x)
+    expect = torch.cat([plain[1](h[:4]), plain[1](h[4:])])
+    torch.testing.assert_close(y, expect)

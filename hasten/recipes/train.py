@@ -36,8 +36,7 @@ from hasten.data.gpu_loader import Augmentation, GpuLoader, channel_stats, norma
 from hasten.dist.data_parallel import init_distributed, seed_everything, shutdown, wrap_ddp
 from hasten.errors import ConfigError
 from hasten.models.resnet import MODELS, build_model
-from hasten.nn.ghost_bn import GhostBatchNorm2d
-from hasten.nn.group_bn import convert_batchnorm
+from hasten.nn.group_bn import convert_batchnorm, ghost_batchnorm
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups, scaled_lr
 from hasten.progress import progress
@@ -154,19 +153,6 @@ MATH_FIELDS = ("model", "width", "image_size", "train_subset", "batch_size", "ep
 # ----------------------------------------------------------------------------
 # Model and optimizer
 # ----------------------------------------------------------------------------
-
-def ghost_batchnorm(model: nn.Module, num_splits: int) -> nn.Module:
-    """Replace each ``nn.BatchNorm2d`` by a ``GhostBatchNorm2d`` with ``num_splits``
-    virtual batches, keeping parameters and buffers."""
-    for name, child in model.named_children():
-        if type(child) is nn.BatchNorm2d:
-            ghost = GhostBatchNorm2d(child.num_features, num_splits, eps=child.eps, momentum=child.momentum)
-            ghost.load_state_dict(child.state_dict())
-            setattr(model, name, ghost)
-        else:
-            ghost_batchnorm(child, num_splits)
-    return model
-
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
     groups = lars_param_groups(model, cfg.weight_decay)

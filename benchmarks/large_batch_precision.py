@@ -1,0 +1,115 @@
+"""Training throughput: float32 vs bf16 autocast (BN, loss, gradients in float32),
+each in NCHW and channels_last. Writes benchmarks/results/large_batch_precision.json
+and .png.
+
+Each configuration runs ``--warmup`` untimed steps then ``--steps`` timed steps
+of forward + backward + LARS step, ``--repeats`` times, in interleaved order so that
+drifting load from other jobs affects every configuration alike.
+
+    python benchmarks/large_batch_precision.py                        # this machine
+    python benchmarks/large_batch_precision.py --width 64 --batch 256  # GPU-sized
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hasten.environment import describe_environment, hardware_label, pick_device
+from hasten.models.resnet import build_model
+from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy, to_channels_last
+from hasten.optim import Lars, lars_param_groups
+from hasten.rundir import write_json
+
+RESULTS = Path(__file__).parent / "results"
+CONFIGS = [("fp32", False, False), ("bf16", True, False),
+           ("fp32 channels_last", False, True), ("bf16 channels_last", True, True)]
+
+
+def images_per_s(device, model_name, width, size, batch, bf16, channels_last, warmup, steps) -> float:
+    torch.manual_seed(0)
+    model = batchnorm_in_float32(build_model(model_name, 1000 if size >= 64 else 10, size, width)).to(device)
+    if channels_last:
+        model = to_channels_last(model)
+    opt = Lars(lars_param_groups(model, 1e-4), lr=1.0)
+    x = torch.randn(batch, 3, size, size, device=device)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device=device)
+    for i in range(warmup + steps):
+        if i == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        with autocast(device, bf16):
+            logits = model(x)
+        loss = cross_entropy(logits, y, 0.1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return steps * batch / (time.perf_counter() - t0)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--width", type=int, default=16)
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=str(RESULTS / "large_batch_precision.json"))
+    args = p.parse_args(argv)
+
+    device = pick_device(args.device)
+    samples = {name: [] for name, _, _ in CONFIGS}
+    for _ in range(args.repeats):
+        for name, bf16, cl in CONFIGS:
+            samples[name].append(images_per_s(device, args.model, args.width, args.size, args.batch,
+                                              bf16, cl, args.warmup, args.steps))
+    env = describe_environment(device)
+    rows = []
+    base = statistics.mean(samples["fp32"])
+    print(f"{'config':20} {'images/s':>9} {'stdev':>7} {'vs fp32':>7}   ({hardware_label(env)}, "
+          f"torch {torch.__version__}, n={args.repeats})")
+    for name, _, _ in CONFIGS:
+        s = samples[name]
+        row = {"config": name, "images_per_s_mean": statistics.mean(s),
+               "images_per_s_stdev": statistics.stdev(s) if len(s) > 1 else 0.0,
+               "speedup_vs_fp32": statistics.mean(s) / base, "samples": s}
+        rows.append(row)
+        print(f"{name:20} {row['images_per_s_mean']:9.0f} {row['images_per_s_stdev']:7.0f} "
+              f"{row['speedup_vs_fp32']:7.2f}")
+    write_json(args.out, {"benchmark": "large_batch_precision", "hardware": hardware_label(env),
+                          "note": "machine shared with other jobs" if device.type == "cpu" else "",
+                          "environment": env, "args": vars(args), "rows": rows})
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([r["config"] for r in rows], [r["images_per_s_mean"] for r in rows],
+           yerr=[r["images_per_s_stdev"] for r in rows], capsize=4)
+    ax.set_ylabel("training images/s")
+    ax.set_title(f"{args.model} w{args.width} {args.size}px batch {args.batch}: {hardware_label(env)}",
+                 fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(Path(args.out).with_suffix(".png"), dpi=120)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
