@@ -121,21 +121,22 @@ def _square(n: int) -> tuple[int, int]:
 
 
 def fit_link(sizes: list[float], seconds: list[float], gamma: float = 0.0) -> Link:
-    """Least-squares alpha and beta from one-way point-to-point times t = alpha + K beta.
+    """alpha and beta from one-way point-to-point times t = alpha + K beta.
 
-    Needs at least two distinct sizes; a negative fitted alpha (noise on tiny
-    latencies) is clamped to zero and beta refitted through the origin.
+    beta is the least-squares slope over all sizes (the large messages dominate it,
+    as they should: it is a bandwidth); alpha is the smallest message's time less
+    its own K beta. A plain least-squares intercept would be swamped by the noise
+    of the large transfers and often come out negative. Needs at least two distinct
+    sizes; negative values (noise) are clamped to zero.
     """
     if len(sizes) != len(seconds) or len(set(sizes)) < 2:
         raise ValueError("fit_link needs times for at least two distinct message sizes")
     n = len(sizes)
     mean_k, mean_t = sum(sizes) / n, sum(seconds) / n
     var = sum((k - mean_k) ** 2 for k in sizes)
-    beta = sum((k - mean_k) * (t - mean_t) for k, t in zip(sizes, seconds)) / var
-    alpha = mean_t - beta * mean_k
-    if alpha < 0:
-        alpha, beta = 0.0, sum(k * t for k, t in zip(sizes, seconds)) / sum(k * k for k in sizes)
-    return Link(alpha, max(beta, 0.0), gamma)
+    beta = max(0.0, sum((k - mean_k) * (t - mean_t) for k, t in zip(sizes, seconds)) / var)
+    k_min, t_min = min(zip(sizes, seconds))
+    return Link(max(0.0, t_min - k_min * beta), beta, gamma)
 
 
 def simulate(ns: list[int], nbytes: float, net: Network | Link,

@@ -6,10 +6,11 @@
 Register with ``ddp_model.register_comm_hook(state, allreduce_hook)`` (or
 ``register_allreduce_hook(ddp_model, "ring")``). DDP hands the hook one gradient
 bucket at a time; the hook averages it with the chosen algorithm and returns a
-completed ``torch.futures.Future``. gloo's point-to-point work has no future of
-its own, so the hook runs the algorithm to completion and fulfils the future
-itself (on NCCL the work is queued on the current stream, which DDP's
-copy-back also uses, so the ordering holds).
+``torch.futures.Future``. gloo's point-to-point work has no future of its own,
+so on CPU the hook runs the algorithm on a background thread and fulfils the
+future itself when done (DDP waits for it at the end of backward); on NCCL the
+work is queued on the current stream, which DDP's copy-back also uses, so the
+future is returned already set.
 
 bf16 compression follows torch's ``bf16_compress_hook`` (and Google's TPU
 training): the bucket is cast to bfloat16 before the all-reduce and back after,
@@ -21,7 +22,8 @@ rounded to 8 mantissa bits before summing).
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations at runtime.
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -43,6 +45,12 @@ class AllReduceHookState:
     grid: tuple[int, int] | str | None = None
     compress: str | None = None
     timeout_s: float | None = None
+    _worker: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+
+    def worker(self) -> ThreadPoolExecutor:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hasten-allreduce")
+        return self._worker
 
     def __post_init__(self):
         if self.algo not in HOOK_ALGORITHMS:
@@ -73,9 +81,7 @@ def _reduce(state: AllReduceHookState, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, group=state.group)
 
 
-def allreduce_hook(state: AllReduceHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Average one DDP gradient bucket across ranks with ``state.algo``."""
-    buf = bucket.buffer()
+def _average(state: AllReduceHookState, buf: torch.Tensor) -> torch.Tensor:
     # Divide before summing, like DDP's own hook: keeps bf16 sums in range.
     buf.div_(len(group_ranks(state.group)))
     if state.compress == "bf16":
@@ -84,8 +90,32 @@ def allreduce_hook(state: AllReduceHookState, bucket: dist.GradBucket) -> torch.
         buf.copy_(low)
     else:
         _reduce(state, buf)
-    fut = torch.futures.Future(devices=[buf.device]) if buf.is_cuda else torch.futures.Future()
-    fut.set_result(buf)
+    return buf
+
+
+def allreduce_hook(state: AllReduceHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average one DDP gradient bucket across ranks with ``state.algo``.
+
+    CPU buckets are reduced on one background thread per hook state, so the
+    all-reduce of a bucket overlaps the backward pass of the layers before it (as
+    DDP's own asynchronous all_reduce does). One thread keeps the buckets in
+    order: every rank then sends and receives them in the same sequence. CUDA
+    buckets are reduced inline: NCCL work is already asynchronous on its streams.
+    """
+    buf = bucket.buffer()
+    if buf.is_cuda:
+        fut = torch.futures.Future(devices=[buf.device])
+        fut.set_result(_average(state, buf))
+        return fut
+    fut = torch.futures.Future()
+
+    def work():
+        try:
+            fut.set_result(_average(state, buf))
+        except BaseException as exc:  # surfaces in DDP's backward on the training thread
+            fut.set_exception(exc)
+
+    state.worker().submit(work)
     return fut
 
 

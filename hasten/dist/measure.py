@@ -29,7 +29,7 @@ class BenchConfig:
     warmup: int = 1
     grid: tuple[int, int] | None = None
     calibrate_peers: dict = field(default_factory=lambda: {"link": 1})  # name -> peer of rank 0
-    calibrate_sizes: tuple[int, ...] = (4096, 1 << 20, 8 << 20)
+    calibrate_sizes: tuple[int, ...] = (4, 64 << 10, 1 << 20, 8 << 20)
 
 
 def _run(algo: str, x: torch.Tensor, grid) -> None:

@@ -34,7 +34,7 @@ from hasten.errors import HastenError
 PREFIX = "hst"  # every namespace, veth and bridge made here starts with this
 SUBNET = "10.213"
 _QUANTUM = "60000"
-_LEAF_PACKETS = "12"  # htb's per-class quantum; its default is too big at Gbit rates and warns
+_LEAF_PACKETS = "100"  # htb's per-class quantum; its default is too big at Gbit rates and warns
 
 
 class NetnsUnavailable(HastenError, RuntimeError):

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from hasten.dist.p2p import (DEFAULT_SEGMENT_BYTES, check_same_tensor, flat_view, group_ranks,
-                             my_index, segment_elems)
+                             segment_elems)
 from hasten.dist.ring import ring_all_gather_, ring_allreduce, ring_reduce_scatter_
 
 
@@ -82,7 +82,9 @@ def torus_groups(grid, group=None, timeout_s: float | None = None) -> TorusGroup
     """
     ranks = group_ranks(group)
     rows, cols = parse_grid(grid, len(ranks))
-    key = (rows, cols, tuple(ranks))
+    # Keyed on the parent group object too: after destroy/init_process_group the old
+    # subgroups are dead and must not be reused.
+    key = (rows, cols, tuple(ranks), group if group is not None else dist.group.WORLD)
     if key not in _GROUPS:
         kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
         me = dist.get_rank()
