@@ -29,6 +29,8 @@ choice of e depends on timing, so runs are not bit-reproducible.
 from __future__ import annotations
 
 import math
+import time
+from contextlib import contextmanager
 
 
 class AutoEcho:
@@ -74,10 +76,13 @@ class AutoEcho:
         self.factor = 1.0
         self.ratio_estimate: float | None = None
         self.windows = 0
+        self._paused_s = 0.0  # time inside paused() since the last window
         self.history: list[tuple[float, float]] = []  # (factor used, R estimate or nan) per window
 
     def observe(self, fresh: int, emitted: int, wait_s: float, downstream_s: float) -> float:
         """Take one window's measurements, update and return the echo factor."""
+        downstream_s -= self._paused_s
+        self._paused_s = 0.0
         if fresh <= 0 or emitted <= 0 or downstream_s <= 0:
             return self.factor
         self.windows += 1
@@ -99,6 +104,15 @@ class AutoEcho:
         self.history.append((self.factor, estimate))
         self.factor = new
         return new
+
+    @contextmanager
+    def paused(self):
+        """Leave the time inside this block (e.g. an evaluation) out of the downstream time."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._paused_s += time.perf_counter() - t0
 
     def _agree(self, estimate: float) -> float:
         """The mean estimate over data-parallel ranks (nan, i.e. 'not input-bound', only if no rank waits)."""

@@ -55,7 +55,7 @@ def check_factor(factor: Factor) -> Factor:
         return factor
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
         raise ValueError(
-            f"echo factor must be a number >= 1 (1 = no echoing, 2.5 = 2 or 3 copies) or AutoEcho; got {factor!r}"
+            f"echo factor must be a number >= 1 (1 = no echoing, 2.5 = 2 or 3 copies) or AutoEcho ('auto' on the command line); got {factor!r}"
         )
     return factor
 
