@@ -4,6 +4,7 @@ import io
 import os
 import stat
 import tarfile
+import threading
 import zipfile
 
 import pytest
@@ -119,6 +120,18 @@ def test_garbage_and_truncated_archives_are_data_errors(tmp_path, suffix):
     truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
     with pytest.raises(DataError, match="cannot read archive"):
         list(iter_files(truncated))
+
+
+@pytest.mark.parametrize("mode,suffix", [("w:xz", ".tar.xz"), ("w:gz", ".tar.gz"), ("w:bz2", ".tar.bz2")])
+def test_read_ahead_matches_tarfile_and_stops_when_abandoned(tmp_path, mode, suffix):
+    members = {f"d/f{i:03d}.bin": bytes([i % 256]) * (1000 + 37 * i) for i in range(200)}
+    archive = _tar(tmp_path / f"many{suffix}", members, mode)
+    assert dict(iter_files(archive)) == members
+    threads = threading.active_count()
+    for i, _ in enumerate(iter_files(archive)):
+        if i == 3:
+            break  # the generator is closed here; its read-ahead thread must end
+    assert threading.active_count() == threads
 
 
 def test_fifo_in_a_directory_is_an_error_not_a_hang(tmp_path):

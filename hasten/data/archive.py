@@ -1,5 +1,7 @@
 """Read and extract directories and archives (.tar, .tar.gz, .tar.xz, .tar.bz2, .zip) safely.
 
+Compressed tars are decompressed in a background thread while the caller parses
+them, so reading uses two cores where it has them.
 Every archive member is checked before use: absolute names, ``..`` components,
 symbolic and hard links, device files and FIFOs are refused with a ``DataError``
 naming the member (the tar "path traversal" family, CVE-2007-4559 and relatives).
@@ -10,11 +12,16 @@ truncated archives become one ``DataError`` too, never a decompressor traceback.
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import lzma
 import os
+import queue
 import re
 import stat
 import tarfile
+import threading
 import zipfile
 import zlib
 from pathlib import Path
@@ -107,7 +114,7 @@ def iter_entries(path: str | os.PathLike) -> Iterator[tuple[str, bytes | None]]:
                         + ", ".join(ARCHIVE_SUFFIXES))
     try:
         if kind == "tar":
-            with tarfile.open(path, "r|*") as tf:
+            with _open_decompressed(path) as raw, tarfile.open(fileobj=raw, mode="r|") as tf:
                 for member in tf:
                     name = _check_tar_member(member, path)
                     if not name:
@@ -128,6 +135,79 @@ def iter_entries(path: str | os.PathLike) -> Iterator[tuple[str, bytes | None]]:
     except _READ_ERRORS as e:
         raise DataError(f"cannot read archive {str(path)!r}: {type(e).__name__}: {e} "
                         "(truncated, corrupt or not the format its name says)") from None
+
+
+# Magic bytes of the compressions a .tar may come in, and how to undo each.
+_COMPRESSIONS = ((b"\xfd7zXZ\x00", lzma.open), (b"\x1f\x8b", gzip.open), (b"BZh", bz2.open))
+
+
+def _open_decompressed(path: Path) -> io.RawIOBase:
+    """The uncompressed bytes of a (possibly compressed) tar file, decompressed
+    ahead in a background thread: lzma, zlib and bz2 release the GIL, so the
+    caller's tar parsing runs on one core while decompression runs on another."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    for prefix, opener in _COMPRESSIONS:
+        if magic.startswith(prefix):
+            return ReadAhead(opener(path))
+    return open(path, "rb", buffering=0)
+
+
+class ReadAhead(io.RawIOBase):
+    """A read-only stream over ``raw`` whose blocks a background thread reads
+    ahead (at most ``depth`` blocks). Errors in the thread surface on read;
+    ``close`` stops the thread and closes ``raw``."""
+
+    def __init__(self, raw, block: int = 1 << 20, depth: int = 8):
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._buf, self._pos, self._eof = b"", 0, False
+        self._thread = threading.Thread(target=self._fill, args=(raw, block), daemon=True)
+        self._thread.start()
+
+    def _fill(self, raw, block: int) -> None:
+        try:
+            with raw:
+                while not self._stop.is_set():
+                    data = raw.read(block)
+                    self._put(data)
+                    if not data:
+                        return
+        except Exception as e:  # noqa: BLE001 - handed to the reading thread, which raises it
+            self._put(e)
+
+    def _put(self, item) -> None:
+        # Time out now and then so that close() can stop a thread whose reader went away.
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                pass
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while self._pos >= len(self._buf):
+            if self._eof:
+                return 0
+            item = self._queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if not item:
+                self._eof = True
+                return 0
+            self._buf, self._pos = item, 0
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = self._buf[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        super().close()
 
 
 def walk_error(e: OSError) -> None:
