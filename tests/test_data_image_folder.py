@@ -219,6 +219,15 @@ def test_cache_hit_returns_identical_tensors_without_decoding(tmp_path, monkeypa
     assert calls
 
 
+def test_cache_directory_default_and_override(tmp_path, monkeypatch):
+    from hasten.data.cache import cache_dir
+
+    assert cache_dir() == tmp_path / "cache"  # HASTEN_CACHE, set by conftest
+    monkeypatch.delenv("HASTEN_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "hasten" and cache_dir().is_dir()
+
+
 def test_damaged_cache_entry_is_rebuilt(tmp_path):
     root = tmp_path / "pets"
     make_folder(root)
