@@ -123,7 +123,7 @@ def download_cifar10(root: str | os.PathLike | None = None, url: str | None = No
     root = Path(root) if root is not None else cache_dir()
     url, md5 = url or URL, md5 or MD5
     target = root / BATCHES_DIR
-    if _bin_files_in(target).keys() >= set(TRAIN_FILES + TEST_FILES):
+    if _complete(target):
         return target
     archive = download(url, root / ARCHIVE_NAME, md5)
     # Extract next to the target, then rename: a crash never leaves a partial batch dir.
@@ -133,10 +133,13 @@ def download_cifar10(root: str | os.PathLike | None = None, url: str | None = No
     if not extracted.is_dir():
         raise DataError(f"{archive} does not contain {BATCHES_DIR}/ (not the CIFAR-10 binary archive?)")
     try:
-        os.rename(extracted, target)
-    except OSError:
-        if not _bin_files_in(target):
-            raise
+        if not _complete(target):  # else a concurrent run finished first
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete copy, e.g. a file deleted by hand
+            os.rename(extracted, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _complete(batch_dir: Path) -> bool:
+    return _bin_files_in(batch_dir).keys() >= set(TRAIN_FILES + TEST_FILES)
