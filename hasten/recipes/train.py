@@ -330,8 +330,6 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
     if cfg.ghost_batch:
         model = ghost_batchnorm(model, local_batch // cfg.ghost_batch)
     model = model.to(device)
-    if cfg.bf16:
-        batchnorm_in_float32(model)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     lr = cfg.peak_lr
@@ -346,6 +344,8 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
         set_rng_state(state["rng"])
     # Group BN after loading: it shares the very same parameters and buffers.
     model = convert_batchnorm(model, group_size=cfg.bn_group)
+    if cfg.bf16:
+        batchnorm_in_float32(model)
     ddp = wrap_ddp(model, hook=cfg.hook, compress=cfg.compress)
 
     def checkpoint():
