@@ -6,8 +6,9 @@ order given by the sorted class names, read from a directory or an archive
 JPEG and PNG files are decoded once, in parallel worker processes, into uint8
 tensors that are cached on disk under a key derived from the input's content
 (sha256 of the archive bytes; for a directory, its file names, sizes and
-modification times) and the options that change the pixels. A second run loads
-the cache with ``np.load`` in about a second instead of decoding again.
+modification times) and the options that change the pixels. A second run hashes
+the input and ``np.load``s the arrays instead of reading and decoding again
+(``benchmarks/data_load.py`` measures both).
 
 Bad input policy: files that are not readable JPEG/PNG images (truncated,
 corrupt, another format) are skipped, logged and listed in ``.skipped`` while
