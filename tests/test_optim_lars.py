@@ -168,3 +168,18 @@ def test_closure_is_called_and_loss_returned():
 def test_invalid_hyperparameters_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Lars([torch.zeros(1, requires_grad=True)], **kwargs)
+
+
+@pytest.mark.gpu
+def test_foreach_step_on_cuda_never_syncs_with_the_host():
+    params = [torch.randn(64, 32, device="cuda", requires_grad=True), torch.zeros(32, device="cuda", requires_grad=True)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = Lars(params, lr=0.1, weight_decay=1e-4, clip=True)
+    opt.step()  # creates the momentum buffers
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
