@@ -17,6 +17,7 @@ import torch.distributed as dist
 from hasten.dist.naive import naive_allreduce
 from hasten.dist.ring import ring_allreduce
 from hasten.dist.torus import torus_allreduce
+from hasten.progress import progress, progress_enabled
 
 BENCH_ALGORITHMS = ("ring", "torus", "naive", "native")
 
@@ -110,7 +111,7 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig) -> dict:
     if "torus" in cfg.algos:
         torus_allreduce(torch.ones(world), cfg.grid)  # creates the subgroups outside the timing
     times = {}
-    for algo in cfg.algos:
-        for nbytes in cfg.sizes:
-            times[(algo, nbytes)] = time_allreduce(algo, nbytes, cfg.iters, cfg.warmup, cfg.grid)
+    cases = [(algo, nbytes) for algo in cfg.algos for nbytes in cfg.sizes]
+    for algo, nbytes in progress(cases, desc="all-reduce", disable=rank != 0 or not progress_enabled()):
+        times[(algo, nbytes)] = time_allreduce(algo, nbytes, cfg.iters, cfg.warmup, cfg.grid)
     return {"calibration": calibration, "gamma": gamma, "times": times}
