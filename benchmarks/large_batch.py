@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default="/work/shared/data/cifar10-jpeg.tar.xz")
     p.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 32 -> 16 px)")
-    p.add_argument("--subset", type=int, default=16384, help="training images (random subset)")
+    p.add_argument("--subset", type=int, default=16384, help="training images (random subset; 0 = all)")
     p.add_argument("--epochs", type=float, default=4.0)
     p.add_argument("--warmup-epochs", type=float, default=1.0)
     p.add_argument("--model", default="resnet10")
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     results = {
         "benchmark": "large_batch",
         "scale": "small-scale CPU experiment (not the GPU-scale experiment of the issue)",
-        "dataset": f"{full.name}, {args.subset} random training images, downsampled to "
+        "dataset": f"{full.name}, {args.subset or len(ds.train)} training images, downsampled to "
                    f"{ds.image_size[0]}x{ds.image_size[1]}, full test set ({len(ds.test)} images)",
         "hardware": hardware_label(env) + "; shared with other jobs during the run",
         "environment": env,
