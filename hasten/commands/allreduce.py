@@ -99,11 +99,14 @@ def _grid(args, world: int) -> tuple[int, int]:
 
 def summarize(raw: dict, world: int, grid, network) -> tuple[list[dict], dict]:
     """Per (algo, size) statistics and cost-model predictions from rank 0's raw timings."""
-    from hasten.dist.cost_model import Network, fit_link, predict
+    from hasten.dist.cost_model import Link, Network, fit_link, predict
     from hasten.dist.measure import BenchConfig
 
     sizes = BenchConfig.__dataclass_fields__["calibrate_sizes"].default
-    links = {name: fit_link(list(sizes), times, raw["gamma"]) for name, times in raw["calibration"].items()}
+    # beta from the ping-pong's slope; alpha from a ring step with all N ranks active
+    # (the ping-pong's intercept, kept for reference, misses N-process scheduling).
+    fits = {name: fit_link(list(sizes), times, raw["gamma"]) for name, times in raw["calibration"].items()}
+    links = {name: Link(raw["alpha"], f.beta, f.gamma) for name, f in fits.items()}
     model = None
     if "link" in links:
         model = Network(links["link"], links.get("inter"), network.get("local_size"))
@@ -118,7 +121,8 @@ def summarize(raw: dict, world: int, grid, network) -> tuple[list[dict], dict]:
             "busbw_gbps": algbw * 2 * (world - 1) / world if world > 1 else 0.0,
             "predicted_time_s": predict(algo, nbytes, world, model, grid) if model else None,
         })
-    calibration = {name: {"alpha_s": l.alpha, "beta_s_per_byte": l.beta, "gbit_per_s": l.gbit_per_s}
+    calibration = {name: {"alpha_s": l.alpha, "beta_s_per_byte": l.beta, "gbit_per_s": l.gbit_per_s,
+                          "pingpong_alpha_s": fits[name].alpha}
                    for name, l in links.items()}
     calibration["gamma_s_per_byte"] = raw["gamma"]
     return rows, calibration

@@ -91,6 +91,29 @@ def ping_pong(peer: int, sizes: tuple[int, ...], iters: int = 3) -> list[float]:
     return out
 
 
+def step_latency(iters: int = 20) -> float:
+    """Seconds per ring step of a 4-byte message with every rank active: the model's alpha.
+
+    Every rank sends to its right neighbour and receives from its left at once, as in
+    a ring step, so the time includes what a 2-rank ping-pong does not see: waiting
+    for N processes to be scheduled (on a machine with fewer cores than ranks, the
+    larger part of alpha).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return 0.0
+    send, recv = torch.zeros(1), torch.zeros(1)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for i in range(iters + 2):  # two untimed steps set up the connections
+        if i == 2:
+            dist.barrier()
+            start = time.perf_counter()
+        works = [dist.irecv(recv, left), dist.isend(send, right)]
+        for w in works:
+            w.wait()
+    return _slowest((time.perf_counter() - start) / iters)
+
+
 def gamma_per_byte(nbytes: int = 32 << 20, iters: int = 5) -> float:
     """Seconds per byte to add two float32 tensors on this machine (the model's gamma)."""
     a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
@@ -107,6 +130,7 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig) -> dict:
     if world > 1:
         for name, peer in cfg.calibrate_peers.items():
             calibration[name] = ping_pong(peer, cfg.calibrate_sizes)
+    alpha = step_latency()
     gamma = gamma_per_byte()
     if "torus" in cfg.algos:
         torus_allreduce(torch.ones(world), cfg.grid)  # creates the subgroups outside the timing
@@ -114,4 +138,4 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig) -> dict:
     cases = [(algo, nbytes) for algo in cfg.algos for nbytes in cfg.sizes]
     for algo, nbytes in progress(cases, desc="all-reduce", disable=rank != 0 or not progress_enabled()):
         times[(algo, nbytes)] = time_allreduce(algo, nbytes, cfg.iters, cfg.warmup, cfg.grid)
-    return {"calibration": calibration, "gamma": gamma, "times": times}
+    return {"calibration": calibration, "alpha": alpha, "gamma": gamma, "times": times}
