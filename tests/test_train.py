@@ -64,6 +64,7 @@ def _cli(*args):
         ("1", ["--model", "vgg"], "unknown model 'vgg'"),
         ("1", ["--label-smoothing", "1.5"], "--label-smoothing must be in"),
         ("1", ["--batch-size", "0"], "--batch-size must be >= 1"),
+        ("1", ["--loader", "stream", "--train-subset", "10"], "--train-subset needs --loader device"),
     ],
 )
 def test_bad_configuration_is_one_clear_line_before_any_work(world, args, match, monkeypatch, capsys, tmp_path):

@@ -102,6 +102,8 @@ class TrainConfig:
             bad(f"unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
         if self.loader not in LOADERS:
             bad(f"unknown --loader {self.loader!r}; choose one of {list(LOADERS)}")
+        if self.loader == "stream" and not self.data:
+            bad("--loader stream needs --data PATH (a folder or archive)")
         if self.loader == "stream" and self.train_subset:
             bad("--train-subset needs --loader device (the stream reads whole splits)")
         if self.lr_scaling not in (None, *LR_SCALINGS):
