@@ -11,8 +11,9 @@ Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
 - batch norm per replica, over groups of k replicas (``GroupBatchNorm``) or over
   virtual batches inside a replica (``GhostBatchNorm2d``);
 - bf16 autocast with BN, loss and gradient reduction in float32; channels_last;
-- the dataset resident on the device (``GpuLoader``), sharded by rank, with an
-  epoch-seeded order so a run can resume at any step;
+- the dataset resident on the device (``GpuLoader``) or streamed from a record
+  store (``StreamLoader``, for data larger than memory), sharded by rank, in an
+  order that depends only on (seed, epoch), so a run can resume at any step;
 - atomic checkpoints every N steps; ``resume`` restores model, optimizer,
   scheduler, step, random state and data position.
 
@@ -147,9 +148,10 @@ class TrainConfig:
 
 
 # Fields that define the training math: a checkpoint resumes only with the same ones.
-MATH_FIELDS = ("model", "width", "image_size", "train_subset", "batch_size", "epochs", "optimizer",
-               "lr", "lr_scaling", "base_batch", "momentum", "weight_decay", "trust_coefficient", "warmup_epochs",
-               "decay_power", "label_smoothing", "bn_group", "ghost_batch", "bf16", "seed")
+MATH_FIELDS = ("model", "width", "image_size", "train_subset", "loader", "batch_size", "epochs",
+               "optimizer", "lr", "lr_scaling", "base_batch", "momentum", "weight_decay",
+               "trust_coefficient", "warmup_epochs", "decay_power", "label_smoothing", "bn_group",
+               "ghost_batch", "bf16", "seed")
 
 
 # ----------------------------------------------------------------------------
