@@ -38,9 +38,9 @@ def one_thread():
 
 
 def test_echo_run_reaches_target_and_counts(colours, one_thread):
-    test_set = EvalSet(open_records(colours, "test"), 16, "cpu")
-    base = train_to_target(EchoRunConfig(data=str(colours), echo=1.0, target=0.9), test_set=test_set)
-    echoed = train_to_target(EchoRunConfig(data=str(colours), echo=3.0, target=0.9), test_set=test_set)
+    eval_set = EvalSet(open_records(colours, "test"), 16, "cpu")
+    base = train_to_target(EchoRunConfig(data=str(colours), echo=1.0, target=0.9), eval_set=eval_set)
+    echoed = train_to_target(EchoRunConfig(data=str(colours), echo=3.0, target=0.9), eval_set=eval_set)
     for r in (base, echoed):
         assert r["reached_target"] and r["final_accuracy"] >= 0.85
         assert r["steps_to_target"] % 10 == 0  # evaluated every 10 steps
@@ -61,7 +61,8 @@ def test_cli_single_run_writes_json(colours, tmp_path, capsys, one_thread):
                     "wall_time_to_target_s", "final_accuracy", "idle_fraction"):
             assert key in entry
     assert {e["echo_factor"] for e in data["results"]} == {1.0, 2.0}
-    assert data["results"][0]["upstream_ratio"] > 0
+    assert data["results"][0]["upstream_ratio"] >= 1 and data["results"][0]["storage_ratio"] > 0
+    assert data["results"][1]["upstream_ratio"] == data["results"][0]["upstream_ratio"]
     assert "speedup" in capsys.readouterr().out
 
 
@@ -77,7 +78,7 @@ def test_cli_bad_options_one_line_exit_2(colours, argv, match, capsys):
 
 def test_summary_speedup_is_relative_to_same_group():
     def entry(group, echo, wall, fresh):
-        return {"group": group, "variant": "batch", "echo_factor": echo, "reached_target": True,
+        return {"group": group, "variant": "batch", "echo_factor": echo, "reached_target": True, "storage_ratio": 1,
                 "fresh_examples_to_target": fresh, "steps_to_target": 10, "wall_time_to_target_s": wall,
                 "final_accuracy": 0.5, "idle_fraction": 0.1, "upstream_ratio": 4.0, "mean_echo_factor": echo}
 
@@ -86,3 +87,17 @@ def test_summary_speedup_is_relative_to_same_group():
     speed = {(r["group"], r["echo_factor"]): r["speedup"] for r in rows}
     assert speed[("R=4", "4.0")] == pytest.approx(4.0) and speed[("R=2", "4.0")] == pytest.approx(1.0)
     assert "4.00x" in format_table(rows)
+
+
+def test_sweep_plan_covers_the_papers_two_findings():
+    from hasten.commands.echo import _sweep_a_jobs, _sweep_b_jobs
+
+    base = EchoRunConfig(data="x")
+    a = _sweep_a_jobs(base)
+    assert {(c.variant, c.echo) for _, c in a[1:]} == {(v, e) for v in ("example-before", "example-after", "batch")
+                                                       for e in (2.0, 4.0, 6.0)}
+    assert all(c.upstream_delay_s == 0 for _, c in a)
+    b = _sweep_b_jobs(base, step_s=0.064, batch=64)  # 1 ms per example = R 1
+    delays = {g: c.upstream_delay_s for g, c in b}
+    assert delays == pytest.approx({"R=2": 0.002, "R=4": 0.004, "R=6": 0.006, "R<1": 0.0})
+    assert {c.echo for g, c in b if g == "R=6"} == {1.0, 2.0, 4.0, 6.0, "auto"}

@@ -7,7 +7,9 @@ accuracy and idle fraction.
 
 ``--sweep``: the paper's two findings. (a) Fresh examples to the target against e
 for each variant (no storage delay: counts do not depend on speed). (b) Wall-time
-speedup against e at R about 2, 4 and 6, with AutoEcho beside the fixed factors.
+speedup against e at R about 2, 4 and 6, with AutoEcho beside the fixed factors,
+and AutoEcho against no echoing where the step outlasts the pipeline (R < 1: it
+should switch itself off and cost nothing).
 Runs are interleaved over ``--repeats`` seeds so that a slow spell of a shared
 machine hits every configuration alike. Writes PNG plots, a table and JSON.
 """
@@ -29,6 +31,7 @@ from hasten.rundir import RunDir, write_json
 
 SWEEP_FACTORS = (2.0, 4.0, 6.0)
 SWEEP_RATIOS = (2.0, 4.0, 6.0)
+NOT_INPUT_BOUND_WIDTH = 48  # R < 1 group: AutoEcho should switch itself off
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,26 +76,51 @@ def run(args: argparse.Namespace) -> int:
     with RunDir("echo", device=device) as rd:
         rd.write_config({**vars(args), "device": str(device)})
         h = base.hyp()
-        test_set = EvalSet(_open_test(args.data), h["image_size"], device)
-        step_s = measure_step_time(args.data, str(device))
-        per_item = h["batch_size"]
-        print(f"hasten echo: {hardware_label(rd.environment)}, torch {torch.__version__}; "
-              f"step time {step_s * 1e3:.1f} ms (batch {per_item}), target accuracy {h['target']:.2f}")
-        jobs = _sweep_jobs(base, step_s, per_item) if args.sweep else _single_jobs(base, args, step_s, per_item)
-        entries = []
-        bar = progress(total=len(jobs) * args.repeats, desc="echo runs")
-        for rep in range(args.repeats):
+        eval_set = EvalSet(_open_test(args.data), h["image_size"], device)
+        print(f"hasten echo: {hardware_label(rd.environment)}, torch {torch.__version__}, "
+              f"target accuracy {h['target']:.2f}")
+        batch = h["batch_size"]
+        entries: list[dict] = []
+
+        def run_jobs(jobs, rep):
             for group, cfg in jobs:
                 cfg = EchoRunConfig(**{**cfg.__dict__, "seed": rep})
-                result = train_to_target(cfg, test_set=test_set,
+                result = train_to_target(cfg, eval_set=eval_set,
                                          log=lambda **r: rd.log(group=group, echo_cfg=str(cfg.echo), **r))
                 result["group"] = group
+                if cfg.echo != 1.0:
+                    # R is measured by the run without echoing of the same group and seed (run first).
+                    base_run = next((e for e in reversed(entries) if e["group"] == group and e["seed"] == rep
+                                     and e["echo_factor"] == 1.0), None)
+                    result["upstream_ratio"] = base_run["upstream_ratio"] if base_run else None
                 entries.append(result)
                 rd.log(event="run", **{k: v for k, v in result.items() if k != "config"})
                 bar.update(1)
+
+        if args.sweep:
+            jobs_a = _sweep_a_jobs(base)
+            bar = progress(total=(len(jobs_a) + len(_sweep_b_jobs(base, 0.0, batch))) * args.repeats,
+                           desc="echo runs")
+            for rep in range(args.repeats):
+                run_jobs(jobs_a, rep)
+                if rep == 0:
+                    # The delay for R comes from the step times of the (a) runs just made: hundreds
+                    # of steps under the same load, steadier than a separate short measurement.
+                    step_s = float(np.median([e["step_time_s"] for e in entries]))
+                    jobs_b = _sweep_b_jobs(base, step_s, batch)
+                    print(f"hasten echo: step time {step_s * 1e3:.1f} ms (batch {batch}, median of the (a) runs)")
+                run_jobs(jobs_b, rep)
+        else:
+            step_s = measure_step_time(args.data, str(device), eval_set=eval_set)
+            print(f"hasten echo: step time {step_s * 1e3:.1f} ms (batch {batch})")
+            jobs = _single_jobs(base, args, step_s, batch)
+            bar = progress(total=len(jobs) * args.repeats, desc="echo runs")
+            for rep in range(args.repeats):
+                run_jobs(jobs, rep)
         bar.close()
         summary = summarize(entries)
         results = {
+            "command": "hasten echo " + " ".join(argv_of(args)),
             "hardware": hardware_label(rd.environment),
             "torch": torch.__version__,
             "dataset": "CIFAR-10-JPEG" if "cifar10-jpeg" in os.path.basename(args.data) else args.data,
@@ -115,6 +143,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def argv_of(args: argparse.Namespace) -> list[str]:
+    return [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+            if not k.startswith("_") and k != "command" and v not in (None, False)]
+
+
 def _open_test(data: str):
     from hasten.data.records import open_records
 
@@ -132,19 +165,28 @@ def _single_jobs(base: EchoRunConfig, args, step_s: float, batch: int) -> list[t
     return jobs
 
 
-def _sweep_jobs(base: EchoRunConfig, step_s: float, batch: int) -> list[tuple[str, EchoRunConfig]]:
-    def cfg(**kw):
-        return EchoRunConfig(**{**base.__dict__, **kw})
-
-    jobs = [("a", cfg(echo=1.0, upstream_delay_s=0.0))]
+def _sweep_a_jobs(base: EchoRunConfig) -> list[tuple[str, EchoRunConfig]]:
+    """(a): e = 1 and each variant at each factor, without storage delay."""
+    jobs = [("a", EchoRunConfig(**{**base.__dict__, "echo": 1.0, "upstream_delay_s": 0.0}))]
     for variant in VARIANTS:
-        jobs += [("a", cfg(variant=variant, echo=e, upstream_delay_s=0.0)) for e in SWEEP_FACTORS]
+        jobs += [("a", EchoRunConfig(**{**base.__dict__, "variant": variant, "echo": e, "upstream_delay_s": 0.0}))
+                 for e in SWEEP_FACTORS]
+    return jobs
+
+
+def _sweep_b_jobs(base: EchoRunConfig, step_s: float, batch: int) -> list[tuple[str, EchoRunConfig]]:
+    """(b): e = 1, each factor and AutoEcho at each R (the delay is R step times per
+    batch); e = 1 and AutoEcho at R < 1."""
+    jobs = []
     for ratio in SWEEP_RATIOS:
         delay = ratio * step_s / batch
-        group = f"R={ratio:g}"
-        jobs.append((group, cfg(variant="example-before", echo=1.0, upstream_delay_s=delay)))
-        jobs += [(group, cfg(variant="example-before", echo=e, upstream_delay_s=delay)) for e in SWEEP_FACTORS]
-        jobs.append((group, cfg(variant="example-before", echo="auto", upstream_delay_s=delay)))
+        jobs += [(f"R={ratio:g}", EchoRunConfig(**{**base.__dict__, "variant": "example-before", "echo": e,
+                                                  "upstream_delay_s": delay}))
+                 for e in (1.0, *SWEEP_FACTORS, "auto")]
+    # Not input-bound: no delay and a network 3x wider, whose step outlasts decoding a batch.
+    jobs += [("R<1", EchoRunConfig(**{**base.__dict__, "variant": "example-before", "echo": e,
+                                     "upstream_delay_s": 0.0, "width": NOT_INPUT_BOUND_WIDTH}))
+             for e in (1.0, "auto")]
     return jobs
 
 
@@ -170,7 +212,7 @@ def summarize(entries: list[dict]) -> list[dict]:
         row = {"group": group, "variant": variant, "echo_factor": echo, "n": len(runs),
                "reached": sum(r["reached_target"] for r in runs)}
         for field in ("fresh_examples_to_target", "steps_to_target", "wall_time_to_target_s", "final_accuracy",
-                      "idle_fraction", "upstream_ratio", "mean_echo_factor"):
+                      "idle_fraction", "upstream_ratio", "storage_ratio", "mean_echo_factor"):
             row[field] = _stats([r[field] for r in runs])
         rows.append(row)
     for row in rows:
@@ -240,7 +282,10 @@ def plot_sweep(rows: list[dict], dirs: list) -> list[str]:
                if r["group"] == group and r["echo_factor"] != "auto" and r["speedup"]]
         if not pts:
             continue
-        line = ax.plot([e for e, _ in pts], [s for _, s in pts], marker="o", label=f"fixed e, {group}")[0]
+        base = next(r for r in rows if r["group"] == group and r["echo_factor"] == "1.0")
+        measured = base["upstream_ratio"]["mean"]
+        label = f"{group}" + (f" (measured {measured:.1f})" if measured else "")
+        line = ax.plot([e for e, _ in pts], [s for _, s in pts], marker="o", label=f"fixed e, {label}")[0]
         auto = next((r for r in rows if r["group"] == group and r["echo_factor"] == "auto" and r["speedup"]), None)
         if auto:
             ax.scatter([auto["mean_echo_factor"]["mean"]], [auto["speedup"]], marker="*", s=160,

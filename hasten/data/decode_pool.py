@@ -109,6 +109,9 @@ def read_records(records, indices: np.ndarray) -> list[tuple[int, str, bytes, in
 def _worker_main(records, tasks, results, image_size, augment) -> None:
     # Ctrl-C is the parent's to handle; a worker just stops when told to.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The stop signal only comes once the consumer has everything it wants, so a
+    # worker may exit without flushing results nobody will read.
+    results.cancel_join_thread()
     while True:
         task = tasks.get()
         if task is None:
@@ -254,6 +257,7 @@ class _DecodeStream:
                     p.join(timeout=0.5)
                     if p.is_alive():
                         p.terminate()
+                        p.join(timeout=1.0)
             feeder.join(timeout=2 * self.poll_s + 1)
 
     def _check_workers(self, procs) -> None:

@@ -86,10 +86,11 @@ class EchoRunConfig:
     batch_size: int | None = None
     shuffle_buffer: int | None = None
     max_fresh: int | None = None
+    width: int | None = None  # a wider network makes the step slower than the pipeline (R < 1)
 
     def hyp(self) -> dict:
         h = dict(HYP["cuda" if torch.device(self.device).type == "cuda" else "cpu"])
-        for key in ("target", "batch_size", "shuffle_buffer", "max_fresh"):
+        for key in ("target", "batch_size", "shuffle_buffer", "max_fresh", "width"):
             if getattr(self, key) is not None:
                 h[key] = getattr(self, key)
         return h
@@ -169,46 +170,32 @@ class EvalSet:
 
 
 # ----------------------------------------------------------------------------- Training
-def measure_step_time(data: str, device: str = "cpu", steps: int = 12, seed: int = 0) -> float:
-    """Median seconds per training step of this recipe's network on real batches
-    (no slow storage): the downstream time that sets R for a given delay."""
-    cfg = EchoRunConfig(data=data, device=device, seed=seed)
-    h = cfg.hyp()
-    dev = torch.device(device)
-    records = open_records(data, "train")
-    torch.manual_seed(seed)
-    model = make_model(h, len(records.classes)).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=h["lr"], momentum=0.9, nesterov=True)
-    loader = StreamLoader(records, batch_size=h["batch_size"], image_size=h["image_size"], seed=seed, device=dev)
-    times = []
-    for i, (x, y) in zip(range(steps + 2), loader):
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(normalize(x, dev)), y.to(dev))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= 2:  # the first steps pay for allocation and kernel selection
-            times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+def measure_step_time(data: str, device: str = "cpu", steps: int = 40, seed: int = 0,
+                      eval_set: "EvalSet | None" = None) -> float:
+    """Seconds per training step of this recipe without storage delay: a short run
+    of the real loop, so that a delay of R * step / batch per example gives about R."""
+    cfg = EchoRunConfig(data=data, device=device, seed=seed, target=0.999)
+    cfg.max_fresh = steps * cfg.hyp()["batch_size"]
+    return train_to_target(cfg, eval_set=eval_set)["step_time_s"]
 
 
-def train_to_target(cfg: EchoRunConfig, *, test_set: EvalSet | None = None, log=None) -> dict:
+def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=None) -> dict:
     """Train until the test accuracy reaches the target; return the run's measurements."""
     cfg = validate(cfg)
     h = cfg.hyp()
     dev = torch.device(cfg.device)
     records = open_records(cfg.data, "train")
-    if test_set is None:
-        test_set = EvalSet(open_records(cfg.data, "test"), h["image_size"], dev)
+    if eval_set is None:
+        eval_set = EvalSet(open_records(cfg.data, "test"), h["image_size"], dev)
     storage = SlowStorage(records, latency_s=cfg.upstream_delay_s)
     auto = AutoEcho(e_max=cfg.e_max, interval=4 * h["batch_size"]) if cfg.echo == "auto" else None
     if auto is not None and cfg.variant == "batch":
         auto.interval = 4
     loader = StreamLoader(
         storage, batch_size=h["batch_size"], seed=cfg.seed, workers=cfg.workers, image_size=h["image_size"],
-        echo=auto if auto is not None else cfg.echo, variant=cfg.variant, shuffle_buffer=h["shuffle_buffer"],
+        echo=auto if auto is not None else cfg.echo, variant=cfg.variant,
+        # For batch echoing the buffer mixes batches: the same number of examples, in batches.
+        shuffle_buffer=h["shuffle_buffer"] // h["batch_size"] if cfg.variant == "batch" else h["shuffle_buffer"],
         chunk_size=h["batch_size"], device=dev,
     )
     torch.manual_seed(cfg.seed)
@@ -245,9 +232,9 @@ def train_to_target(cfg: EchoRunConfig, *, test_set: EvalSet | None = None, log=
                     with storage.paused():
                         if auto is not None:
                             with auto.paused():
-                                accuracy = test_set.accuracy(model, h["eval_images"])
+                                accuracy = eval_set.accuracy(model, h["eval_images"])
                         else:
-                            accuracy = test_set.accuracy(model, h["eval_images"])
+                            accuracy = eval_set.accuracy(model, h["eval_images"])
                     if log is not None:
                         log(step=steps, fresh=loader.counters.fresh_examples, accuracy=accuracy,
                             wall_s=wait_s + step_s, echo=factors[-1])
@@ -261,13 +248,17 @@ def train_to_target(cfg: EchoRunConfig, *, test_set: EvalSet | None = None, log=
         if reached or loader.counters.fresh_examples >= h["max_fresh"]:
             break
     c = loader.counters
-    measured_ratio = (storage.delay_s / max(c.fresh_examples, 1)) * h["batch_size"] / (step_s / max(steps, 1))
+    # Storage delay per batch over step time: the part of R the slow storage adds (decoding adds more).
+    storage_ratio = (storage.delay_s / max(c.fresh_examples, 1)) * h["batch_size"] / (step_s / max(steps, 1))
     return {
         "variant": cfg.variant,
         "echo_factor": cfg.echo,
         "mean_echo_factor": float(np.mean(factors)) if factors else 1.0,
         "upstream_delay_s": cfg.upstream_delay_s,
-        "upstream_ratio": measured_ratio,
+        # Without echoing, an input-bound loop runs at the upstream's pace: (wait + step) / step
+        # is R = upstream time / step time, measured. It reads ~1 when the loop is not input-bound.
+        "upstream_ratio": (wait_s + step_s) / step_s if cfg.echo == 1.0 and step_s > 0 else None,
+        "storage_ratio": storage_ratio,
         "reached_target": reached,
         "target": h["target"],
         "fresh_examples_to_target": c.fresh_examples if reached else None,
@@ -276,7 +267,7 @@ def train_to_target(cfg: EchoRunConfig, *, test_set: EvalSet | None = None, log=
         "fresh_examples": c.fresh_examples,
         "steps": steps,
         "wall_time_s": wait_s + step_s,
-        "final_accuracy": test_set.accuracy(model),
+        "final_accuracy": eval_set.accuracy(model),
         "idle_fraction": wait_s / (wait_s + step_s) if steps else 0.0,
         "step_time_s": step_s / max(steps, 1),
         "duplicate_rate": c.duplicate_rate,

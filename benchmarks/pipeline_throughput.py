@@ -1,0 +1,172 @@
+"""Streaming pipeline throughput: hasten's StreamLoader against a plain torch DataLoader.
+
+Both read the same JPEG bytes (CIFAR-10-JPEG train split, from the record cache),
+decode, random-crop (reflect pad 4) and flip every image, and deliver uint8
+batches of 256. Baseline: ``DataLoader(num_workers=k)`` over a map-style Dataset
+that decodes with Pillow and augments per image (what a plain PyTorch script
+does). hasten: ``StreamLoader(workers=k)`` (simplejpeg, chunked decode,
+vectorised crop/flip; k = 0 decodes in a thread of the main process).
+
+Reported: images per second (wall) and images per CPU-second (user + system
+time of the process and its workers: the per-core efficiency, which a busy
+shared machine distorts much less than wall time). Configurations are
+interleaved over the repeats.
+
+    python benchmarks/pipeline_throughput.py [--data PATH] [--images 10000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from hasten.data.records import open_records
+from hasten.data.stream import StreamLoader
+from hasten.environment import describe_environment, hardware_label
+from hasten.rundir import write_json
+
+RESULTS = Path(__file__).parent / "results"
+
+
+class PillowDataset(torch.utils.data.Dataset):
+    """The plain baseline: Pillow decode, numpy reflect-pad crop and flip, per image."""
+
+    def __init__(self, records):
+        self.records = records
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, i):
+        _, data, label = self.records[i]
+        rng = np.random.default_rng()
+        image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        image = np.pad(image, ((4, 4), (4, 4), (0, 0)), mode="reflect")
+        dy, dx = rng.integers(0, 9, size=2)
+        image = image[dy : dy + 32, dx : dx + 32]
+        if rng.random() < 0.5:
+            image = image[:, ::-1]
+        return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1), label
+
+
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def measure(make_iter, images: int) -> tuple[float, float]:
+    """(images per wall second, images per CPU second) over ``images`` images."""
+    wall0, cpu0 = time.perf_counter(), cpu_seconds()
+    it = make_iter()
+    n = 0
+    for x, _ in it:
+        assert x.dtype == torch.uint8 and x.shape[1:] == (3, 32, 32)
+        n += len(x)
+        if n >= images:
+            break
+    wall = time.perf_counter() - wall0
+    del it  # DataLoader workers are joined here; their CPU time is then counted
+    if hasattr(make_iter, "close"):
+        make_iter.close()
+    time.sleep(0.3)
+    return n / wall, n / max(cpu_seconds() - cpu0, 1e-9)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=os.environ.get("HASTEN_DATA", "/work/shared/data/cifar10-jpeg.tar.xz"))
+    ap.add_argument("--images", type=int, default=10_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", default="0,1,2")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    records = open_records(args.data, "train")
+    workers = [int(w) for w in args.workers.split(",")]
+
+    def hasten_iter(k):
+        def make():
+            return iter(StreamLoader(records, batch_size=256, workers=k, chunk_size=256, seed=int(time.time())))
+        return make
+
+    def baseline_iter(k):
+        def make():
+            dl = torch.utils.data.DataLoader(PillowDataset(records), batch_size=256, shuffle=True, num_workers=k)
+            return iter(dl)
+        return make
+
+    configs = [(f"hasten StreamLoader workers={k}", "hasten", k, hasten_iter(k)) for k in workers]
+    configs += [(f"torch DataLoader+Pillow num_workers={k}", "baseline", k, baseline_iter(k)) for k in workers]
+    samples = {name: [] for name, *_ in configs}
+    for _ in range(args.repeats):
+        for name, _, _, make in configs:
+            samples[name].append(measure(make, args.images))
+
+    env = describe_environment("cpu")
+    rows = []
+    for name, kind, k, _ in configs:
+        wall = [s[0] for s in samples[name]]
+        cpu = [s[1] for s in samples[name]]
+        rows.append({"config": name, "pipeline": kind, "workers": k, "n": len(wall),
+                     "images_per_s": {"mean": float(np.mean(wall)), "std": float(np.std(wall, ddof=1))},
+                     "images_per_cpu_s": {"mean": float(np.mean(cpu)), "std": float(np.std(cpu, ddof=1))},
+                     "samples": samples[name]})
+    for row in rows:
+        base = next(r for r in rows if r["pipeline"] == "baseline" and r["workers"] == row["workers"])
+        row["speedup_wall"] = row["images_per_s"]["mean"] / base["images_per_s"]["mean"]
+        row["speedup_per_cpu_s"] = row["images_per_cpu_s"]["mean"] / base["images_per_cpu_s"]["mean"]
+    result = {
+        "benchmark": "pipeline_throughput",
+        "dataset": "CIFAR-10-JPEG train (32x32 JPEG q75), decode + random crop (pad 4) + flip, batches of 256",
+        "hardware": hardware_label(env),
+        "torch": torch.__version__,
+        "environment": env,
+        "note": "2 CPU cores shared with other engineers' jobs during the run: wall numbers are noisy; "
+                "images per CPU-second and side-by-side ratios are the comparable figures",
+        "images_per_run": args.images,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
+    write_json(RESULTS / "pipeline_throughput.json", result)
+    plot(rows, RESULTS / "pipeline_throughput.png", result)
+    print(f"{hardware_label(env)}, torch {torch.__version__}, n={args.repeats} runs of {args.images} images")
+    print(f"{'config':42} {'img/s':>14} {'img/CPU-s':>14} {'vs base wall':>12} {'vs base CPU':>11}")
+    for r in rows:
+        print(f"{r['config']:42} {r['images_per_s']['mean']:>8.0f}±{r['images_per_s']['std']:<5.0f} "
+              f"{r['images_per_cpu_s']['mean']:>8.0f}±{r['images_per_cpu_s']['std']:<5.0f} "
+              f"{r['speedup_wall']:>11.2f}x {r['speedup_per_cpu_s']:>10.2f}x")
+
+
+def plot(rows, path, meta) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "images_per_s", "images / s (wall)"),
+                           (axes[1], "images_per_cpu_s", "images / CPU-second")):
+        for kind, offset in (("baseline", -0.2), ("hasten", 0.2)):
+            rs = [r for r in rows if r["pipeline"] == kind]
+            ax.bar([r["workers"] + offset for r in rs], [r[key]["mean"] for r in rs], width=0.4,
+                   yerr=[r[key]["std"] for r in rs], capsize=3,
+                   label="torch DataLoader + Pillow" if kind == "baseline" else "hasten StreamLoader")
+        ax.set_xlabel("decode workers (0 = in the main process)")
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle(f"CIFAR-10-JPEG decode+augment, {meta['hardware']}, torch {meta['torch']} (shared CPU)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
