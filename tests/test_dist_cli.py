@@ -47,3 +47,14 @@ def test_bad_input_is_one_line_error(argv, message, capsys):
 
 def test_parse_size():
     assert [parse_size(s) for s in ("4", "1K", "64KB", "1M", "256M")] == [4, 1024, 65536, 1 << 20, 256 << 20]
+
+
+@pytest.mark.multiproc
+def test_emulated_network_falls_back_to_loopback_without_root(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    out_json = tmp_path / "ar.json"
+    assert main(["allreduce", "--world", "2", "--network", "emulated", "--sizes", "4K",
+                 "--iters", "1", "--algo", "ring", "--json", str(out_json)]) == 0
+    assert "network namespaces unavailable (network namespaces need root)" in capsys.readouterr().out
+    network = json.loads(out_json.read_text())["network"]
+    assert network == {"kind": "loopback", "fallback_reason": "network namespaces need root"}
