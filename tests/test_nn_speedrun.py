@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 import pytest
 
-from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule
+from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule, warmup_decay
 from hasten.nn.ghost_bn import GhostBatchNorm2d
 from hasten.nn.tta import evaluate, tta_logits
 from hasten.nn.whitening import extract_patches, init_whitening_conv, whitening_filters
@@ -120,3 +120,9 @@ def test_evaluate_counts_correct_predictions():
     x[2:, ..., 1] = 1
     assert evaluate(model, [(x, torch.tensor([0, 0, 1, 1]))]) == 1.0
     assert evaluate(model, [(x, torch.tensor([0, 1, 1, 1]))]) == 0.75
+
+
+def test_warmup_decay_starts_low_and_caps():
+    assert warmup_decay(0.99, 0) == pytest.approx(0.1)
+    assert warmup_decay(0.99, 10) == pytest.approx(11 / 20)
+    assert warmup_decay(0.99, 10_000) == 0.99

@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="recipe preset (default auto: airbench94 on CUDA, cpu on CPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first run; run i uses seed+i")
     p.add_argument("--epochs", type=float, help="override the preset's epoch count")
+    p.add_argument("--batch-size", type=int, help="override the preset's batch size (lr is per 1024 examples)")
+    p.add_argument("--train-subset", type=int,
+                   help="train on a seeded random subset of this many training images (quick CPU runs)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA; compiled in the warm-up)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
     p.add_argument("--ablate", action="store_true",
@@ -58,11 +61,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--target is an accuracy in (0, 1], got {args.target}")
     device = pick_device(args.device)
     preset, why = choose_preset(args.preset, device)
-    recipe = PRESETS[preset]
-    if args.epochs is not None:
-        recipe = recipe.replace(epochs=args.epochs)
+    overrides = {k: v for k, v in (("epochs", args.epochs), ("batch_size", args.batch_size)) if v is not None}
     if args.compile:
-        recipe = recipe.replace(compile=True)
+        overrides["compile"] = True
+    try:
+        recipe = PRESETS[preset].replace(**overrides)
+    except ValueError as exc:  # Recipe validates its own fields
+        raise ConfigError(str(exc)) from None
     print(f"device: {device} ({hardware_label(describe_environment(device))}); preset: {preset} ({why})")
 
     t0 = time.perf_counter()
@@ -70,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"data: {data.name} from {data.source}: {len(data.train)} train / {len(data.test)} test images, "
           f"{'cached' if data.cached else 'decoded'} in {time.perf_counter() - t0:.1f} s"
           + (f", {len(data.skipped)} files skipped" if data.skipped else ""))
+    if args.train_subset is not None:
+        data = train_subset(data, args.train_subset)
+    if len(data.train) < recipe.batch_size:
+        raise ConfigError(f"{data.name} has {len(data.train)} training images, fewer than one batch of "
+                          f"{recipe.batch_size}: pass a smaller --batch-size")
     mean_std = channel_stats(data.train.images)
 
     rundir = RunDir("speedrun", device=device)
@@ -84,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         train_run(recipe, data, device, seed=args.seed, max_steps=steps, mean_std=mean_std)
 
     if args.ablate:
-        return _ablate(args, recipe, data, device, mean_std, rundir)
+        return _ablate(args, preset, recipe, data, device, mean_std, rundir)
 
     print("timed: loader set-up, whitening set-up, training, final TTA evaluation; "
           "untimed: data loading, warm-up, per-epoch validation")
@@ -114,16 +124,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def train_subset(data, n: int):
+    """The same data set with a seeded random subset of ``n`` training images
+    (image folders are stored class by class, so a prefix would miss classes)."""
+    from hasten.data import ImageDataset, Split
+
+    if not 0 < n <= len(data.train):
+        raise ConfigError(f"--train-subset must be in 1..{len(data.train)}, got {n}")
+    idx = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(0))[:n].sort().values
+    return ImageDataset(data.name, data.classes, Split(data.train.images[idx], data.train.labels[idx]), data.test,
+                        data.source, data.skipped, data.cached)
+
+
 def summarize(results, *, preset, device, flops, **extra) -> dict:
     tta = [r.tta_accuracy for r in results]
     times = [r.time_s for r in results]
     return {
-        "runs": [{"accuracy": r.accuracy, "tta_accuracy": r.tta_accuracy, "time_s": r.time_s} for r in results],
+        "runs": [{"accuracy": r.accuracy, "tta_accuracy": r.tta_accuracy, "time_s": r.time_s,
+                  "cpu_time_s": r.cpu_time_s} for r in results],
         "mean_accuracy": statistics.fmean(tta),  # headline: with the recipe's TTA, as airbench reports
         "std_accuracy": statistics.stdev(tta) if len(tta) > 1 else 0.0,
         "mean_accuracy_no_tta": statistics.fmean(r.accuracy for r in results),
         "mean_time_s": statistics.fmean(times),
         "std_time_s": statistics.stdev(times) if len(times) > 1 else 0.0,
+        "mean_cpu_time_s": statistics.fmean(r.cpu_time_s for r in results),
         "device": str(device),
         "preset": preset,
         "flops_per_run": flops,
@@ -132,7 +156,7 @@ def summarize(results, *, preset, device, flops, **extra) -> dict:
     }
 
 
-def _ablate(args, top, data, device, mean_std, rundir) -> int:
+def _ablate(args, preset, top, data, device, mean_std, rundir) -> int:
     from hasten.plots import plot_bars
     from hasten.recipes.speedrun import ladder_recipes, train_run
 
@@ -155,7 +179,7 @@ def _ablate(args, top, data, device, mean_std, rundir) -> int:
         ep = f"{row['epochs_to_target']:.1f}" if reached else "not reached"
         tt = f"{row['time_to_target_s']:.1f}" if reached else "-"
         print(f"{name:<34} {ep:>16} {tt:>16} {row['final_accuracy']:>9.4f} {row['time_s']:>8.1f}", flush=True)
-    summary = {"target": target, "epochs_budget": top.epochs, "device": str(device), "data": data.name,
+    summary = {"preset": preset, "target": target, "epochs_budget": top.epochs, "device": str(device), "data": data.name,
                "rungs": rows, "environment": rundir.environment}
     rundir.write_results(summary)
     plot_bars([r["rung"] for r in rows], [r["final_accuracy"] for r in rows], rundir.path / "ablation.png",

@@ -48,6 +48,13 @@ class Lookahead(WeightAverage):
         self.copy_to(model)
 
 
+def warmup_decay(decay: float, num_updates: int) -> float:
+    """``min(decay, (1 + n) / (10 + n))`` after n updates (TensorFlow's
+    ExponentialMovingAverage ``num_updates``): early averages follow the weights
+    closely instead of staying anchored to the random initialisation."""
+    return min(decay, (1 + num_updates) / (10 + num_updates))
+
+
 def airbench_decay_schedule(total_steps: int) -> torch.Tensor:
     """airbench's Lookahead decay per step: 0.95**5 * (step / total)**3, so the
     average is loose early (weights move freely) and tight at the end."""

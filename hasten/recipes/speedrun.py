@@ -27,7 +27,7 @@ from torch import nn
 
 from hasten.data.gpu_loader import Augmentation, GpuLoader, HostLoader, channel_stats, normalize
 from hasten.models.speedrun_net import NetConfig, SpeedrunNet
-from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule
+from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule, warmup_decay
 from hasten.nn.tta import TTA_LEVELS, evaluate
 from hasten.nn.whitening import init_whitening_conv
 
@@ -162,6 +162,7 @@ class RunResult:
     accuracy: float                  # final accuracy without TTA
     tta_accuracy: float              # final accuracy with the recipe's TTA (the headline number)
     time_s: float                    # timed span, see the module docstring
+    cpu_time_s: float = 0.0          # process CPU seconds over the same span (all threads)
     epochs: list[dict] = field(default_factory=list)
     epochs_to_target: float | None = None
     time_to_target_s: float | None = None
@@ -245,7 +246,10 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
             correct += (logits.detach().argmax(1) == y).sum()
             seen += len(y)
             if average is not None and step % r.ema_every == 0:
-                decay = decay_schedule[step].item() if r.averaging == "lookahead" else r.ema_decay
+                if r.averaging == "lookahead":
+                    decay = decay_schedule[step].item()
+                else:
+                    decay = warmup_decay(r.ema_decay, step // r.ema_every - 1)
                 average.update(model, decay)
             if step >= total_steps:
                 if r.averaging == "lookahead":
@@ -279,6 +283,7 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
     synchronize(device)
     clock.stop()
     result.time_s = clock.elapsed
+    result.cpu_time_s = clock.cpu_elapsed
     result.accuracy = result.epochs[-1]["val_accuracy"]
     result.epochs[-1]["tta_accuracy"] = result.tta_accuracy
     result.epochs[-1]["time_s"] = result.time_s
@@ -288,18 +293,22 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
 
 
 class Stopwatch:
-    """Accumulates wall time over start/stop spans (callers synchronise first)."""
+    """Accumulates wall time, and this process's CPU time, over start/stop spans
+    (callers synchronise the device first). CPU time is the steadier number on a
+    shared machine: other jobs stretch wall time, not our CPU seconds."""
 
     def __init__(self) -> None:
         self.elapsed = 0.0
-        self._t0: float | None = None
+        self.cpu_elapsed = 0.0
+        self._t0: tuple[float, float] | None = None
 
     def start(self) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = (time.perf_counter(), time.process_time())
 
     def stop(self) -> None:
         if self._t0 is not None:
-            self.elapsed += time.perf_counter() - self._t0
+            self.elapsed += time.perf_counter() - self._t0[0]
+            self.cpu_elapsed += time.process_time() - self._t0[1]
             self._t0 = None
 
 
