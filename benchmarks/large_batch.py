@@ -23,6 +23,7 @@ processes in tests/test_group_bn.py). Only the running-statistics average differ
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -60,8 +61,10 @@ def main(argv=None) -> int:
     p.add_argument("--replica-batch", type=int, default=16, help="images per simulated replica")
     p.add_argument("--bn-groups", default="1,4,32", help="replicas per BN group (1 = per-replica BN)")
     p.add_argument("--bn-global-batch", type=int, default=512)
+    p.add_argument("--seeds", default="0", help="one run per seed per configuration, e.g. 0,1")
     p.add_argument("--out", default=str(RESULTS / "large_batch.json"))
     args = p.parse_args(argv)
+    seeds = [int(x) for x in args.seeds.split(",")]
 
     torch.set_num_threads(2)
     t_load = time.perf_counter()
@@ -93,25 +96,32 @@ def main(argv=None) -> int:
         "hardware": hardware_label(env) + "; shared with other jobs during the run",
         "environment": env,
         "args": vars(args),
-        "n_runs_per_config": 1,
+        "n_runs_per_config": len(seeds),
         "runs": [],
     }
     print(f"{'part':5} {'batch':>6} {'opt':5} {'BN batch':>8} {'steps':>6} {'peak lr':>8} "
-          f"{'accuracy':>8} {'time s':>7}")
+          f"{'accuracy (mean, each seed)':>28}")
     for part, kw in runs:
         group, bn_batch = kw.pop("_group", None), kw.pop("_bn_batch", None)
-        cfg = TrainConfig(**common, **kw)
-        r = train(cfg, dataset=ds)
-        row = {"part": part, "batch": cfg.batch_size, "optimizer": cfg.optimizer,
-               "bn_batch": bn_batch or cfg.batch_size, "bn_group": group, "steps": r["steps"],
-               "peak_lr": r["peak_lr"], "accuracy": r["accuracy"], "time_s": r["time_s"],
-               "images_per_s": r["images_per_s"]}
+        reports = [train(TrainConfig(**common, **kw, seed=seed), dataset=ds) for seed in seeds]
+        accs = [r["accuracy"] for r in reports]
+        row = {"part": part, "batch": kw["batch_size"], "optimizer": kw["optimizer"],
+               "bn_batch": bn_batch or kw["batch_size"], "bn_group": group,
+               "steps": reports[0]["steps"], "peak_lr": reports[0]["peak_lr"],
+               "accuracy": statistics.mean(accs), "accuracy_min": min(accs), "accuracy_max": max(accs),
+               "accuracy_runs": accs, "seeds": seeds, "time_s": [r["time_s"] for r in reports]}
         results["runs"].append(row)
         print(f"{part:5} {row['batch']:6d} {row['optimizer']:5} {row['bn_batch']:8d} {row['steps']:6d} "
-              f"{row['peak_lr']:8.3g} {row['accuracy']:8.4f} {row['time_s']:7.1f}", flush=True)
-        write_json(args.out, results)  # after every run: a partial result survives a crash
+              f"{row['peak_lr']:8.3g} {row['accuracy']:8.4f} " + " ".join(f"{a:.4f}" for a in accs),
+              flush=True)
+        write_json(args.out, results)  # after every configuration: a partial result survives
     plot(results, Path(args.out).with_suffix(".png"))
     return 0
+
+
+def _range(rows):
+    return [[100 * (r["accuracy"] - r["accuracy_min"]) for r in rows],
+            [100 * (r["accuracy_max"] - r["accuracy"]) for r in rows]]
 
 
 def plot(results: dict, path: Path) -> None:
@@ -123,20 +133,23 @@ def plot(results: dict, path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for opt, label in [("sgd", "SGD + linear scaling + warm-up"), ("lars", "LARS (peak lr 10)")]:
         rows = [r for r in results["runs"] if r["part"] == "batch" and r["optimizer"] == opt]
-        a.plot([r["batch"] for r in rows], [100 * r["accuracy"] for r in rows], "o-", label=label)
+        a.errorbar([r["batch"] for r in rows], [100 * r["accuracy"] for r in rows], yerr=_range(rows),
+                   fmt="o-", capsize=3, label=label)
     a.set_xscale("log", base=2)
     a.set_xlabel("global batch (same epoch budget)")
     a.set_ylabel("test accuracy (%)")
     a.set_title("Batch size: SGD vs LARS")
     a.legend()
     rows = [r for r in results["runs"] if r["part"] == "bn"]
-    b.plot([r["bn_batch"] for r in rows], [100 * r["accuracy"] for r in rows], "s-")
+    b.errorbar([r["bn_batch"] for r in rows], [100 * r["accuracy"] for r in rows], yerr=_range(rows),
+               fmt="s-", capsize=3)
     for r in rows:
         b.annotate(f"k={r['bn_group']}", (r["bn_batch"], 100 * r["accuracy"]))
     b.set_xscale("log", base=2)
     b.set_xlabel("BN batch = k replicas x 16 images")
     b.set_title("BN group size (simulated replicas)")
-    fig.suptitle(f"{results['dataset']}\n{results['scale']}", fontsize=8)
+    fig.suptitle(f"{results['dataset']}; mean and range of {results['n_runs_per_config']} seed(s)\n"
+                 f"{results['scale']}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}", file=sys.stderr)
