@@ -158,6 +158,7 @@ def plot(rows, path, meta) -> None:
             ax.bar([r["workers"] + offset for r in rs], [r[key]["mean"] for r in rs], width=0.4,
                    yerr=[r[key]["std"] for r in rs], capsize=3,
                    label="torch DataLoader + Pillow" if kind == "baseline" else "hasten StreamLoader")
+        ax.set_xticks(sorted({r["workers"] for r in rows}))
         ax.set_xlabel("decode workers (0 = in the main process)")
         ax.set_ylabel(label)
         ax.legend()

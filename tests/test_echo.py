@@ -168,3 +168,36 @@ def test_autoecho_follows_a_change_in_ratio():
     auto.observe(fresh=10, emitted=20, wait_s=0.2, downstream_s=0.2)  # R = 2 * (1 + 1) = 4
     assert auto.factor == pytest.approx(4.0)
     assert Counter(f for f, _ in auto.history)[1.0] == 1  # the first measured window only
+
+
+def _agree_worker(rank, world, port, out):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    auto = AutoEcho(e_max=10, smoothing=1.0)
+    auto.observe(fresh=10, emitted=10, wait_s=1.0, downstream_s=0.1)  # start-up window
+    # Rank 0 measures R = 3, rank 1 R = 5: both must settle on the mean, 4.
+    wait = 0.2 if rank == 0 else 0.4
+    auto.observe(fresh=10, emitted=10, wait_s=wait, downstream_s=0.1)
+    out.put((rank, auto.factor))
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+def test_autoecho_ranks_agree_on_one_factor():
+    import socket
+
+    import torch.multiprocessing as tmp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = tmp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_agree_worker, args=(r, 2, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert results[0] == results[1] == pytest.approx(4.0)

@@ -130,7 +130,7 @@ def test_batch_echo_and_counters(folder):
     for i in range(0, 18, 3):
         assert all(torch.equal(batches[i][0], batches[i + j][0]) for j in (1, 2))
     c = loader.counters
-    assert c.fresh_examples == 60 and c.fresh_batches == 6
+    assert c.fresh_examples == 60 and c.fresh_batches == 6 and c.batches_emitted == 18
 
 
 def test_shuffle_buffer_in_stream_lowers_duplicates(folder):
@@ -217,3 +217,35 @@ def test_fused_downscale_decode_matches_plain_decode():
     plain = decode_image(buf.getvalue(), "big.jpg", image_size=64)
     assert fused.shape == plain.shape == (64, 64, 3)
     assert np.abs(fused.astype(int) - plain.astype(int)).mean() < 8
+
+
+@pytest.mark.gpu
+def test_batches_arrive_on_the_gpu(folder):
+    loader = StreamLoader(open_records(folder), batch_size=8, device="cuda", echo=2, variant="batch")
+    batches = list(loader)
+    assert len(batches) == 16
+    assert all(x.is_cuda and y.is_cuda and x.dtype == torch.uint8 for x, y in batches)
+
+
+def test_autoecho_at_one_trains_on_exactly_the_batches_of_no_echo(folder):
+    from hasten.echo import AutoEcho
+
+    records = open_records(folder)
+    plain = collect(StreamLoader(records, batch_size=8, shuffle_buffer=16, with_keys=True))
+    auto = collect(StreamLoader(records, batch_size=8, shuffle_buffer=16, with_keys=True,
+                                echo=AutoEcho(e_max=1.0), variant="example-before"))
+    assert len(plain) == len(auto)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, auto))
+
+
+def test_keyed_augmentation_depends_on_example_not_on_batch():
+    from hasten.data.host_augment import keyed_crop_flip
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
+    keys = np.arange(6)
+    whole = keyed_crop_flip(images, keys, seed=3)
+    parts = np.concatenate([keyed_crop_flip(images[:2], keys[:2], seed=3), keyed_crop_flip(images[2:], keys[2:], seed=3)])
+    assert np.array_equal(whole, parts)
+    copies = [keyed_crop_flip(images, keys, seed=3, copies=np.full(6, c)) for c in range(1, 4)]
+    assert sum(np.array_equal(whole[i], c[i]) for c in copies for i in range(6)) <= 3

@@ -72,8 +72,7 @@ def decode_fitted(data: bytes, name: str, image_size: int | None) -> np.ndarray:
 def decode_records(
     records: list[tuple[int, str, bytes, int]],
     image_size: int | None = None,
-    augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
-    seed: int = 0,
+    augment: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> Chunk:
     """Decode (key, name, bytes, label) records into one ``Chunk``; bad files are listed, not raised."""
     arrays, labels, keys, bad = [], [], [], []
@@ -93,7 +92,7 @@ def decode_records(
     else:
         images = np.zeros((0, 0, 0, 3), dtype=np.uint8)
     if augment is not None and len(arrays):
-        images = augment(images, np.random.default_rng(seed))
+        images = augment(images, np.asarray(keys, dtype=np.int64))
     return Chunk(images, np.asarray(labels, dtype=np.int64), np.asarray(keys, dtype=np.int64), bad)
 
 
@@ -116,9 +115,9 @@ def _worker_main(records, tasks, results, image_size, augment) -> None:
         task = tasks.get()
         if task is None:
             return
-        number, seed, indices = task
+        number, indices = task
         try:
-            results.put((number, decode_records(read_records(records, indices), image_size, augment, seed)))
+            results.put((number, decode_records(read_records(records, indices), image_size, augment)))
         except Exception as e:  # noqa: BLE001 - sent to the consumer, which raises it
             results.put((number, e))
 
@@ -134,8 +133,7 @@ def decode_stream(
     *,
     workers: int = 0,
     image_size: int | None = None,
-    augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
-    seed: int = 0,
+    augment: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     prefetch: int = 4,
     max_bad_fraction: float = 0.01,
     mp_context: str | None = None,
@@ -146,8 +144,8 @@ def decode_stream(
 
     ``records[i]`` must return (name, bytes, label). ``workers=0`` decodes in the
     feeder thread (no processes: for DataLoader workers and small jobs).
-    ``prefetch``: chunks read ahead of the consumer. ``augment(images, rng)`` runs
-    on each decoded chunk with a generator seeded by (seed, chunk number).
+    ``prefetch``: chunks read ahead of the consumer. ``augment(images, keys)`` runs
+    on each decoded chunk in the worker (keys: the dataset indices of the images).
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise ValueError(f"workers must be an integer >= 0 (0 = decode in a thread); got {workers!r}")
@@ -155,15 +153,15 @@ def decode_stream(
         raise ValueError(f"prefetch must be an integer >= 1 (chunks read ahead); got {prefetch!r}")
     if not 0 <= max_bad_fraction <= 1:
         raise ValueError(f"max_bad_fraction must be in [0, 1]; got {max_bad_fraction!r}")
-    return _DecodeStream(records, chunks, workers, image_size, augment, seed, prefetch, max_bad_fraction,
+    return _DecodeStream(records, chunks, workers, image_size, augment, prefetch, max_bad_fraction,
                          mp_context, poll_s, on_bad).run()
 
 
 class _DecodeStream:
-    def __init__(self, records, chunks, workers, image_size, augment, seed, prefetch, max_bad_fraction,
+    def __init__(self, records, chunks, workers, image_size, augment, prefetch, max_bad_fraction,
                  mp_context, poll_s, on_bad):
         self.records, self.chunks, self.workers = records, chunks, workers
-        self.image_size, self.augment, self.seed = image_size, augment, seed
+        self.image_size, self.augment = image_size, augment
         self.prefetch, self.max_bad_fraction, self.poll_s = prefetch, max_bad_fraction, poll_s
         self.on_bad = on_bad
         self.ctx = mp.get_context(mp_context or ("fork" if "fork" in mp.get_all_start_methods() else "spawn"))
@@ -195,7 +193,7 @@ class _DecodeStream:
             def put(number, indices):
                 try:
                     recs = read_records(self.records, indices)
-                    results.put((number, decode_records(recs, self.image_size, self.augment, self.seed + number)))
+                    results.put((number, decode_records(recs, self.image_size, self.augment)))
                 except Exception as e:  # noqa: BLE001
                     results.put((number, e))
         else:
@@ -208,7 +206,7 @@ class _DecodeStream:
                 procs.append(p)
 
             def put(number, indices):
-                tasks.put((number, self.seed + number, indices))
+                tasks.put((number, indices))
 
         feeder = threading.Thread(target=self._feed, args=(put, failures), daemon=True, name="hasten-decode-feeder")
         feeder.start()

@@ -7,7 +7,7 @@ For data that is not decoded once and held on the device:
     -> [echo] -> shuffle buffer -> batch -> [echo] -> pinned memory -> device
 
 ``StreamLoader`` composes the pieces, each usable alone: ``shard_indices``
-(hasten.data.sharding), ``decode_stream`` (hasten.data.decode_pool), ``crop_flip``
+(hasten.data.sharding), ``decode_stream`` (hasten.data.decode_pool), ``keyed_crop_flip``
 (hasten.data.host_augment), the echo stages and ``shuffle_buffer`` (hasten.echo),
 ``batch_examples`` and ``to_device`` (here). It is a plain iterable of
 (images uint8 (B, 3, H, W), labels int64 (B,)) batches and also a
@@ -34,12 +34,14 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable, Iterator
+from functools import partial
+from itertools import repeat
 
 import numpy as np
 import torch
 
 from hasten.data.decode_pool import decode_stream
-from hasten.data.host_augment import crop_flip
+from hasten.data.host_augment import keyed_crop_flip
 from hasten.data.sharding import shard_indices
 from hasten.echo import (
     AutoEcho,
@@ -54,35 +56,48 @@ from hasten.echo import (
 
 
 def batch_examples(
-    examples: Iterable[tuple[np.ndarray, int, int]], batch_size: int, *, drop_last: bool = False,
-    counters: EchoCounters | None = None,
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Group (image HWC, label, key) examples into (images NHWC, labels, keys) arrays."""
+    examples: Iterable[tuple], batch_size: int, *, drop_last: bool = False, counters: EchoCounters | None = None,
+) -> Iterator[tuple[np.ndarray, ...]]:
+    """Group (image HWC, label, key, ...) tuples into (images NHWC, labels, keys, ...) arrays.
+
+    Fields after the image become int64 arrays; ``key`` identifies the example (its
+    dataset index) and feeds the within-batch duplicate count of ``counters``.
+    """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
     return _batched(examples, batch_size, drop_last, counters)
 
 
 def _batched(examples, batch_size, drop_last, counters):
-    images, labels, keys = [], [], []
-    for image, label, key in examples:
-        images.append(image)
-        labels.append(label)
-        keys.append(key)
-        if len(images) == batch_size:
-            if counters is not None:
-                counters.record_batch(keys)
-            yield np.stack(images), np.asarray(labels, dtype=np.int64), np.asarray(keys, dtype=np.int64)
-            images, labels, keys = [], [], []
-    if images and not drop_last:
-        if counters is not None:
-            counters.record_batch(keys)
-        yield np.stack(images), np.asarray(labels, dtype=np.int64), np.asarray(keys, dtype=np.int64)
+    group = []
+    for example in examples:
+        group.append(example)
+        if len(group) == batch_size:
+            yield _collate(group, counters)
+            group = []
+    if group and not drop_last:
+        yield _collate(group, counters)
 
 
-def _examples(chunks) -> Iterator[tuple[np.ndarray, int, int]]:
+def _collate(group, counters):
+    fields = list(zip(*group))
+    if counters is not None:
+        counters.record_batch(fields[2])
+    return (np.stack(fields[0]), *(np.asarray(f, dtype=np.int64) for f in fields[1:]))
+
+
+def _examples(chunks) -> Iterator[tuple[np.ndarray, int, int, int]]:
     for chunk in chunks:
-        yield from zip(chunk.images, chunk.labels.tolist(), chunk.keys.tolist())
+        yield from zip(chunk.images, chunk.labels.tolist(), chunk.keys.tolist(), repeat(0))
+
+
+def _number_copies(examples) -> Iterator[tuple[np.ndarray, int, int, int]]:
+    """Number the echoed copies of each example (the echo stage repeats the same object)."""
+    previous, copy = None, 0
+    for example in examples:
+        copy = copy + 1 if example is previous else 0
+        previous = example
+        yield example[:3] + (copy,)
 
 
 def to_device(
@@ -214,28 +229,32 @@ class StreamLoader(torch.utils.data.IterableDataset):
         echoing = isinstance(self.echo, AutoEcho) or self.echo != 1
         augment_late = self.augment and echoing and self.variant == "example-before"
         seed = (self.seed * 1_000_003 + epoch) * 1_000_003 + self.rank
+        # Augmentation is a function of (seed, epoch, example, copy), not of where it runs, so
+        # echoing with e = 1 (e.g. AutoEcho switched off) trains exactly as no echoing.
+        aug_seed = self.seed * 1_000_003 + epoch
         # Processes cannot be started from inside a (daemonic) DataLoader worker.
         workers = 0 if torch.utils.data.get_worker_info() is not None else self.workers
         decoded = decode_stream(
             self.records, chunks, workers=workers, image_size=self.image_size,
-            augment=crop_flip if self.augment and not augment_late else None, seed=seed * 7919,
+            augment=partial(keyed_crop_flip, seed=aug_seed) if self.augment and not augment_late else None,
             prefetch=self.prefetch, max_bad_fraction=self.max_bad_fraction, poll_s=self.poll_s,
             on_bad=self.skipped.extend,
         )
         examples = _examples(decoded)
         if echoing and self.variant != "batch":
             examples = echo_examples(examples, self.echo, seed=self.seed, epoch=epoch, counters=self.counters)
+            examples = _number_copies(examples)
         else:
             examples = _count_fresh(examples, self.counters)
         if self.variant != "batch" or not echoing:
             examples = shuffle_buffer(examples, self.buffer, seed=seed)
         batches = batch_examples(examples, self.batch_size, drop_last=self.drop_last, counters=self.counters)
         if augment_late:
-            batches = _augment_batches(batches, np.random.default_rng(seed))
+            batches = _augment_batches(batches, aug_seed)
         if echoing and self.variant == "batch":
             batches = echo_batches(batches, self.echo, seed=self.seed, epoch=epoch, counters=self.counters)
             batches = shuffle_buffer(batches, self.buffer, seed=seed)
-        return to_device(_as_tensors(batches, self.with_keys), self.device, depth=2)
+        return to_device(_as_tensors(batches, self.with_keys, self.counters), self.device, depth=2)
 
 
 def _count_fresh(examples, counters: EchoCounters):
@@ -244,13 +263,14 @@ def _count_fresh(examples, counters: EchoCounters):
         yield example
 
 
-def _augment_batches(batches, rng: np.random.Generator):
-    for images, labels, keys in batches:
-        yield crop_flip(images, rng), labels, keys
+def _augment_batches(batches, seed: int):
+    for images, labels, keys, copies in batches:
+        yield keyed_crop_flip(images, keys, seed=seed, copies=copies), labels, keys, copies
 
 
-def _as_tensors(batches, with_keys: bool) -> Iterator[tuple[torch.Tensor, ...]]:
-    for images, labels, keys in batches:
+def _as_tensors(batches, with_keys: bool, counters: EchoCounters) -> Iterator[tuple[torch.Tensor, ...]]:
+    for images, labels, keys, _ in batches:
+        counters.batches_emitted += 1
         # A (B, 3, H, W) view in channels_last memory format: no copy (a contiguous
         # NCHW copy of uint8 costs more than decoding on CPU); convolutions take it as is.
         batch = (torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels))
