@@ -30,12 +30,7 @@ def plot_curves(curves: Sequence[tuple[str, Sequence[float], Sequence[float]]], 
     ax.grid(True, alpha=0.3)
     if len(curves) > 1:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_bars(labels: Sequence[str], values: Sequence[float], path: str | Path, *, xlabel: str, title: str) -> Path:
@@ -47,6 +42,10 @@ def plot_bars(labels: Sequence[str], values: Sequence[float], path: str | Path, 
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

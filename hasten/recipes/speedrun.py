@@ -30,6 +30,7 @@ from hasten.models.speedrun_net import NetConfig, SpeedrunNet
 from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule, warmup_decay
 from hasten.nn.tta import TTA_LEVELS, evaluate
 from hasten.nn.whitening import init_whitening_conv
+from hasten.progress import progress
 
 # ----------------------------------------------------------------------------
 # Hyperparameters
@@ -232,6 +233,7 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device)
         seen = 0
+        bar = progress(total=min(len(train_loader), total_steps - step), desc=f"epoch {epoch + 1}")
         for x, y in train_loader:
             with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
                 logits = step_model(x)
@@ -245,6 +247,7 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
             loss_sum += loss.detach()
             correct += (logits.detach().argmax(1) == y).sum()
             seen += len(y)
+            bar.update()
             if average is not None and step % r.ema_every == 0:
                 if r.averaging == "lookahead":
                     decay = decay_schedule[step].item()
@@ -255,6 +258,7 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
                 if r.averaging == "lookahead":
                     average.update(model, 1.0)
                 break
+        bar.close()
         epoch += 1
         synchronize(device)
         clock.stop()
