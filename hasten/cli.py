@@ -24,7 +24,7 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parser = argparse.ArgumentParser(
         prog="hasten",
         description="Make neural-network training as fast as the hardware allows.",
@@ -32,28 +32,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hasten {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=f"hasten.commands.{name}")
-    return parser
+        sub.add_parser(name, help=help_text, description=help_text)
+    return parser, sub
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
-    # Two passes: find the command first, then let its module add its own options.
-    known, _ = parser.parse_known_args(argv)
-    if known.command is None:
+    parser, sub = build_parser()
+    # The command is the first word that is not an option. Its module adds its own
+    # options before parsing, so `hasten speedrun --help` lists them.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    module = None
+    if command in COMMANDS:
+        module = importlib.import_module(f"hasten.commands.{command}")
+        module.add_arguments(sub.choices[command])
+    args = parser.parse_args(argv)
+    if module is None:
         parser.print_help()
         return 0
-    module = importlib.import_module(known._module)
-    sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    module.add_arguments(sub_action.choices[known.command])
-    args = parser.parse_args(argv)
     try:
         return int(module.run(args) or 0)
     except HastenError as exc:
-        print(f"hasten {known.command}: error: {exc}", file=sys.stderr)
+        print(f"hasten {command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"hasten {known.command}: interrupted", file=sys.stderr)
+        print(f"hasten {command}: interrupted", file=sys.stderr)
         return 130

@@ -1,0 +1,30 @@
+import pytest
+
+from hasten import __version__
+from hasten.cli import COMMANDS, main
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and __version__ in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command, option", [("speedrun", "--runs"), ("echo", "--echo"),
+                                             ("allreduce", "--algo"), ("train", "--optimizer")])
+def test_command_help_lists_its_own_options(command, option, capsys):
+    assert command in COMMANDS
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0 and option in capsys.readouterr().out
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 0
+    assert all(name in capsys.readouterr().out for name in COMMANDS)
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bogus"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
