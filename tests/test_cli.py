@@ -21,7 +21,8 @@ def test_command_help_lists_its_own_options(command, option, capsys):
 
 def test_no_command_prints_help(capsys):
     assert main([]) == 0
-    assert all(name in capsys.readouterr().out for name in COMMANDS)
+    out = capsys.readouterr().out
+    assert all(name in out for name in COMMANDS)
 
 
 def test_unknown_command_is_a_usage_error(capsys):
