@@ -276,9 +276,9 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
             result.time_to_target_s = clock.elapsed
         result.epochs.append(record)
         if step < total_steps:
-            clock.start()
             if on_epoch is not None:
                 on_epoch(record)
+            clock.start()
 
     # Timed: the final evaluation with the recipe's TTA.
     clock.start()
