@@ -31,12 +31,17 @@ def cache_dir() -> Path:
     return root
 
 
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 22) -> str:
+    """Hex digest of a file's bytes, read in chunks (archives can be large)."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    return file_digest(path, "sha256")
 
 
 def tree_fingerprint(root: str | os.PathLike) -> str:

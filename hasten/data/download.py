@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from hasten.data.cache import file_digest
 from hasten.errors import DataError
 
 # Module attribute so tests can swap in a fake opener.
@@ -24,20 +25,12 @@ urlopen = urllib.request.urlopen
 LOCAL_COPY_HINT = "pass a local copy with `--data PATH` or set HASTEN_DATA=PATH"
 
 
-def file_md5(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def download(url: str, dest: str | os.PathLike, md5: str, timeout: float = 10.0) -> Path:
     """Return ``dest``, downloading ``url`` there first unless a file with the
     right md5 is already in place. Raises ``DataError`` when offline, on HTTP
     errors and on an md5 mismatch (the bad bytes are deleted)."""
     dest = Path(dest)
-    if dest.is_file() and file_md5(dest) == md5:
+    if dest.is_file() and file_digest(dest, "md5") == md5:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(f".{dest.name}.part-{os.getpid()}")
