@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hasten.dist import data_parallel as dp
-from hasten.dist.launch import spawn
-from hasten.dist.netns import EmulatedCluster, probe
+from hasten.distributed import data_parallel as dp
+from hasten.harness.launch import spawn
+from hasten.harness.netns import EmulatedCluster, probe
 from hasten.environment import describe_environment, hardware_label
 from hasten.rundir import write_json
 

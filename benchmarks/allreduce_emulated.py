@@ -1,6 +1,6 @@
 """All-reduce on an emulated cluster: one network namespace per rank, tc-shaped links.
 
-Two experiments, each rank on its own shaped link (see hasten.dist.netns):
+Two experiments, each rank on its own shaped link (see hasten.harness.netns):
 
 1. flat: equal 1 Gbit/s links, N = 2, 4, 8; ring, 2-D torus (most square grid),
    single reducer (naive) and gloo's own all_reduce (native);

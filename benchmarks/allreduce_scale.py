@@ -1,6 +1,6 @@
 """The cost model at the 2-D torus paper's scale: all-reduce time against N up to 4,096 ranks.
 
-Extends hasten.dist.cost_model from the 2-8 ranks measured on the emulated
+Extends hasten.distributed.cost_model from the 2-8 ranks measured on the emulated
 cluster to 4-4,096 ranks for the 1-D ring, the 2-D torus (most square grid,
 64 x 64 at 4,096), recursive halving-doubling and the single reducer. Two link
 settings:
@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hasten.dist.cost_model import Link, simulate
+from hasten.distributed.cost_model import Link, simulate
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -78,7 +78,7 @@ def main() -> None:
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle("alpha-beta-gamma model (hasten.dist.cost_model); calibrated on the emulated "
+    fig.suptitle("alpha-beta-gamma model (hasten.distributed.cost_model); calibrated on the emulated "
                  "cluster; predictions, not measurements", fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / "allreduce_scale.png", dpi=110)

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hasten.data.records import open_records
-from hasten.data.stream import StreamLoader
+from hasten.stream.records import open_records
+from hasten.stream.loader import StreamLoader
 from hasten.environment import describe_environment, hardware_label
 from hasten.rundir import write_json
 

@@ -6,7 +6,7 @@ Subpackages, each named for what it holds:
   caching, the GPU-resident loader and batched on-device augmentation, the
   streaming input pipeline.
 - ``hasten.echo``: data echoing (Choi et al., 2019) stages and AutoEcho.
-- ``hasten.dist``: ring, naive and 2-D torus all-reduce on torch.distributed, DDP
+- ``hasten.distributed``: ring, naive and 2-D torus all-reduce on torch.distributed, DDP
   communication hooks, the alpha-beta cost model.
 - ``hasten.nn``: ghost / group batch norm, patch whitening, EMA, test-time augmentation.
 - ``hasten.optim``: LARS and learning-rate schedules.

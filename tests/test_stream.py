@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 
 from hasten.data.decode import decode_image
-from hasten.data.decode_pool import DecodeWorkerError, decode_fitted
-from hasten.data.records import open_records
-from hasten.data.sharding import shard_indices
-from hasten.data.slow_storage import SlowStorage, slow_iter
-from hasten.data.stream import StreamLoader
+from hasten.stream.decode_pool import DecodeWorkerError, decode_fitted
+from hasten.stream.records import open_records
+from hasten.stream.sharding import shard_indices
+from hasten.stream.slow_storage import SlowStorage, slow_iter
+from hasten.stream.loader import StreamLoader
 from hasten.errors import DataError
 
 CLASSES = ("cat", "dog", "emu")
@@ -239,7 +239,7 @@ def test_autoecho_at_one_trains_on_exactly_the_batches_of_no_echo(folder):
 
 
 def test_keyed_augmentation_depends_on_example_not_on_batch():
-    from hasten.data.host_augment import keyed_crop_flip
+    from hasten.stream.host_augment import keyed_crop_flip
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)

@@ -42,7 +42,7 @@ def human(nbytes: int) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from hasten.dist.measure import BENCH_ALGORITHMS
+    from hasten.harness.collectives import BENCH_ALGORITHMS
 
     p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     p.add_argument("--algo", nargs="+", default=list(BENCH_ALGORITHMS), choices=BENCH_ALGORITHMS,
@@ -85,7 +85,7 @@ def validate(args) -> tuple[list[int], int]:
 
 
 def _grid(args, world: int) -> tuple[int, int]:
-    from hasten.dist.torus import default_grid, parse_grid
+    from hasten.distributed.torus import default_grid, parse_grid
 
     if args.grid:
         try:
@@ -99,8 +99,8 @@ def _grid(args, world: int) -> tuple[int, int]:
 
 def summarize(raw: dict, world: int, grid, network) -> tuple[list[dict], dict]:
     """Per (algo, size) statistics and cost-model predictions from rank 0's raw timings."""
-    from hasten.dist.cost_model import Link, Network, fit_link, predict
-    from hasten.dist.measure import BenchConfig
+    from hasten.distributed.cost_model import Link, Network, fit_link, predict
+    from hasten.harness.collectives import BenchConfig
 
     sizes = BenchConfig.__dataclass_fields__["calibrate_sizes"].default
     # beta from the ping-pong's slope; alpha from a ring step with all N ranks active
@@ -168,8 +168,8 @@ def plot(rows: list[dict], path, title: str) -> None:
 
 def measure(args, sizes: list[int], world: int) -> dict:
     """Launch (or join, under torchrun) the ranks and return the JSON-able report."""
-    from hasten.dist.launch import spawn
-    from hasten.dist.measure import BenchConfig, bench_worker
+    from hasten.harness.launch import spawn
+    from hasten.harness.collectives import BenchConfig, bench_worker
 
     grid = _grid(args, world)
     peers = {"link": 1} if world > 1 else {}
@@ -178,7 +178,7 @@ def measure(args, sizes: list[int], world: int) -> dict:
     cfg = BenchConfig(tuple(args.algo), tuple(sizes), args.iters, args.warmup, grid, peers)
     network = {"kind": args.network}
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        from hasten.dist.data_parallel import init_distributed
+        from hasten.distributed.data_parallel import init_distributed
 
         info = init_distributed(device="cpu", timeout_s=args.timeout)
         raw = bench_worker(info.rank, info.world_size, cfg)
@@ -186,7 +186,7 @@ def measure(args, sizes: list[int], world: int) -> dict:
             return {}
         network = {"kind": "torchrun"}
     elif args.network == "emulated":
-        from hasten.dist.netns import EmulatedCluster, probe
+        from hasten.harness.netns import EmulatedCluster, probe
 
         reason = probe()
         if reason is None:

@@ -149,7 +149,7 @@ def argv_of(args: argparse.Namespace) -> list[str]:
 
 
 def _open_test(data: str):
-    from hasten.data.records import open_records
+    from hasten.stream.records import open_records
 
     return open_records(data, "test")
 

@@ -52,7 +52,7 @@ def choose_preset(requested: str, device: torch.device) -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from hasten.data import load_dataset
-    from hasten.data.gpu_loader import channel_stats
+    from hasten.data.device_loader import channel_stats
     from hasten.recipes.speedrun import PRESETS, flops_per_run, train_run
 
     if args.runs < 1:

@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ghost-batch", type=int, default=0, help="virtual BN batch inside a replica (0 = off)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (BN, loss, gradients in fp32)")
     p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--hook", choices=HOOKS, default=_D.hook, help="gradient all-reduce (hasten.dist)")
+    p.add_argument("--hook", choices=HOOKS, default=_D.hook, help="gradient all-reduce (hasten.distributed)")
     p.add_argument("--compress", choices=["bf16"], default=None, help="compress gradients on the wire")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end)")
     p.add_argument("--resume", help="checkpoint file, or a run directory holding checkpoint.pt")

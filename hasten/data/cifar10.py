@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hasten.data import ImageDataset, Split
+from hasten.data.dataset import ImageDataset, Split
 from hasten.data.archive import archive_kind, iter_files, safe_extract
 from hasten.data.cache import cache_dir
 from hasten.data.download import download

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from hasten.data import ImageDataset, Split
+from hasten.data.dataset import ImageDataset, Split
 from hasten.data.archive import archive_kind, archive_stem, iter_entries
 from hasten.data.cache import cache_dir, entry_key, file_sha256, load_entry, save_entry, tree_fingerprint
 from hasten.data.cifar10 import CLASSES as CIFAR10_CLASSES

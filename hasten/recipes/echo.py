@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hasten.data.decode_pool import decode_records, read_records
-from hasten.data.records import ByteRecords, open_records
-from hasten.data.slow_storage import SlowStorage
-from hasten.data.stream import StreamLoader
+from hasten.stream.decode_pool import decode_records, read_records
+from hasten.stream.records import ByteRecords, open_records
+from hasten.stream.slow_storage import SlowStorage
+from hasten.stream.loader import StreamLoader
 from hasten.echo import AutoEcho, check_factor, check_variant
 from hasten.errors import ConfigError
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hasten.data.gpu_loader import Augmentation, GpuLoader, HostLoader, channel_stats, normalize
+from hasten.data.device_loader import Augmentation, GpuLoader, HostLoader, channel_stats, normalize
 from hasten.models.speedrun_net import NetConfig, SpeedrunNet
 from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule, warmup_decay
 from hasten.nn.tta import TTA_LEVELS, evaluate

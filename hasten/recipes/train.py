@@ -4,7 +4,7 @@ The recipe of Goyal et al. (arXiv:1706.02677), You et al. (arXiv:1708.03888) and
 Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
 
 - global batch B split evenly over W ranks (gloo on CPU, NCCL on CUDA), gradients
-  averaged by DDP with one of hasten's all-reduce hooks (``hasten.dist``);
+  averaged by DDP with one of hasten's all-reduce hooks (``hasten.distributed``);
 - SGD with the linear scaling rule, or LARS (``hasten.optim.Lars``), biases and
   batch-norm parameters excluded from adaptation and weight decay;
 - linear warm-up then polynomial (power 2) decay, label smoothing;
@@ -33,8 +33,8 @@ from torch import nn
 
 from hasten.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from hasten.data import load_dataset
-from hasten.data.gpu_loader import Augmentation, GpuLoader, channel_stats, normalize
-from hasten.dist.data_parallel import init_distributed, seed_everything, shutdown, wrap_ddp
+from hasten.data.device_loader import Augmentation, GpuLoader, channel_stats, normalize
+from hasten.distributed.data_parallel import init_distributed, seed_everything, shutdown, wrap_ddp
 from hasten.errors import ConfigError
 from hasten.models.resnet import MODELS, build_model
 from hasten.nn.group_bn import convert_batchnorm, ghost_batchnorm
@@ -67,7 +67,7 @@ class TrainConfig:
     width: int = 64              # channels of the first stage (64 = the standard ResNet)
     image_size: int | None = None
     train_subset: int = 0        # train on N random images (0 = all), for small experiments
-    loader: str = "device"       # device: decode once, whole set on the device; stream: hasten.data.stream
+    loader: str = "device"       # device: decode once, whole set on the device; stream: hasten.stream.loader
     workers: int = 0             # decode processes per rank for --loader stream
     batch_size: int = 512        # global batch, over all ranks
     epochs: float = 10.0
@@ -232,11 +232,11 @@ def device_input(cfg, dataset, device, rank, world, local_batch):
 
 
 def stream_input(cfg, device, rank, world, local_batch):
-    """The same, streamed (``hasten.data.stream.StreamLoader``): records read from
+    """The same, streamed (``hasten.stream.loader.StreamLoader``): records read from
     the folder or archive, sharded by rank, decoded in ``cfg.workers`` processes:
     for datasets that do not fit in memory (ImageNet)."""
-    from hasten.data.records import open_records
-    from hasten.data.stream import StreamLoader
+    from hasten.stream.records import open_records
+    from hasten.stream.loader import StreamLoader
 
     train_rec, test_rec = open_records(cfg.data, "train"), open_records(cfg.data, "test")
     # Every rank must take the same number of steps: shards differ by up to one image.

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hasten.dist import naive_allreduce, ring_allreduce, torus_allreduce, wrap_ddp
-from hasten.dist.launch import spawn
+from hasten.distributed import naive_allreduce, ring_allreduce, torus_allreduce, wrap_ddp
+from hasten.harness.launch import spawn
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multiproc]
 

@@ -4,7 +4,7 @@ The streaming pipeline augments where the data is: in the decode workers, or
 after an echo stage on the consumer side. Each example gets its own random
 shift and flip, drawn from a generator seeded by the caller, but the work is one
 pad and one gather for the whole chunk instead of a Python loop per image.
-The GPU-resident path has its torch equivalent in ``hasten.data.augment``.
+The GPU-resident path has its torch equivalent in ``hasten.data.device_augment``.
 
 Based on: the standard CIFAR-10 augmentation (pad 4 with reflection, random
 32x32 crop, horizontal flip), as in He et al. 2016 and the airbench recipe.

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hasten.dist import (TensorMismatchError, hierarchical_allreduce, naive_allreduce,
+from hasten.distributed import (TensorMismatchError, hierarchical_allreduce, naive_allreduce,
                          ring_allreduce, torus_allreduce)
-from hasten.dist.launch import spawn
-from hasten.dist.torus import default_grid, parse_grid
+from hasten.harness.launch import spawn
+from hasten.distributed.torus import default_grid, parse_grid
 
 SIZES = [0, 1, 3, 7, 1001]  # includes fewer elements than ranks, and odd sizes
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64]
@@ -101,7 +101,7 @@ def test_grid_parsing_and_validation():
 
 
 def test_without_process_group_is_a_clear_error():
-    from hasten.dist import CollectiveError
+    from hasten.distributed import CollectiveError
 
     with pytest.raises(CollectiveError, match="not initialised"):
         ring_allreduce(torch.ones(3))

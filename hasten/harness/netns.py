@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import time
 
-from hasten.dist.launch import RankPlacement
+from hasten.harness.launch import RankPlacement
 from hasten.errors import HastenError
 
 PREFIX = "hst"  # every namespace, veth and bridge made here starts with this

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hasten.dist.p2p import (DEFAULT_SEGMENT_BYTES, check_same_tensor, exchange, flat_view,
+from hasten.distributed.p2p import (DEFAULT_SEGMENT_BYTES, check_same_tensor, exchange, flat_view,
                              group_ranks, my_index, segment_elems, segments, wait)
 
 

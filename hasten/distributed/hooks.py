@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hasten.dist.naive import naive_allreduce
-from hasten.dist.p2p import group_ranks
-from hasten.dist.ring import ring_allreduce
-from hasten.dist.torus import default_grid, parse_grid, torus_allreduce, torus_groups
+from hasten.distributed.naive import naive_allreduce
+from hasten.distributed.p2p import group_ranks
+from hasten.distributed.ring import ring_allreduce
+from hasten.distributed.torus import default_grid, parse_grid, torus_allreduce, torus_groups
 
 HOOK_ALGORITHMS = ("ring", "torus", "naive", "native")
 COMPRESSIONS = (None, "bf16")

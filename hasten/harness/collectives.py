@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hasten.dist.naive import naive_allreduce
-from hasten.dist.ring import ring_allreduce
-from hasten.dist.torus import torus_allreduce
+from hasten.distributed.naive import naive_allreduce
+from hasten.distributed.ring import ring_allreduce
+from hasten.distributed.torus import torus_allreduce
 from hasten.progress import progress, progress_enabled
 
 BENCH_ALGORITHMS = ("ring", "torus", "naive", "native")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hasten.data.gpu_loader import Augmentation, GpuLoader, HostLoader, channel_stats, normalize
+from hasten.data.device_loader import Augmentation, GpuLoader, HostLoader, channel_stats, normalize
 
 
 def _data(n=64, seed=0):

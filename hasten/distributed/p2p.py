@@ -39,7 +39,7 @@ def group_ranks(group=None) -> list[int]:
     """Global ranks of ``group`` (None: the default group), in group-rank order."""
     if not dist.is_available() or not dist.is_initialized():
         raise CollectiveError(
-            "torch.distributed is not initialised: call hasten.dist.init_distributed() "
+            "torch.distributed is not initialised: call hasten.distributed.init_distributed() "
             "(or torch.distributed.init_process_group) first"
         )
     return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)

@@ -8,13 +8,13 @@ cost model (``cost_model``); a local launcher (``launch``) and an emulated clust
 of network namespaces (``netns``).
 """
 
-from hasten.dist.data_parallel import (DistInfo, init_distributed, local_batch_size, seed_everything,
+from hasten.distributed.data_parallel import (DistInfo, init_distributed, local_batch_size, seed_everything,
                                        shard, shutdown, wrap_ddp)
-from hasten.dist.hooks import AllReduceHookState, allreduce_hook, register_allreduce_hook
-from hasten.dist.naive import naive_allreduce
-from hasten.dist.p2p import CollectiveError, TensorMismatchError, check_same_tensor
-from hasten.dist.ring import ring_allreduce
-from hasten.dist.torus import default_grid, hierarchical_allreduce, torus_allreduce
+from hasten.distributed.hooks import AllReduceHookState, allreduce_hook, register_allreduce_hook
+from hasten.distributed.naive import naive_allreduce
+from hasten.distributed.p2p import CollectiveError, TensorMismatchError, check_same_tensor
+from hasten.distributed.ring import ring_allreduce
+from hasten.distributed.torus import default_grid, hierarchical_allreduce, torus_allreduce
 
 __all__ = [
     "AllReduceHookState", "CollectiveError", "DistInfo", "TensorMismatchError",

@@ -10,7 +10,7 @@ from PIL import Image
 from hasten.cli import main
 from hasten.commands.echo import format_table, summarize
 from hasten.recipes.echo import EchoRunConfig, EvalSet, train_to_target
-from hasten.data.records import open_records
+from hasten.stream.records import open_records
 
 
 @pytest.fixture(scope="module")

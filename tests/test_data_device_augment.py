@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hasten.data import augment
+from hasten.data import device_augment as augment
 
 
 def _images(n=8, c=3, h=10, w=12, seed=0):

@@ -31,9 +31,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hasten.dist.p2p import (DEFAULT_SEGMENT_BYTES, check_same_tensor, flat_view, group_ranks,
+from hasten.distributed.p2p import (DEFAULT_SEGMENT_BYTES, check_same_tensor, flat_view, group_ranks,
                              segment_elems)
-from hasten.dist.ring import ring_all_gather_, ring_allreduce, ring_reduce_scatter_
+from hasten.distributed.ring import ring_all_gather_, ring_allreduce, ring_reduce_scatter_
 
 
 @dataclass(frozen=True)

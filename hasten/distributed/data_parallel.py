@@ -12,7 +12,7 @@ Launch with ``torchrun --nproc-per-node N train.py``; gloo on CPU, NCCL on CUDA.
 
 Changes the training math: no. N ranks with local batch B/N and averaged gradients
 take the same steps as one process with batch B (up to float rounding); only
-``compress="bf16"`` rounds the gradients (see ``hasten.dist.hooks``).
+``compress="bf16"`` rounds the gradients (see ``hasten.distributed.hooks``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hasten.dist.hooks import COMPRESSIONS, register_allreduce_hook
+from hasten.distributed.hooks import COMPRESSIONS, register_allreduce_hook
 
 HOOKS = ("ring", "torus", "naive", "native")
 DEFAULT_TIMEOUT_S = 300.0

@@ -14,7 +14,7 @@ of ``B * world_size`` examples, so W ranks with batch B see exactly what one
 process with batch W*B sees.
 
 Changes the training math: no (it is how data is fed); the augmentations it
-applies are training-math choices, see ``hasten.data.augment``.
+applies are training-math choices, see ``hasten.data.device_augment``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from hasten.data import augment
+from hasten.data import device_augment as augment
 
 FLIP_MODES = ("none", "random", "alternating")
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hasten.dist import CollectiveError, naive_allreduce, ring_allreduce, torus_allreduce
-from hasten.dist.launch import spawn
+from hasten.distributed import CollectiveError, naive_allreduce, ring_allreduce, torus_allreduce
+from hasten.harness.launch import spawn
 
 TIMEOUT_S = 3.0
 
@@ -48,7 +48,7 @@ def test_dead_or_hung_rank_gives_clear_error_within_timeout(fault, algo):
 
 
 def _ddp_worker(rank, world):
-    from hasten.dist import wrap_ddp
+    from hasten.distributed import wrap_ddp
 
     model = wrap_ddp(torch.nn.Linear(10, 10), hook="ring", timeout_s=TIMEOUT_S)
     for _ in range(3):  # past DDP's bucket rebuild: later steps all-reduce through the hook only

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hasten.dist.p2p import check_same_tensor, flat_view, group_ranks, my_index, wait
+from hasten.distributed.p2p import check_same_tensor, flat_view, group_ranks, my_index, wait
 
 
 def naive_allreduce(tensor: torch.Tensor, group=None, *, root: int = 0,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hasten.dist.cost_model import Link, Network, fit_link, predict, simulate
+from hasten.distributed.cost_model import Link, Network, fit_link, predict, simulate
 
 A, B, G = 1e-4, 1e-9, 1e-10  # 100 us, 1 GB/s, 10 GB/s summing
 LINK = Link(A, B, G)

@@ -5,7 +5,7 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and an initialised process group, so the
 function runs exactly as it would under ``torchrun --nproc-per-node N``. Forking
 (rather than spawning a fresh interpreter) saves re-importing torch N times, which
 matters on a 2-core machine. With ``placement`` each rank first enters its own
-network namespace (see ``hasten.dist.netns``) and gloo is pinned to its veth.
+network namespace (see ``hasten.harness.netns``) and gloo is pinned to its veth.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
 
-from hasten.dist.p2p import CollectiveError
+from hasten.distributed.p2p import CollectiveError
 
 _CLONE_NEWNET = 0x40000000
 
@@ -68,7 +68,7 @@ def _child(rank, world_size, port, placement, backend, timeout_s, fn, args, conn
                           MASTER_PORT=str(port))
         import torch.distributed as dist
 
-        from hasten.dist.data_parallel import shutdown
+        from hasten.distributed.data_parallel import shutdown
 
         # Always a real group, world size 1 included, so the algorithms run as they would under torchrun.
         dist.init_process_group(backend, rank=rank, world_size=world_size,

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hasten.dist import data_parallel as dp
-from hasten.dist.launch import spawn
+from hasten.distributed import data_parallel as dp
+from hasten.harness.launch import spawn
 
 STEPS, GLOBAL_BATCH, SEED = 6, 24, 0
 HOOK_CASES = [("native", None), ("ring", None), ("torus", None), ("naive", None),

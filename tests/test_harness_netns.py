@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hasten.dist import ring_allreduce
-from hasten.dist.launch import spawn
-from hasten.dist.netns import EmulatedCluster, probe
+from hasten.distributed import ring_allreduce
+from hasten.harness.launch import spawn
+from hasten.harness.netns import EmulatedCluster, probe
 
 PREFIX = "hsx"  # not the benchmark's prefix: a test must never tear down a running benchmark
 REASON = probe(PREFIX)

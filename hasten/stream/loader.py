@@ -7,8 +7,8 @@ For data that is not decoded once and held on the device:
     -> [echo] -> shuffle buffer -> batch -> [echo] -> pinned memory -> device
 
 ``StreamLoader`` composes the pieces, each usable alone: ``shard_indices``
-(hasten.data.sharding), ``decode_stream`` (hasten.data.decode_pool), ``keyed_crop_flip``
-(hasten.data.host_augment), the echo stages and ``shuffle_buffer`` (hasten.echo),
+(hasten.stream.sharding), ``decode_stream`` (hasten.stream.decode_pool), ``keyed_crop_flip``
+(hasten.stream.host_augment), the echo stages and ``shuffle_buffer`` (hasten.echo),
 ``batch_examples`` and ``to_device`` (here). It is a plain iterable of
 (images uint8 (B, 3, H, W), labels int64 (B,)) batches and also a
 ``torch.utils.data.IterableDataset`` (images come in channels_last memory
@@ -40,9 +40,9 @@ from itertools import repeat
 import numpy as np
 import torch
 
-from hasten.data.decode_pool import decode_stream
-from hasten.data.host_augment import keyed_crop_flip
-from hasten.data.sharding import shard_indices
+from hasten.stream.decode_pool import decode_stream
+from hasten.stream.host_augment import keyed_crop_flip
+from hasten.stream.sharding import shard_indices
 from hasten.echo import (
     AutoEcho,
     EchoCounters,
@@ -148,7 +148,7 @@ class StreamLoader(torch.utils.data.IterableDataset):
     """Shuffled, sharded, augmented batches streamed from a record store.
 
     ``records``: ``records[i] -> (name, bytes, label)`` with ``len``; usually
-    ``hasten.data.records.open_records(path)``, possibly wrapped in ``SlowStorage``.
+    ``hasten.stream.records.open_records(path)``, possibly wrapped in ``SlowStorage``.
     ``echo``: a factor >= 1 or an ``AutoEcho``; ``variant``: where it applies.
     ``shuffle_buffer``: items (examples, or batches for batch echoing) mixed after
     echoing. ``augment``: random crop (reflect pad 4) and flip. ``counters``

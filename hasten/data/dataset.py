@@ -1,0 +1,71 @@
+"""The in-memory dataset records every reader returns: ``Split`` and ``ImageDataset``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of a dataset, held in memory.
+
+    ``images``: uint8 tensor (N, 3, H, W), channels first, RGB, values 0-255.
+    ``labels``: int64 tensor (N,), indices into ``ImageDataset.classes``.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != torch.uint8 or self.images.dim() != 4 or self.images.shape[1] != 3:
+            raise ValueError(
+                f"Split.images must be uint8 (N, 3, H, W), got {self.images.dtype} {tuple(self.images.shape)}"
+            )
+        if self.labels.dtype != torch.int64 or self.labels.shape != (self.images.shape[0],):
+            raise ValueError(
+                f"Split.labels must be int64 (N,) with N={self.images.shape[0]}, "
+                f"got {self.labels.dtype} {tuple(self.labels.shape)}"
+            )
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+
+@dataclass
+class ImageDataset:
+    """A train and a test split with class names and provenance.
+
+    ``name``: "CIFAR-10" (canonical binary), "CIFAR-10-JPEG" (the ten CIFAR-10
+    classes stored as JPEG: lossy, never report it as "CIFAR-10"), otherwise the
+    folder or archive stem. ``skipped``: (file, reason) for every file that could
+    not be used. ``cached``: True when the tensors came from the decode cache.
+    """
+
+    name: str
+    classes: list[str]
+    train: Split
+    test: Split
+    source: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    cached: bool = False
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return tuple(self.train.images.shape[2:])
+
+    def summary(self) -> str:
+        h, w = self.image_size
+        text = (
+            f"{self.name}: {len(self.train)} train / {len(self.test)} test images, "
+            f"{self.num_classes} classes, {h}x{w} (from {self.source}"
+            f"{'; decode cache hit' if self.cached else ''})"
+        )
+        if self.skipped:
+            text += f"; skipped {len(self.skipped)} bad file(s)"
+        return text
