@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -32,6 +32,15 @@ class Split:
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    def subset(self, n: int, seed: int = 0) -> Split:
+        """A seeded random subset of ``n`` examples, kept in their original order.
+        Random rather than a prefix: image folders are stored class by class, so a
+        prefix would miss whole classes."""
+        if not 0 < n <= len(self):
+            raise ValueError(f"subset size must be in 1..{len(self)}, got {n}")
+        idx = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+        return Split(self.images[idx], self.labels[idx])
+
 
 @dataclass
 class ImageDataset:
@@ -50,6 +59,10 @@ class ImageDataset:
     source: str
     skipped: list[tuple[str, str]] = field(default_factory=list)
     cached: bool = False
+
+    def with_train_subset(self, n: int, seed: int = 0) -> ImageDataset:
+        """The same dataset with a seeded random subset of ``n`` training images."""
+        return replace(self, train=self.train.subset(n, seed))
 
     @property
     def num_classes(self) -> int:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from hasten.data import device_augment as augment
+from hasten.data.normalize import channel_stats, normalize
 
 FLIP_MODES = ("none", "random", "alternating")
 
@@ -44,30 +45,6 @@ class Augmentation:
             raise ValueError(f"Invalid flip mode {self.flip!r}; accepted: {', '.join(FLIP_MODES)}")
         if self.translate < 0 or self.cutout < 0:
             raise ValueError(f"translate and cutout must be >= 0, got {self.translate}, {self.cutout}")
-
-
-def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float],
-              dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 (N, C, H, W) in 0..255 -> ``dtype``, per-channel ``(x/255 - mean)/std``
-    (mean and std in 0..1 units)."""
-    m = torch.tensor(mean, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
-    s = torch.tensor(std, device=images.device, dtype=torch.float32).view(1, -1, 1, 1)
-    return ((images.float() / 255 - m) / s).to(dtype)
-
-
-def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[list[float], list[float]]:
-    """Per-channel mean and std of uint8 images (N, C, H, W), in 0..1 units.
-    Accumulated in float64 over chunks: no full-size float copy of the data set."""
-    total = torch.zeros(images.shape[1], dtype=torch.float64)
-    total_sq = torch.zeros_like(total)
-    for i in range(0, len(images), chunk):
-        x = images[i:i + chunk].to(torch.float64) / 255
-        total += x.sum(dim=(0, 2, 3)).cpu()
-        total_sq += (x * x).sum(dim=(0, 2, 3)).cpu()
-    count = images.numel() / images.shape[1]
-    mean = total / count
-    std = (total_sq / count - mean * mean).clamp_min(0).sqrt()
-    return mean.tolist(), std.tolist()
 
 
 class GpuLoader:

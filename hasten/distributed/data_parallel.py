@@ -25,9 +25,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hasten.distributed.hooks import COMPRESSIONS, register_allreduce_hook
+from hasten.distributed.hooks import COMPRESSIONS, HOOKS, register_allreduce_hook
 
-HOOKS = ("ring", "torus", "naive", "native")
 DEFAULT_TIMEOUT_S = 300.0
 
 

@@ -33,7 +33,8 @@ from hasten.distributed.p2p import group_ranks
 from hasten.distributed.ring import ring_allreduce
 from hasten.distributed.torus import default_grid, parse_grid, torus_allreduce, torus_groups
 
-HOOK_ALGORITHMS = ("ring", "torus", "naive", "native")
+# The all-reduce algorithms a DDP hook can use; every command and recipe reads this list.
+HOOKS = ("native", "ring", "torus", "naive")
 COMPRESSIONS = (None, "bf16")
 
 
@@ -53,8 +54,8 @@ class AllReduceHookState:
         return self._worker
 
     def __post_init__(self):
-        if self.algo not in HOOK_ALGORITHMS:
-            raise ValueError(f"hook algorithm must be one of {HOOK_ALGORITHMS}, got {self.algo!r}")
+        if self.algo not in HOOKS:
+            raise ValueError(f"hook algorithm must be one of {HOOKS}, got {self.algo!r}")
         if self.compress not in COMPRESSIONS:
             raise ValueError(f"compress must be one of {COMPRESSIONS}, got {self.compress!r}")
         if self.grid is not None:
