@@ -8,6 +8,8 @@ the same weights as plain DDP (native). Prints a table, writes
 ``benchmarks/results/allreduce_ddp.json`` and ``allreduce_ddp.png``.
 
     python benchmarks/allreduce_ddp.py [--steps 5]
+
+Defaults: ``--steps 5`` timed steps per hook. Needs root (network namespaces).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from hasten.harness.launch import spawn
 from hasten.harness.netns import EmulatedCluster, probe
 from hasten.environment import describe_environment, hardware_label
 from hasten.rundir import write_json
+from hasten.timing import Stopwatch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORLD, LINK_GBIT, WIDTH, LOCAL_BATCH = 4, 1.0, 1024, 32
@@ -47,15 +50,16 @@ def _worker(rank: int, world: int, steps: int) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(rank)
         times = []
+        clock = Stopwatch()
         for step in range(steps + 1):
             x = torch.randn(LOCAL_BATCH, WIDTH, generator=gen)
             dist.barrier()
-            start = time.perf_counter()
+            clock.start()
             loss = model(x).square().mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-            t = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            t = torch.tensor([clock.stop()], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             if step:
                 times.append(t.item())
@@ -66,7 +70,7 @@ def _worker(rank: int, world: int, steps: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5, help="timed steps per hook, after 1 warm-up (default 5)")
     a = p.parse_args()
     reason = probe()
     if reason is not None:

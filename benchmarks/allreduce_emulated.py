@@ -13,8 +13,12 @@ warm-up; each result is checked for the right sum. The cost model is calibrated
 by a rank 0 <-> peer ping-pong before each run, then predicts every algorithm.
 Prints a table and the issue's performance criteria (PASS/MISS), writes
 ``benchmarks/results/allreduce_emulated.json`` and ``allreduce_emulated.png``.
+Needs root (network namespaces); about 4.5 minutes on 2 cores with ``--iters 5``.
 
     python benchmarks/allreduce_emulated.py [--iters 3] [--quick]
+
+Defaults: ``--iters 3`` timed iterations (after 1 warm-up) per algorithm and size;
+sizes 64K, 1M, 16M, 64M (``--quick``: 64K, 1M, 4M).
 """
 
 from __future__ import annotations
@@ -23,20 +27,14 @@ import argparse
 import time
 from pathlib import Path
 
-from hasten.commands import allreduce as cmd
 from hasten.environment import describe_environment, hardware_label
+from hasten.harness.netns import probe
+from hasten.recipes.allreduce import AllreduceConfig, format_table, human, run
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LINK_GBIT, INTER_GBIT, LOCAL = 1.0, 0.25, 4
-
-
-def report_for(argv: list[str]) -> dict:
-    parser = argparse.ArgumentParser()
-    cmd.add_arguments(parser)
-    args = parser.parse_args(argv)
-    sizes, world = cmd.validate(args)
-    return cmd.measure(args, sizes, world)
+MB = 1 << 20
 
 
 def row(report: dict, algo: str, nbytes: int) -> dict:
@@ -57,18 +55,18 @@ def criteria(flat: dict, two: dict, big: int) -> list[tuple[str, bool, str]]:
     out.append(("ring time about flat from N=2 to 8", ring_growth < 1.25 * bw_ideal,
                 f"t(N={hi})/t(N={lo}) = {ring_growth:.2f} (bandwidth-optimal: {bw_ideal:.2f})"))
     busbw = row(flat[hi], "ring", big)["busbw_gbps"] * 8
-    out.append((f"ring busbw at {cmd.human(big)} >= 85% of link", busbw >= 0.85 * LINK_GBIT,
+    out.append((f"ring busbw at {human(big)} >= 85% of link", busbw >= 0.85 * LINK_GBIT,
                 f"{busbw:.3f} Gbit/s = {busbw / LINK_GBIT:.0%} of {LINK_GBIT:g} Gbit/s"))
     speedups = {r["bytes"]: row(flat[hi], "naive", r["bytes"])["time_s"] / r["time_s"]
                 for r in flat[hi]["results"] if r["algo"] == "ring" and r["bytes"] >= min(16 << 20, big)}
-    out.append((f"ring >= 3x faster than naive at N={hi}, >= {cmd.human(min(16 << 20, big))}", min(speedups.values()) >= 3,
-                ", ".join(f"{cmd.human(b)}: {s:.1f}x" for b, s in speedups.items())))
+    out.append((f"ring >= 3x faster than naive at N={hi}, >= {human(min(16 << 20, big))}", min(speedups.values()) >= 3,
+                ", ".join(f"{human(b)}: {s:.1f}x" for b, s in speedups.items())))
     vs_native = max(row(flat[n], "ring", big)["time_s"] / row(flat[n], "native", big)["time_s"] for n in ns)
     out.append(("ring within 1.2x of gloo's all_reduce", vs_native <= 1.2,
-                f"worst ring/native at {cmd.human(big)}: {vs_native:.2f}"))
+                f"worst ring/native at {human(big)}: {vs_native:.2f}"))
     hier = row(two, "ring", big)["time_s"] / row(two, "torus", big)["time_s"]
     out.append(("hierarchical torus beats flat ring on 4x-slower inter-node links", hier > 1,
-                f"ring/torus = {hier:.2f} at {cmd.human(big)}"))
+                f"ring/torus = {hier:.2f} at {human(big)}"))
     points = [(abs(r["time_s"] - r["predicted_time_s"]) / r["time_s"], r["algo"], rep["world_size"],
                r["bytes"]) for rep in [*flat.values(), two] for r in rep["results"] if r["bytes"] >= 1 << 20]
     large = [p for p in points if p[3] >= 16 << 20]
@@ -76,7 +74,7 @@ def criteria(flat: dict, two: dict, big: int) -> list[tuple[str, bool, str]]:
 
     def worst(ps):
         e, algo, n, b = max(ps)
-        return f"worst {e:.0%} ({algo}, N={n}, {cmd.human(b)}) over {len(ps)} points"
+        return f"worst {e:.0%} ({algo}, N={n}, {human(b)}) over {len(ps)} points"
 
     out.append(("cost model within 25% for messages >= 1M", max(points)[0] <= 0.25,
                 f">= 16M: {worst(large)}; 1M..4M: {worst(small)}" if small and large else worst(points)))
@@ -99,7 +97,7 @@ def plot(flat: dict, two: dict, big: int, path: Path, title: str) -> None:
         ax.plot(ns, [row(flat[n], algo, big)["predicted_time_s"] for n in ns], "--",
                 color=line[0].get_color(), alpha=0.5)
     ax.set(xlabel="ranks N", ylabel="time (s); dashed: cost model", xticks=ns,
-           title=f"{cmd.human(big)} all-reduce, {LINK_GBIT:g} Gbit/s links")
+           title=f"{human(big)} all-reduce, {LINK_GBIT:g} Gbit/s links")
     ax.legend()
     ax = axes[1]
     hi = flat[ns[-1]]
@@ -119,7 +117,7 @@ def plot(flat: dict, two: dict, big: int, path: Path, title: str) -> None:
     ax.plot(xs, [row(two, a, big)["predicted_time_s"] for a in algos], "k_", ms=30, mew=2,
             label="cost model")
     ax.set_xticks(list(xs), ["flat ring", "native", "hierarchical\ntorus 2x4"][:len(algos)])
-    ax.set(ylabel="time (s)", title=f"{cmd.human(big)}, 2 nodes x {LOCAL}: "
+    ax.set(ylabel="time (s)", title=f"{human(big)}, 2 nodes x {LOCAL}: "
                                     f"{LINK_GBIT:g} / {INTER_GBIT:g} Gbit/s")
     ax.legend()
     for a in axes:
@@ -132,24 +130,27 @@ def plot(flat: dict, two: dict, big: int, path: Path, title: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--iters", type=int, default=3, help="timed iterations per algorithm and size (default 3)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     a = p.parse_args()
-    sizes = "64K,1M,4M" if a.quick else "64K,1M,16M,64M"
-    big = (4 if a.quick else 64) << 20
-    common = ["--network", "emulated", "--iters", str(a.iters), "--warmup", "1", "--sizes", sizes]
+    reason = probe()
+    if reason is not None:
+        raise SystemExit(f"network namespaces unavailable: {reason}")
+    sizes = (64 << 10, MB, 4 * MB) if a.quick else (64 << 10, MB, 16 * MB, 64 * MB)
+    big = sizes[-1]
+    common = {"network": "emulated", "iters": a.iters, "warmup": 1, "sizes": sizes, "link_gbit": LINK_GBIT}
     started = time.time()
     flat = {}
     for n in (2, 4, 8):
-        flat[n] = report_for([*common, "--world", str(n), "--link-gbit", str(LINK_GBIT)])
+        flat[n] = run(AllreduceConfig(world=n, **common))
         if flat[n]["network"]["kind"] != "emulated":
             raise SystemExit(f"network namespaces unavailable: {flat[n]['network']}")
         print(f"\nN = {n}, {flat[n]['network']['description']}")
-        print(cmd.format_table(flat[n]["results"]))
-    two = report_for([*common, "--world", "8", "--link-gbit", str(LINK_GBIT), "--inter-gbit",
-                      str(INTER_GBIT), "--local-size", str(LOCAL), "--algo", "ring", "native", "torus"])
+        print(format_table(flat[n]["results"]))
+    two = run(AllreduceConfig(world=8, inter_gbit=INTER_GBIT, local_size=LOCAL, algos=("ring", "native", "torus"),
+                              **common))
     print(f"\nN = 8, {two['network']['description']}")
-    print(cmd.format_table(two["results"]))
+    print(format_table(two["results"]))
     env = describe_environment("cpu")
     checks = criteria(flat, two, big)
     print("\nissue criteria:")

@@ -15,6 +15,9 @@ second run on the same machine would. Prints a table, writes
 ``benchmarks/results/data_load.json`` and ``data_load.png``.
 
     python benchmarks/data_load.py [--data PATH] [--first N] [--cached N]
+
+``--data`` defaults to ``$HASTEN_DATA`` if set, else ``../shared/data/cifar10-jpeg.tar.xz``
+(relative to the current directory: run it from the repository root).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from hasten.environment import describe_environment, hardware_label
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10-jpeg.tar.xz"
+DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
 
 FRESH_PROCESS = """
 import sys, time
@@ -94,10 +97,14 @@ def stats(xs: list[float], cpu: list[float]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA.resolve())
+    parser.add_argument("--data", type=Path, default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
+                        help=f"CIFAR-10-JPEG archive (default $HASTEN_DATA, else {DEFAULT_DATA})")
     parser.add_argument("--first", type=int, default=3, help="first (uncached) loads per variant")
     parser.add_argument("--cached", type=int, default=5, help="cached loads per variant")
     args = parser.parse_args()
+    if not args.data.exists():
+        sys.exit(f"data_load: no data at {args.data}; pass --data PATH or set HASTEN_DATA")
+    args.data = args.data.resolve()
     os.environ.setdefault("HASTEN_PROGRESS", "0")
     load_before = os.getloadavg()
 

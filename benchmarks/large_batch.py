@@ -14,7 +14,7 @@ normalises over k*b images. On one process this is simulated exactly, for the
 statistics, by ghost batch norm with virtual batches of k*b images over the global
 batch (the real multi-process GroupBatchNorm computes the same statistics; its
 equivalence with plain BN on the concatenated batch is tested with 2 and 4 gloo
-processes in tests/test_group_bn.py). Only the running-statistics average differs.
+processes in tests/test_nn_group_bn.py). Only the running-statistics average differs.
 
     python benchmarks/large_batch.py                  # about 15-20 min on 2 cores
     python benchmarks/large_batch.py --epochs 1 --subset 8192 --batches 512,8192  # smoke
@@ -23,6 +23,7 @@ processes in tests/test_group_bn.py). Only the running-statistics average differ
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -33,6 +34,8 @@ import torch.nn.functional as F
 
 from hasten.data import ImageDataset, Split, load_dataset
 from hasten.environment import describe_environment, hardware_label
+from hasten.errors import HastenError
+from hasten.plots import plot_large_batch
 from hasten.recipes.train import TrainConfig, train
 from hasten.rundir import write_json
 
@@ -48,7 +51,8 @@ def downsample(split: Split, factor: int) -> Split:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default="/work/shared/data/cifar10-jpeg.tar.xz")
+    p.add_argument("--data", default=os.environ.get("HASTEN_DATA", "../shared/data/cifar10-jpeg.tar.xz"),
+                   help="dataset (default $HASTEN_DATA, else ../shared/data/cifar10-jpeg.tar.xz)")
     p.add_argument("--downsample", type=int, default=2, help="average-pool factor (2: 32 -> 16 px)")
     p.add_argument("--subset", type=int, default=16384, help="training images (random subset; 0 = all)")
     p.add_argument("--epochs", type=float, default=4.0)
@@ -68,7 +72,11 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(2)
     t_load = time.perf_counter()
-    full = load_dataset(args.data)
+    try:
+        full = load_dataset(args.data)
+    except HastenError as exc:
+        print(f"benchmarks/large_batch.py: error: {exc} (pass --data PATH or set HASTEN_DATA)", file=sys.stderr)
+        return 2
     ds = ImageDataset(full.name, full.classes, downsample(full.train, args.downsample),
                       downsample(full.test, args.downsample), source=full.source)
     print(f"{full.summary()}; downsampled x{args.downsample} in {time.perf_counter() - t_load:.0f} s",
@@ -115,44 +123,8 @@ def main(argv=None) -> int:
               f"{row['peak_lr']:8.3g} {row['accuracy']:8.4f} " + " ".join(f"{a:.4f}" for a in accs),
               flush=True)
         write_json(args.out, results)  # after every configuration: a partial result survives
-    plot(results, Path(args.out).with_suffix(".png"))
+    print(f"wrote {plot_large_batch(results, Path(args.out).with_suffix('.png'))}", file=sys.stderr)
     return 0
-
-
-def _range(rows):
-    return [[100 * (r["accuracy"] - r["accuracy_min"]) for r in rows],
-            [100 * (r["accuracy_max"] - r["accuracy"]) for r in rows]]
-
-
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for opt, label in [("sgd", "SGD + linear scaling + warm-up"), ("lars", "LARS (peak lr 10)")]:
-        rows = [r for r in results["runs"] if r["part"] == "batch" and r["optimizer"] == opt]
-        a.errorbar([r["batch"] for r in rows], [100 * r["accuracy"] for r in rows], yerr=_range(rows),
-                   fmt="o-", capsize=3, label=label)
-    a.set_xscale("log", base=2)
-    a.set_xlabel("global batch (same epoch budget)")
-    a.set_ylabel("test accuracy (%)")
-    a.set_title("Batch size: SGD vs LARS")
-    a.legend()
-    rows = [r for r in results["runs"] if r["part"] == "bn"]
-    b.errorbar([r["bn_batch"] for r in rows], [100 * r["accuracy"] for r in rows], yerr=_range(rows),
-               fmt="s-", capsize=3)
-    for r in rows:
-        b.annotate(f"k={r['bn_group']}", (r["bn_batch"], 100 * r["accuracy"]))
-    b.set_xscale("log", base=2)
-    b.set_xlabel("BN batch = k replicas x 16 images")
-    b.set_title("BN group size (simulated replicas)")
-    fig.suptitle(f"{results['dataset']}; mean and range of {results['n_runs_per_config']} seed(s)\n"
-                 f"{results['scale']}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,7 +23,10 @@ from hasten.environment import describe_environment, hardware_label, pick_device
 from hasten.models.resnet import build_model
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy, to_channels_last
 from hasten.optim import Lars, lars_param_groups
+from hasten.plots import plot_bars_with_spread
+from hasten.recipes.common import optimizer_step
 from hasten.rundir import write_json
+from hasten.timing import Stopwatch
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = [("fp32", False, False), ("bf16", True, False),
@@ -41,20 +43,15 @@ def images_per_s(device, model_name, width, size, batch, bf16, channels_last, wa
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device=device)
+    clock = Stopwatch(device)
     for i in range(warmup + steps):
         if i == warmup:
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            clock.start()
         with autocast(device, bf16):
             logits = model(x)
-        loss = cross_entropy(logits, y, 0.1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return steps * batch / (time.perf_counter() - t0)
+        optimizer_step(cross_entropy(logits, y, 0.1), opt)
+    clock.stop()
+    return steps * batch / clock.elapsed
 
 
 def main(argv=None) -> int:
@@ -93,20 +90,10 @@ def main(argv=None) -> int:
                           "note": "machine shared with other jobs" if device.type == "cpu" else "",
                           "environment": env, "args": vars(args), "rows": rows})
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar([r["config"] for r in rows], [r["images_per_s_mean"] for r in rows],
-           yerr=[r["images_per_s_stdev"] for r in rows], capsize=4)
-    ax.set_ylabel("training images/s")
-    ax.set_title(f"{args.model} w{args.width} {args.size}px batch {args.batch}: {hardware_label(env)}",
-                 fontsize=8)
-    ax.tick_params(axis="x", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(Path(args.out).with_suffix(".png"), dpi=120)
+    plot_bars_with_spread([r["config"] for r in rows], [r["images_per_s_mean"] for r in rows],
+                          [r["images_per_s_stdev"] for r in rows], Path(args.out).with_suffix(".png"),
+                          ylabel="training images/s",
+                          title=f"{args.model} w{args.width} {args.size}px batch {args.batch}: {hardware_label(env)}")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

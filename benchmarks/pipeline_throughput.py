@@ -13,14 +13,17 @@ shared machine distorts much less than wall time). Configurations are
 interleaved over the repeats.
 
     python benchmarks/pipeline_throughput.py [--data PATH] [--images 10000] [--repeats 3]
+
+``--data`` defaults to ``$HASTEN_DATA`` if set, else ``../shared/data/cifar10-jpeg.tar.xz``
+(relative to the current directory: run it from the repository root).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from hasten.environment import describe_environment, hardware_label
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"
+DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
 
 
 class PillowDataset(torch.utils.data.Dataset):
@@ -82,11 +86,14 @@ def measure(make_iter, images: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=os.environ.get("HASTEN_DATA", "/work/shared/data/cifar10-jpeg.tar.xz"))
+    ap.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
+                    help=f"CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else {DEFAULT_DATA})")
     ap.add_argument("--images", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", default="0,1,2")
     args = ap.parse_args()
+    if not os.path.exists(args.data):
+        sys.exit(f"pipeline_throughput: no data at {args.data}; pass --data PATH or set HASTEN_DATA")
     torch.set_num_threads(1)
     records = open_records(args.data, "train")
     workers = [int(w) for w in args.workers.split(",")]

@@ -4,26 +4,29 @@ fraction of the device's measured matrix rate.
     python benchmarks/speedrun.py --data ../shared/data/cifar10-jpeg.tar.xz --runs 20
     python benchmarks/speedrun.py --data ... --ablate --runs 1     # the ablation ladder
 
-Runs ``hasten speedrun`` (same code path, same timing rules) and adds the
-device's dense matrix-multiply rate measured in the same process: bf16 on CUDA,
-float32 on CPU. Writes benchmarks/results/speedrun-<device>-<preset>.json (or
-speedrun-ablation-<device>-<preset>.json) and prints a short table.
+Runs ``hasten.recipes.speedrun.run`` (what ``hasten speedrun`` runs: same code
+path, same timing rules) and adds the device's dense matrix-multiply rate
+measured in the same process: bf16 on CUDA, float32 on CPU. Writes
+benchmarks/results/speedrun-<device>-<preset>.json (or
+speedrun-ablation-<device>-<preset>.json), keeps the run directory, and prints
+a short table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
+import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-from hasten.cli import main as hasten_main
-from hasten.environment import describe_environment, hardware_label, pick_device
-from hasten.rundir import write_json
+from hasten.environment import hardware_label, pick_device
+from hasten.errors import HastenError
+from hasten.recipes import speedrun
+from hasten.rundir import RunDir, write_json
+from hasten.timing import Stopwatch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -33,53 +36,38 @@ def matmul_tflops(device: torch.device, seconds: float = 3.0) -> tuple[float, st
     n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (2048, torch.float32)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(5):
-            a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = max(best, 5 * 2 * n ** 3 / (time.perf_counter() - t0) / 1e12)
+    best, spent = 0.0, 0.0
+    while spent < seconds:
+        with Stopwatch(device) as clock:
+            for _ in range(5):
+                a @ b
+        spent += clock.elapsed
+        best = max(best, 5 * 2 * n ** 3 / clock.elapsed / 1e12)
     return best, str(dtype).replace("torch.", "")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="dataset path (default $HASTEN_DATA / canonical download)")
+    p.add_argument("--data", default=os.environ.get("HASTEN_DATA", "../shared/data/cifar10-jpeg.tar.xz"),
+                   help="dataset path (default $HASTEN_DATA, else ../shared/data/cifar10-jpeg.tar.xz)")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--preset", default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--ablate", action="store_true", help="run the ablation ladder instead")
     p.add_argument("--target", type=float, help="ablation target accuracy")
     p.add_argument("--epochs", type=float, help="override the preset's epochs")
-    p.add_argument("--train-subset", type=int, help="seeded random subset of the training images")
+    p.add_argument("--train-subset", type=int, default=0, help="seeded random subset of the training images")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--out", type=Path, help="JSON path (default under benchmarks/results/)")
     args = p.parse_args(argv)
 
-    device = pick_device(args.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        summary_path = Path(tmp) / "summary.json"
-        cli = ["speedrun", "--runs", str(args.runs), "--preset", args.preset, "--device", str(device),
-               "--json", str(summary_path)]
-        for flag, value in (("--data", args.data), ("--target", args.target), ("--epochs", args.epochs),
-                            ("--train-subset", args.train_subset)):
-            if value is not None:
-                cli += [flag, str(value)]
-        if args.ablate:
-            cli.append("--ablate")
-        if args.compile:
-            cli.append("--compile")
-        rc = hasten_main(cli)
-        if rc:
-            return rc
-        summary = json.loads(summary_path.read_text())
-    env = describe_environment(device)
-    summary["environment"] = env
+    try:
+        summary = _run(args)
+    except HastenError as exc:
+        print(f"benchmarks/speedrun.py: error: {exc}", file=sys.stderr)
+        return 2
+    device = torch.device(summary["device"])
+    env = summary["environment"]
     summary["command"] = "python benchmarks/speedrun.py " + " ".join(argv if argv is not None else sys.argv[1:])
     summary["note"] = ("machine shared with other jobs while this ran" if device.type == "cpu" else None)
     kind = "speedrun-ablation" if args.ablate else "speedrun"
@@ -98,6 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out, summary)
     print(f"wrote {out}")
     return 0
+
+
+def _run(args) -> dict:
+    device = pick_device(args.device)
+    preset, _ = speedrun.choose_preset(args.preset, device)
+    changes = {"epochs": args.epochs} if args.epochs is not None else {}
+    if args.compile:
+        changes["compile"] = True
+    config = speedrun.SpeedrunConfig(
+        recipe=speedrun.build_recipe(preset, **changes), preset=preset, device=str(device), data=args.data,
+        runs=args.runs, train_subset=args.train_subset, ablate=args.ablate,
+        target=args.target if args.target is not None else speedrun.default_target(device))
+    if not Path(args.data).exists():
+        raise HastenError(f"no dataset at {args.data}: pass --data PATH or set HASTEN_DATA")
+    with RunDir("speedrun", device=device) as run_dir:
+        print(f"run directory: {run_dir.path}")
+        return speedrun.run(config, run_dir=run_dir, log=functools.partial(print, flush=True))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""What a result was measured on: recorded next to every benchmark and run."""
+"""What a result was measured on, and with which code: recorded next to every
+benchmark and run (hasten version, git commit, command line, software, hardware)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
+import shlex
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -35,10 +40,83 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def describe_environment(device: torch.device | str | None = None) -> dict:
-    """A JSON-able description of software and hardware."""
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_GIT_TIMEOUT_S = 5.0
+
+
+def _git(directory: Path, *args: str) -> str | None:
+    """stdout of ``git -C directory args``, or None on any failure: provenance is
+    recorded when it can be, and never stops a run."""
+    try:
+        done = subprocess.run(["git", "-C", str(directory), *args], capture_output=True,
+                              text=True, timeout=_GIT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):  # git missing, timed out, ...
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=None)
+def source_revision(directory: str | os.PathLike | None = None) -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the git checkout holding ``directory`` (default: the
+    hasten package), or ``(None, None)`` when it is not one or git is missing.
+
+    The package's own ``__init__.py`` must be tracked by that checkout: an
+    installed copy that merely sits inside some other repository (a virtual
+    environment in a project) does not take that project's commit. ``dirty`` is
+    True when ``git status --porcelain`` lists anything (ignored files aside).
+    """
+    directory = Path(directory) if directory is not None else _PACKAGE_DIR
+    if _git(directory, "ls-files", "--error-unmatch", "--", "__init__.py") is None:
+        return None, None
+    head = _git(directory, "rev-parse", "HEAD")
+    if head is None:  # a repository without commits yet
+        return None, None
+    status = _git(directory, "status", "--porcelain")
+    return head.strip(), (bool(status.strip()) if status is not None else None)
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that started this process, shell-quoted so it can be pasted back.
+
+    Only the program is shortened, so that results copied between machines hold
+    no local install path: hasten's console script becomes ``hasten``, its
+    ``__main__`` ``python -m hasten``, and a script under the working directory
+    its relative path (``benchmarks/speedrun.py``). Arguments stay exactly as given.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return ""
+    prog = argv[0]
+    path = Path(prog)
+    if prog and path.is_absolute():
+        if path.resolve() == _PACKAGE_DIR / "__main__.py":
+            prog = "python -m hasten"
+        elif path.name == "hasten":
+            prog = "hasten"
+        else:
+            try:
+                prog = shlex.quote(str(path.resolve().relative_to(Path.cwd().resolve())))
+            except ValueError:
+                prog = shlex.quote(prog)
+    else:
+        prog = shlex.quote(prog)
+    return " ".join([prog, *(shlex.quote(a) for a in argv[1:])])
+
+
+def describe_environment(device: torch.device | str | None = None, *,
+                         argv: list[str] | None = None) -> dict:
+    """A JSON-able description of the code, software and hardware.
+
+    ``hasten`` (version), ``git_commit`` and ``git_dirty`` (None outside a git
+    checkout), ``command`` (:func:`command_line` of ``argv``, default
+    ``sys.argv``), then python, torch, CUDA, cuDNN, platform, CPU and GPU.
+    """
+    commit, dirty = source_revision()
     env = {
         "hasten": __version__,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "command": command_line(argv),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -1,7 +1,11 @@
 """Run directories: config, environment, metrics (JSON lines), results and plots.
 
 Every command that trains or benchmarks writes one, so a result can always be
-traced back to the exact configuration and software it came from.
+traced back to the exact configuration, code and software it came from:
+``environment.json`` records the hasten version, the git commit of the hasten
+source tree and whether it had uncommitted changes (null outside a checkout),
+the command line, and the software and hardware (see
+:func:`hasten.environment.describe_environment`).
 """
 
 from __future__ import annotations
@@ -46,7 +50,11 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 class RunDir:
     """``runs/<command>-<UTC timestamp>/`` holding config.json, environment.json,
-    metrics.jsonl, results.json and plots."""
+    metrics.jsonl, results.json and plots.
+
+    ``root`` defaults to ``$HASTEN_RUNS``, else ``runs``. ``environment.json`` is
+    written at once, so even a run that crashes says what code and command it was.
+    """
 
     def __init__(self, command: str, root: str | os.PathLike | None = None, device=None):
         root = Path(root if root is not None else os.environ.get("HASTEN_RUNS", "runs"))

@@ -35,9 +35,9 @@ def test_allreduce_command_writes_table_json_and_plot(tmp_path, capsys):
     (["--sizes", "6"], "multiples of 4"),
     (["--grid", "3x3", "--world", "4"], "grid 3x3 holds 9 ranks but the group has 4"),
     (["--inter-gbit", "0.25"], "go together"),
-    (["--world", "0"], "--world must be >= 1"),
+    (["--world", "0"], "world must be >= 1"),
     (["--world", "6", "--local-size", "4", "--inter-gbit", "1", "--network", "emulated"],
-     "--local-size must divide"),
+     "local-size must divide"),
 ])
 def test_bad_input_is_one_line_error(argv, message, capsys):
     assert main(["allreduce", *argv]) == 2

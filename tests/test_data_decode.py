@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from hasten.data import decode
-from hasten.data.decode import BadImageError, decode_image, resize_center_crop
+from hasten.data.decode import BadImageError, decode_fitted, decode_image, resize_center_crop
 
 
 def _photo(h=40, w=56, seed=0):
@@ -86,3 +86,15 @@ def test_decompression_bombs_are_refused(monkeypatch, use_simplejpeg):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 40x56 = 2240 pixels counts as a bomb now
     with pytest.raises(BadImageError, match="big.jpg.*DecompressionBomb"):
         decode_image(_encode(_photo()), "big.jpg")
+
+
+def test_fused_downscale_decode_matches_plain_decode():
+    rng = np.random.default_rng(1)
+    smooth = np.kron(rng.integers(0, 256, (16, 16, 3)), np.ones((16, 16, 1))).astype(np.uint8)  # 256x256
+    buf = io.BytesIO()
+    Image.fromarray(smooth).save(buf, format="JPEG", quality=95)
+    fused = decode_fitted(buf.getvalue(), "big.jpg", 64)
+    plain = decode_image(buf.getvalue(), "big.jpg", image_size=64)
+    assert fused.shape == plain.shape == (64, 64, 3)
+    assert np.abs(fused.astype(int) - plain.astype(int)).mean() < 8
+

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hasten.distributed import (TensorMismatchError, hierarchical_allreduce, naive_allreduce,
-                         ring_allreduce, torus_allreduce)
+from hasten.distributed import (HOOKS, TensorMismatchError, allreduce, hierarchical_allreduce,
+                                naive_allreduce, ring_allreduce, torus_allreduce)
 from hasten.harness.launch import spawn
 from hasten.distributed.torus import default_grid, parse_grid
 
@@ -34,6 +34,8 @@ def _algorithms(world):
         algos[f"torus-{grid[0]}x{grid[1]}"] = lambda t, grid=grid: torus_allreduce(t, grid)
     if world % 2 == 0:
         algos["hierarchical"] = lambda t: hierarchical_allreduce(t, local_size=2)
+    for name in HOOKS:  # the dispatch by name that the DDP hooks and the benchmark harness share
+        algos[f"by-name-{name}"] = lambda t, name=name: allreduce(t, name)
     return algos
 
 
@@ -105,3 +107,8 @@ def test_without_process_group_is_a_clear_error():
 
     with pytest.raises(CollectiveError, match="not initialised"):
         ring_allreduce(torch.ones(3))
+
+
+def test_allreduce_by_name_rejects_unknown_algorithm():
+    with pytest.raises(ValueError, match=r"one of \('native', 'ring', 'torus', 'naive'\), got 'tree'"):
+        allreduce(torch.ones(3), "tree")

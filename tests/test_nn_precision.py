@@ -2,11 +2,9 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hasten.models.resnet import build_model
-from hasten.nn.group_bn import GroupBatchNorm
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy, to_channels_last
 
 
@@ -44,13 +42,18 @@ def test_without_the_hook_autocast_would_hand_bn_bf16():
     assert torch.bfloat16 in set(seen.values())
 
 
-def test_group_bn_normalises_bf16_input_in_float32():
-    x = (torch.randn(16, 3, 4, 4) * 50 + 300).bfloat16()
-    gbn = GroupBatchNorm(3)
-    y = gbn(x)
-    ref = F.batch_norm(x.float(), None, None, training=True)
-    assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=1e-2)
+def test_cross_entropy_sums_in_float32_when_asked():
+    logits, y = torch.randn(6, 4).bfloat16(), torch.randint(0, 4, (6,))
+    total = cross_entropy(logits, y, 0.2, reduction="sum")
+    assert total.dtype == torch.float32
+    torch.testing.assert_close(total, 6 * cross_entropy(logits, y, 0.2))
+
+
+def test_autocast_takes_a_device_or_its_name_and_can_be_off():
+    with autocast("cpu", True):
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    with autocast(torch.device("cpu"), False):
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
 
 
 def test_channels_last_model_gives_the_same_output():

@@ -1,43 +1,20 @@
+import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from hasten.cli import main
-from hasten.commands.speedrun import train_subset
 from hasten.data import ImageDataset, Split, load_dataset
+from hasten.data.normalize import channel_stats
+from hasten.errors import ConfigError
 from hasten.models.speedrun_net import NetConfig, SpeedrunNet
-from hasten.recipes.speedrun import LADDER, PRESETS, ladder_recipes, lr_factor, make_optimizer, train_run
+from hasten.recipes.speedrun import (LADDER, PRESETS, SpeedrunConfig, build_recipe, choose_preset, default_target,
+                                     ladder_recipes, lr_factor, make_optimizer, run, train_run)
+from hasten.rundir import RunDir
 
 CIFAR_JPEG = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg.tar.xz"
-
-
-def test_net_shapes_and_dirac_init():
-    net = SpeedrunNet(NetConfig(widths=(8, 16, 16)))
-    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
-    w = net.layers[0].conv2.weight  # 8 -> 8: identity on every filter
-    centre = w[:, :, 1, 1]
-    assert torch.equal(centre, torch.eye(8)) and w.abs().sum() == 8
-    bn = net.layers[0].norm1
-    assert not bn.weight.requires_grad and bn.bias.requires_grad  # frozen BN scale
-
-
-def test_pool_before_activation_changes_order_not_shape():
-    x = torch.randn(2, 3, 32, 32)
-    a = SpeedrunNet(NetConfig(widths=(8, 8, 8), pool_before_act=True))
-    b = SpeedrunNet(NetConfig(widths=(8, 8, 8), pool_before_act=False))
-    b.load_state_dict(a.state_dict())
-    assert a(x).shape == b(x).shape and not torch.allclose(a(x), b(x))
-
-
-def test_invalid_net_config():
-    with pytest.raises(ValueError, match="gelu"):
-        NetConfig(activation="swish")
 
 
 def test_optimizer_groups_scale_bias_lr_and_decouple_weight_decay():
@@ -66,32 +43,41 @@ def test_ladder_starts_plain_and_ends_at_the_full_recipe():
     assert rungs[-1][1] == top
     # every rung changes something
     assert all(a[1] != b[1] for a, b in zip(rungs, rungs[1:]))
+    assert dict(rungs)["+ ghost batch norm (32/chunk)"].net.ghost_batch_size == 32
+    with pytest.raises(ConfigError, match="ghost batch"):
+        ladder_recipes(top.replace(batch_size=48))  # 32 does not divide 48
+
+
+def test_presets_are_chosen_by_device_and_changed_with_clear_errors():
+    assert choose_preset("auto", torch.device("cpu"))[0] == "cpu"
+    assert choose_preset("auto", torch.device("cuda"))[0] == "airbench94"
+    assert choose_preset("tiny", torch.device("cuda"))[0] == "tiny"
+    assert default_target(torch.device("cuda")) == 0.94 and default_target(torch.device("cpu")) == 0.80
+    assert build_recipe("tiny", epochs=1, **{"net.activation": "relu"}).net.activation == "relu"
+    assert PRESETS["tiny"].epochs == 2  # presets are frozen: changes make new recipes
+    with pytest.raises(ConfigError, match="epochs"):
+        build_recipe("tiny", epochs=-1)
+    with pytest.raises(ConfigError, match="unknown preset"):
+        build_recipe("nope")
+    with pytest.raises(ConfigError, match="--runs"):
+        SpeedrunConfig(recipe=PRESETS["tiny"], preset="tiny", runs=0)
+    with pytest.raises(ConfigError, match="--target"):
+        SpeedrunConfig(recipe=PRESETS["tiny"], preset="tiny", target=1.5)
 
 
 def _subset(data: ImageDataset, n_train: int, n_test: int) -> ImageDataset:
-    data = train_subset(data, n_train)
+    data = data.with_train_subset(n_train)
     return ImageDataset(data.name, data.classes, data.train,
                         Split(data.test.images[::len(data.test) // n_test], data.test.labels[::len(data.test) // n_test]),
                         data.source)
-
-
-def test_train_subset_is_seeded_and_keeps_all_classes():
-    images = torch.arange(100, dtype=torch.uint8).view(100, 1, 1, 1).expand(100, 3, 2, 2).contiguous()
-    labels = torch.arange(100) // 10  # stored class by class, like an image folder
-    data = ImageDataset("x", list("abcdefghij"), Split(images, labels), Split(images, labels), "mem")
-    a, b = train_subset(data, 50), train_subset(data, 50)
-    assert torch.equal(a.train.labels, b.train.labels) and len(a.train) == 50
-    assert len(set(a.train.labels.tolist())) == 10
-    assert torch.equal(a.train.images[:, 0, 0, 0].long() // 10, a.train.labels)  # images stay paired with labels
-    with pytest.raises(ValueError, match="train-subset"):
-        train_subset(data, 0)
 
 
 @pytest.mark.skipif(not CIFAR_JPEG.exists(), reason=f"{CIFAR_JPEG} not present")
 def test_tiny_run_on_cifar_subset_learns(tmp_path):
     data = _subset(load_dataset(CIFAR_JPEG), 10_000, 2_000)
     t0 = time.perf_counter()
-    result = train_run(PRESETS["tiny"].replace(epochs=3), data, torch.device("cpu"), seed=0)
+    result = train_run(PRESETS["tiny"].replace(epochs=3), data, torch.device("cpu"),
+                       mean_std=channel_stats(data.train.images), seed=0)
     elapsed = time.perf_counter() - t0
     # 10 classes: chance is 10%; a working recipe gets far above it in 3 short epochs.
     assert result.tta_accuracy >= 0.45, result.epochs
@@ -99,47 +85,61 @@ def test_tiny_run_on_cifar_subset_learns(tmp_path):
     assert [e["epoch"] for e in result.epochs] == [1, 2, 3]
 
 
-def _image_folder(root: Path, per_class=12, classes=("a", "b", "c")) -> Path:
-    rng = np.random.default_rng(0)
-    for split, n in (("train", per_class), ("test", 4)):
-        for k, name in enumerate(classes):
-            d = root / split / name
-            d.mkdir(parents=True)
-            for i in range(n):
-                img = rng.integers(0, 60, (32, 32, 3), dtype=np.uint8)
-                img[..., k] += 150  # class = dominant colour
-                Image.fromarray(img).save(d / f"{i}.png")
-    return root
+def _colours(n: int, seed: int) -> Split:
+    """16x16 images whose class (0..2) is the dominant colour channel."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 3
+    images = torch.randint(0, 60, (n, 3, 16, 16), generator=g)
+    images[torch.arange(n), labels] += 150
+    return Split(images.to(torch.uint8), labels)
 
 
-def test_cli_writes_run_directory_and_json(tmp_path, capsys):
-    data = _image_folder(tmp_path / "data")
-    out = tmp_path / "summary.json"
-    rc = main(["speedrun", "--data", str(data), "--preset", "tiny", "--runs", "2", "--epochs", "1",
-               "--batch-size", "12", "--device", "cpu", "--json", str(out)])
-    assert rc == 0
-    summary = json.loads(out.read_text())
-    for key in ("runs", "mean_accuracy", "std_accuracy", "mean_time_s", "device", "preset", "flops_per_run"):
-        assert key in summary
-    assert len(summary["runs"]) == 2 and set(summary["runs"][0]) >= {"accuracy", "tta_accuracy", "time_s"}
-    assert summary["flops_per_run"] > 0 and summary["preset"] == "tiny"
-    rundir = Path(summary["rundir"])
-    for name in ("config.json", "environment.json", "metrics.jsonl", "results.json", "accuracy_vs_time.png"):
-        assert (rundir / name).exists(), name
-    lines = (rundir / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and json.loads(lines[0])["run"] == 0
-    printed = capsys.readouterr().out
-    assert "preset: tiny" in printed and "val_acc" in printed
+TINY_DATA = ImageDataset("colours", ["r", "g", "b"], _colours(96, 0), _colours(30, 1), "memory")
+SMALL = build_recipe("tiny", epochs=2, batch_size=32, **{"net.widths": (8, 8, 8)})
 
 
-def test_cli_rejects_bad_input_with_one_line(tmp_path, capsys):
-    assert main(["speedrun", "--runs", "0", "--data", str(tmp_path)]) == 2
-    assert "--runs" in capsys.readouterr().err
-    assert main(["speedrun", "--data", str(tmp_path / "missing"), "--device", "cpu"]) == 2
-    err = capsys.readouterr().err
-    assert "missing" in err and "Traceback" not in err
-    data = _image_folder(tmp_path / "small")
-    assert main(["speedrun", "--data", str(data), "--preset", "tiny", "--device", "cpu"]) == 2
-    assert "--batch-size" in capsys.readouterr().err
-    assert main(["speedrun", "--data", str(data), "--epochs", "-1", "--device", "cpu"]) == 2
-    assert "epochs" in capsys.readouterr().err
+def test_run_trains_n_runs_and_writes_the_run_directory(tmp_path):
+    lines = []
+    with RunDir("speedrun", root=tmp_path) as run_dir:
+        summary = run(SpeedrunConfig(recipe=SMALL, preset="tiny", runs=2, seed=3), run_dir=run_dir,
+                      dataset=TINY_DATA, log=lines.append)
+    assert len(summary["runs"]) == 2 and summary["preset"] == "tiny" and summary["data"] == "colours"
+    assert summary["flops_per_run"] > 0 and summary["mean_time_s"] > 0
+    assert summary["rundir"] == str(run_dir.path)
+    config = json.loads((run_dir.path / "config.json").read_text())
+    assert config["seed"] == 3 and config["recipe"]["batch_size"] == 32
+    metrics = [json.loads(line) for line in (run_dir.path / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["run"], m["epoch"]) for m in metrics] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert json.loads((run_dir.path / "results.json").read_text())["runs"] == summary["runs"]
+    assert (run_dir.path / "accuracy_vs_time.png").exists()
+    assert any("val_acc" in line for line in lines) and len(lines) >= 2 + 4
+
+
+def test_building_the_network_is_outside_the_timed_span(monkeypatch):
+    import hasten.recipes.speedrun as recipe
+
+    class SlowToBuild(SpeedrunNet):
+        def __init__(self, *args, **kwargs):
+            time.sleep(1.0)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(recipe, "SpeedrunNet", SlowToBuild)
+    t0 = time.perf_counter()
+    result = train_run(SMALL.replace(epochs=1), TINY_DATA, torch.device("cpu"),
+                       mean_std=channel_stats(TINY_DATA.train.images))
+    assert result.time_s < time.perf_counter() - t0 - 0.9
+
+
+def test_run_ablation_ladder_reports_every_rung(tmp_path):
+    config = SpeedrunConfig(recipe=SMALL.replace(epochs=1), preset="tiny", ablate=True, target=0.5, warmup=False)
+    summary = run(config, dataset=TINY_DATA)
+    assert [row["rung"] for row in summary["rungs"]] == [name for name, _ in LADDER]
+    assert all(0 <= row["final_accuracy"] <= 1 and row["time_s"] > 0 for row in summary["rungs"])
+    assert summary["target"] == 0.5 and summary["rundir"] is None
+
+
+def test_run_with_a_train_subset_and_too_small_a_set():
+    config = SpeedrunConfig(recipe=SMALL.replace(epochs=1), preset="tiny", train_subset=64, warmup=False)
+    assert run(config, dataset=TINY_DATA)["runs"][0]["time_s"] > 0
+    with pytest.raises(ConfigError, match="fewer than one global batch of 32"):
+        run(dataclasses.replace(config, train_subset=16), dataset=TINY_DATA)

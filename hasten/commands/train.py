@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from hasten.recipes.train import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, HOOKS, LOADERS, LR_SCALINGS,
-                                  OPTIMIZERS, TrainConfig)
+from hasten.distributed.hooks import HOOKS
+from hasten.recipes.train import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, LOADERS, LR_SCALINGS, OPTIMIZERS,
+                                  TrainConfig)
 
 _D = TrainConfig()
 
@@ -32,9 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=_D.batch_size, help="global batch, all ranks")
     p.add_argument("--epochs", type=float, default=_D.epochs)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=_D.optimizer)
-    p.add_argument("--lr", type=float, default=None, help=f"learning rate (default {DEFAULT_BASE_LR})")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"base learning rate (when not given, by optimizer: {DEFAULT_BASE_LR})")
     p.add_argument("--lr-scaling", choices=LR_SCALINGS, default=None,
-                   help=f"linear: peak = lr x batch / base-batch (default {DEFAULT_LR_SCALING})")
+                   help=f"linear: peak = lr x batch / base-batch (when not given, by optimizer: "
+                   f"{DEFAULT_LR_SCALING})")
     p.add_argument("--base-batch", type=int, default=_D.base_batch, help="for linear scaling")
     p.add_argument("--momentum", type=float, default=_D.momentum)
     p.add_argument("--weight-decay", type=float, default=_D.weight_decay)
@@ -60,7 +63,13 @@ def run(args: argparse.Namespace) -> int:
     from hasten.recipes.train import load_resume, train
     from hasten.rundir import RunDir, write_json
 
-    cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__})
+    fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__}
+    # The learning rate and its scaling default by optimizer (LARS's peak lr is not scaled).
+    if args.lr is None:
+        fields["lr"] = DEFAULT_BASE_LR[args.optimizer]
+    if args.lr_scaling is None:
+        fields["lr_scaling"] = DEFAULT_LR_SCALING[args.optimizer]
+    cfg = TrainConfig(**fields)
     # Validate before making a run directory or starting any process group.
     cfg.validate(int(os.environ.get("WORLD_SIZE", "1")))
     resume = load_resume(args.resume, cfg) if args.resume else None

@@ -97,15 +97,17 @@ def _check_zip_member(info: zipfile.ZipInfo, archive: Path) -> str:
     return name
 
 
-def iter_entries(path: str | os.PathLike) -> Iterator[tuple[str, bytes | None]]:
+def iter_entries(path: str | os.PathLike, container: str | None = None) -> Iterator[tuple[str, bytes | None]]:
     """Yield ``(relative name, bytes)`` for every regular file and ``(name, None)``
     for every directory of a directory tree or an archive, in storage order.
 
-    Archives are read as a stream (one pass, even for .tar.xz). A directory is
-    the user's own tree, so symbolic links in it are followed.
+    ``container``: what ``archive_kind`` says of ``path``, when the caller knows
+    it already (a ``Source`` does). Archives are read as a stream (one pass, even
+    for .tar.xz). A directory is the user's own tree, so symbolic links in it are
+    followed.
     """
     path = Path(path)
-    kind = archive_kind(path)
+    kind = container or archive_kind(path)
     if kind == "dir":
         yield from _iter_dir(path)
         return
@@ -235,9 +237,9 @@ def _iter_dir(root: Path) -> Iterator[tuple[str, bytes | None]]:
             yield prefix + name, data
 
 
-def iter_files(path: str | os.PathLike) -> Iterator[tuple[str, bytes]]:
+def iter_files(path: str | os.PathLike, container: str | None = None) -> Iterator[tuple[str, bytes]]:
     """``iter_entries`` without the directories."""
-    for name, data in iter_entries(path):
+    for name, data in iter_entries(path, container):
         if data is not None:
             yield name, data
 

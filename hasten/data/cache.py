@@ -1,8 +1,12 @@
-"""The on-disk cache: downloads and decoded datasets.
+"""The on-disk cache: downloads, decoded datasets and record stores.
 
-Lives in ``$HASTEN_CACHE``, else ``~/.cache/hasten``. Every entry is written to a
-temporary name next to its final place and renamed into place, so a crash or a
-concurrent run never leaves a half-written entry that looks complete.
+Lives in ``$HASTEN_CACHE``, else ``~/.cache/hasten``. An entry's key is
+``cache_key(source, options)``: the fingerprint of the input (sha256 of an
+archive's bytes, so a copy elsewhere still hits; for a directory, its file
+names, sizes and modification times) and the options that change the bytes or
+pixels stored, and nothing else. Every entry is written to a temporary name
+next to its final place and renamed into place, so a crash or a concurrent run
+never leaves a half-written entry that looks complete.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hasten.data.archive import walk_error
+from hasten.data.dataset import Source
 from hasten.errors import DataError
 
 
@@ -40,10 +45,6 @@ def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int =
     return h.hexdigest()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    return file_digest(path, "sha256")
-
-
 def tree_fingerprint(root: str | os.PathLike) -> str:
     """sha256 over relative names, sizes and modification times of every file
     under ``root``: any added, removed, resized or touched file changes it."""
@@ -59,10 +60,24 @@ def tree_fingerprint(root: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def entry_key(fingerprint: str, options: dict) -> str:
-    """Cache key from the input's fingerprint and the options that change the output."""
-    blob = json.dumps({"input": fingerprint, "options": options}, sort_keys=True)
+def source_fingerprint(source: Source) -> str:
+    """What identifies the input's content: its bytes for an archive, its tree for a directory."""
+    if source.container == "dir":
+        return "dir:" + tree_fingerprint(source.path)
+    return "file:" + file_digest(source.path, "sha256")
+
+
+def cache_key(source: Source, options: dict) -> str:
+    """The key of ``source`` read with ``options``: pass exactly the options that
+    change what is stored (plus a format version), so that others share the entry."""
+    blob = json.dumps({"input": source_fingerprint(source), "options": options}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def entry_dir(area: str, source: Source, options: dict, root: str | os.PathLike | None = None) -> Path:
+    """``<root>/<area>/<source name>-<cache_key>``; ``root`` defaults to ``cache_dir()``."""
+    root = Path(root) if root is not None else cache_dir()
+    return root / area / f"{source.name}-{cache_key(source, options)}"
 
 
 def save_entry(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
@@ -85,16 +100,18 @@ def save_entry(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_entry(path: Path, names: list[str]) -> tuple[dict[str, np.ndarray], dict] | None:
+def load_entry(path: Path, names: list[str], *, mmap: bool = False) -> tuple[dict[str, np.ndarray], dict] | None:
     """The arrays and meta of a complete entry, or None when there is none. An
     unreadable entry (a disk error, a file damaged after the fact) is deleted,
-    so the caller's rebuild can take its place."""
+    so the caller's rebuild can take its place. ``mmap``: map the arrays
+    read-only instead of reading them (processes forked later share the pages)."""
     if not (path / "meta.json").is_file():
         return None
     try:
         with open(path / "meta.json") as f:
             meta = json.load(f)
-        arrays = {name: np.load(path / f"{name}.npy", allow_pickle=False) for name in names}
+        arrays = {name: np.load(path / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
+                  for name in names}
     except (OSError, ValueError, EOFError):
         shutil.rmtree(path, ignore_errors=True)
         return None

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hasten.data.dataset import ImageDataset, Split
-from hasten.data.archive import archive_kind, iter_files, safe_extract
+from hasten.data.archive import iter_files, safe_extract
+from hasten.data.dataset import ImageDataset, Source, Split
 from hasten.data.cache import cache_dir
 from hasten.data.download import download
 from hasten.errors import DataError
@@ -63,21 +63,18 @@ def _bin_files_in(path: Path) -> dict[str, Path]:
     return {}
 
 
-def is_cifar10_binary(path: str | os.PathLike) -> bool:
-    """True for a directory holding the CIFAR-10 ``*.bin`` batches (directly or in
-    ``cifar-10-batches-bin/``) and for an archive whose first members are them."""
-    path = Path(path)
-    kind = archive_kind(path)
-    if kind == "dir":
+def is_cifar10_binary(path: Path, container: str) -> bool:
+    """True for a directory (``container`` "dir") holding the CIFAR-10 ``*.bin``
+    batches, directly or in ``cifar-10-batches-bin/``, and for an archive ("tar",
+    "zip") whose first members are them."""
+    if container == "dir":
         return bool(_bin_files_in(path))
-    if kind is None:
-        return False
     if path.name == ARCHIVE_NAME:
         return True
     # Peek at the first few members only: a whole pass over an image-folder
     # archive would cost as much as reading it.
     try:
-        for i, (name, _) in enumerate(iter_files(path)):
+        for i, (name, _) in enumerate(iter_files(path, container)):
             if _BIN_NAME.search(name) or name.endswith(META_FILE):
                 return True
             if i >= 8:
@@ -87,13 +84,13 @@ def is_cifar10_binary(path: str | os.PathLike) -> bool:
     return False
 
 
-def read_cifar10_binary(path: str | os.PathLike) -> ImageDataset:
+def read_cifar10_binary(source: Source) -> ImageDataset:
     """Parse canonical CIFAR-10 from a directory or an archive of the binary batches."""
-    path = Path(path)
-    if archive_kind(path) == "dir":
+    path = source.path
+    if source.container == "dir":
         files = {name: p.read_bytes() for name, p in _bin_files_in(path).items()}
     else:
-        files = {name.rsplit("/", 1)[-1]: data for name, data in iter_files(path)
+        files = {name.rsplit("/", 1)[-1]: data for name, data in iter_files(path, source.container)
                  if _BIN_NAME.search(name) or name.endswith(META_FILE)}
     missing = [f for f in TRAIN_FILES + TEST_FILES if f not in files]
     if missing:

@@ -1,10 +1,42 @@
-"""The in-memory dataset records every reader returns: ``Split`` and ``ImageDataset``."""
+"""The records every reader takes and returns: ``Source`` in, ``ImageDataset`` of two ``Split`` s out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
+
+from hasten.data.archive import archive_stem
+
+SOURCE_KINDS = ("cifar10-binary", "image-folder")
+CONTAINERS = ("dir", "tar", "zip")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a dataset is read from, decided once (``hasten.data.sources.resolve_source``).
+
+    ``kind``: "cifar10-binary" (the canonical ``*.bin`` batches) or "image-folder"
+    (``train/<class>/*``). ``container``: "dir", "tar" or "zip" (as
+    ``hasten.data.archive.archive_kind`` names them).
+    """
+
+    kind: str
+    path: Path
+    container: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+        if self.kind not in SOURCE_KINDS:
+            raise ValueError(f"Invalid source kind {self.kind!r}; accepted: {', '.join(SOURCE_KINDS)}")
+        if self.container not in CONTAINERS:
+            raise ValueError(f"Invalid container {self.container!r}; accepted: {', '.join(CONTAINERS)}")
+
+    @property
+    def name(self) -> str:
+        """The folder's name, or the archive's without its suffix."""
+        return self.path.resolve().name if self.container == "dir" else archive_stem(self.path)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,14 @@ within JPEG decoder tolerance. Every exception a decoder can raise is turned
 into a ``BadImageError`` naming the file, so a damaged file costs one counted
 skip, never a traceback from inside a decoder. Truncated JPEGs are refused
 (simplejpeg ``strict=True``; Pillow's default of not loading truncated images)
-rather than silently padded with grey.
+rather than silently padded with grey. ``decode_fitted`` decodes a large JPEG at
+a reduced DCT scale that still covers the target size before resizing (decode
+and downscale fused, as TF's ``decode_and_crop_jpeg`` does for ImageNet): the
+streaming pipeline's decoder, since it decodes every epoch.
+
+Bad input policy, one for every reader: a bad file is skipped and listed by
+name with its reason, until more than ``max_bad_fraction`` of the files were
+bad; then ``check_bad_fraction`` stops the read with one ``DataError`` naming them.
 """
 
 from __future__ import annotations
@@ -64,6 +71,45 @@ def decode_image(data: bytes, name: str = "<bytes>", image_size: int | None = No
     if image_size is not None and array.shape[:2] != (image_size, image_size):
         array = resize_center_crop(array, image_size, name)
     return array
+
+
+def decode_fitted(data: bytes, name: str, image_size: int | None) -> np.ndarray:
+    """``decode_image``, but a JPEG larger than ``image_size`` is decoded at the
+    smallest DCT scale (1/2, 1/4, 1/8) that still covers it: fewer pixels to decode
+    and to resize. Pixels differ from ``decode_image``'s within resampling tolerance."""
+    if image_size is not None and simplejpeg is not None and image_format(data) == "jpeg":
+        try:
+            array = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=image_size, min_width=image_size)
+        except Exception:  # noqa: BLE001 - decode_image retries with Pillow and names the reason
+            array = None
+        if array is not None:
+            if array.shape[:2] == (image_size, image_size):
+                return array
+            return resize_center_crop(array, image_size, name)
+    return decode_image(data, name, image_size=image_size)
+
+
+def bad_reason(error: BadImageError, name: str) -> str:
+    """The reason in a ``BadImageError`` about ``name``, without the name."""
+    return str(error).removeprefix(f"{name}: ")
+
+
+def describe_skipped(skipped: list[tuple[str, str]], show: int = 10) -> str:
+    """"name (reason); name (reason); and N more" for the first ``show`` bad files."""
+    shown = "; ".join(f"{n} ({r})" for n, r in skipped[:show])
+    return shown + (f"; and {len(skipped) - show} more" if len(skipped) > show else "")
+
+
+def check_bad_fraction(skipped: list[tuple[str, str]], total: int, max_bad_fraction: float, source: str = "", *,
+                       min_total: int = 0) -> None:
+    """Raise a ``DataError`` naming the bad files once they are more than
+    ``max_bad_fraction`` of ``total`` files. ``min_total``: count at least this
+    many, so that a stream does not stop on one bad file among its first few."""
+    if len(skipped) > max_bad_fraction * max(total, min_total):
+        where = f"{source}: " if source else ""
+        raise DataError(f"{where}{len(skipped)} of {total} files ({len(skipped) / max(total, 1):.1%}) are not "
+                        f"readable images, more than max_bad_fraction={max_bad_fraction:g}: "
+                        f"{describe_skipped(skipped)}")
 
 
 def max_pixels() -> int:

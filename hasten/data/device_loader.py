@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from hasten.data import device_augment as augment
+from hasten.data.device_augment import alternating_flip_mask, crop_with_shifts, cutout, flip_where, random_shifts
 from hasten.data.normalize import channel_stats, normalize
 
 FLIP_MODES = ("none", "random", "alternating")
@@ -47,6 +47,20 @@ class Augmentation:
             raise ValueError(f"translate and cutout must be >= 0, got {self.translate}, {self.cutout}")
 
 
+def check_loader_inputs(images: torch.Tensor, labels: torch.Tensor, batch_size: int) -> None:
+    """``ValueError`` unless images are uint8 (N, C, H, W) with N labels and ``batch_size`` >= 1."""
+    if images.dtype != torch.uint8 or images.dim() != 4:
+        raise ValueError(f"images must be a uint8 tensor (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+    if labels.shape != (len(images),):
+        raise ValueError(f"labels must have shape ({len(images)},), got {tuple(labels.shape)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"Invalid batch_size: {batch_size!r}")
+
+
+def batches_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
 class GpuLoader:
     """Iterate ``(inputs, labels)`` batches of a device-resident dataset.
 
@@ -60,12 +74,7 @@ class GpuLoader:
                  augment: Augmentation | None = None, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, dtype: torch.dtype = torch.float32,
                  channels_last: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
-        if images.dtype != torch.uint8 or images.dim() != 4:
-            raise ValueError(f"images must be a uint8 tensor (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
-        if labels.shape != (len(images),):
-            raise ValueError(f"labels must have shape ({len(images)},), got {tuple(labels.shape)}")
-        if batch_size < 1:
-            raise ValueError(f"Invalid batch_size: {batch_size}")
+        check_loader_inputs(images, labels, batch_size)
         if not 0 <= rank < world_size:
             raise ValueError(f"Invalid rank {rank} for world_size {world_size}")
         if len(images) < batch_size * world_size and drop_last:
@@ -87,9 +96,7 @@ class GpuLoader:
         self.epoch = 0
 
     def __len__(self) -> int:
-        global_batch = self.batch_size * self.world_size
-        n = len(self.labels)
-        return n // global_batch if self.drop_last else -(-n // global_batch)
+        return batches_per_epoch(len(self.labels), self.batch_size * self.world_size, self.drop_last)
 
     def _generator(self, epoch: int) -> torch.Generator:
         g = torch.Generator(device=self.device)
@@ -101,13 +108,13 @@ class GpuLoader:
         n, aug = len(self.labels), self.augment
         g = self._generator(epoch)
         order = torch.randperm(n, generator=g, device=self.device) if self.shuffle else torch.arange(n, device=self.device)
-        shifts = augment.random_shifts(n, aug.translate, generator=g, device=self.device) if aug.translate else None
+        shifts = random_shifts(n, aug.translate, generator=g, device=self.device) if aug.translate else None
         if aug.flip == "random":
             flips = torch.rand(n, generator=g, device=self.device) < 0.5
         elif aug.flip == "alternating":
             if self._flip_base is None:
                 self._flip_base = torch.rand(n, generator=self._generator(-1), device=self.device) < 0.5
-            flips = augment.alternating_flip_mask(self._flip_base, epoch)
+            flips = alternating_flip_mask(self._flip_base, epoch)
         else:
             flips = None
         if aug.cutout:
@@ -119,63 +126,13 @@ class GpuLoader:
             start = i * global_batch + self.rank * self.batch_size
             idx = order[start:min(start + self.batch_size, (i + 1) * global_batch)]
             if shifts is not None:
-                x = augment.crop_with_shifts(self._padded[idx], shifts[idx], aug.translate)
+                x = crop_with_shifts(self._padded[idx], shifts[idx], aug.translate)
             else:
                 x = self.images[idx]
             if flips is not None:
-                x = augment.flip_where(x, flips[idx])
+                x = flip_where(x, flips[idx])
             if aug.cutout:
-                x = augment.cutout(x, aug.cutout, centers=centers[idx])
+                x = cutout(x, aug.cutout, centers=centers[idx])
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             yield x, self.labels[idx]
-
-
-
-class HostLoader:
-    """The same kind of batches, prepared per batch on the host and then copied to
-    the device: the "before" of Page's first ladder rung, kept for the ablation.
-
-    Data stays uint8 in host memory; each batch is gathered, normalised and
-    augmented on the CPU, then copied (pinned and non-blocking on CUDA).
-    Alternating flip is treated as random flip here.
-    """
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
-                 device: torch.device | str = "cpu", shuffle: bool = True, drop_last: bool = True,
-                 augment: Augmentation | None = None, mean: Sequence[float] | None = None,
-                 std: Sequence[float] | None = None, dtype: torch.dtype = torch.float32,
-                 channels_last: bool = False, seed: int = 0) -> None:
-        if batch_size < 1:
-            raise ValueError(f"Invalid batch_size: {batch_size}")
-        self.images, self.labels = images.cpu(), labels.cpu()
-        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
-        self.augment = augment or Augmentation()
-        if mean is None or std is None:
-            mean, std = channel_stats(images)
-        self.mean, self.std = list(mean), list(std)
-        self.device, self.dtype = torch.device(device), dtype
-        self.channels_last, self.seed, self.epoch = channels_last, seed, 0
-
-    def __len__(self) -> int:
-        n = len(self.labels)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch, self.epoch = self.epoch, self.epoch + 1
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        aug = self.augment
-        order = torch.randperm(len(self.labels), generator=g) if self.shuffle else torch.arange(len(self.labels))
-        pin = self.device.type == "cuda"
-        for i in range(len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
-            x = augment.random_crop_reflect(normalize(self.images[idx], self.mean, self.std), aug.translate, generator=g)
-            if aug.flip != "none":
-                x = augment.random_flip(x, generator=g)
-            x = augment.cutout(x, aug.cutout, generator=g)
-            if pin:
-                x = x.pin_memory()
-            x = x.to(self.device, self.dtype, non_blocking=True)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            yield x, self.labels[idx].to(self.device, non_blocking=True)

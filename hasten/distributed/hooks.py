@@ -69,17 +69,27 @@ class AllReduceHookState:
             torus_groups(self.grid, self.group, self.timeout_s)
 
 
+def allreduce(tensor: torch.Tensor, algo: str, group=None, *, grid=None, check_sizes: bool = True,
+              timeout_s: float | None = None) -> torch.Tensor:
+    """Sum ``tensor`` over ``group`` in place with ``algo``, one of :data:`HOOKS`
+    ("native": the backend's own ``all_reduce``). ``grid`` is the torus's; the
+    other arguments are those of ``ring_allreduce``. Returns ``tensor``."""
+    kwargs = {"check_sizes": check_sizes, "timeout_s": timeout_s}
+    if algo == "ring":
+        return ring_allreduce(tensor, group, **kwargs)
+    if algo == "torus":
+        return torus_allreduce(tensor, grid, group, **kwargs)
+    if algo == "naive":
+        return naive_allreduce(tensor, group, **kwargs)
+    if algo == "native":
+        dist.all_reduce(tensor, group=group)
+        return tensor
+    raise ValueError(f"all-reduce algorithm must be one of {HOOKS}, got {algo!r}")
+
+
 def _reduce(state: AllReduceHookState, tensor: torch.Tensor) -> None:
     # Bucket sizes are identical on every rank by DDP's construction: skip the size check.
-    kwargs = {"check_sizes": False, "timeout_s": state.timeout_s}
-    if state.algo == "ring":
-        ring_allreduce(tensor, state.group, **kwargs)
-    elif state.algo == "torus":
-        torus_allreduce(tensor, state.grid, state.group, **kwargs)
-    elif state.algo == "naive":
-        naive_allreduce(tensor, state.group, **kwargs)
-    else:
-        dist.all_reduce(tensor, group=state.group)
+    allreduce(tensor, state.algo, state.group, grid=state.grid, check_sizes=False, timeout_s=state.timeout_s)
 
 
 def _average(state: AllReduceHookState, buf: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,9 @@ choice of e depends on timing, so runs are not bit-reproducible.
 from __future__ import annotations
 
 import math
-import time
 from contextlib import contextmanager
+
+from hasten.timing import Stopwatch
 
 
 class AutoEcho:
@@ -108,11 +109,12 @@ class AutoEcho:
     @contextmanager
     def paused(self):
         """Leave the time inside this block (e.g. an evaluation) out of the downstream time."""
-        t0 = time.perf_counter()
+        clock = Stopwatch()
+        clock.start()
         try:
             yield
         finally:
-            self._paused_s += time.perf_counter() - t0
+            self._paused_s += clock.stop()
 
     def _agree(self, estimate: float) -> float:
         """The mean estimate over data-parallel ranks (nan, i.e. 'not input-bound', only if no rank waits)."""

@@ -11,10 +11,11 @@ Changes the training math: no (observation only).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TypeVar
+
+from hasten.timing import Stopwatch
 
 T = TypeVar("T")
 
@@ -58,21 +59,24 @@ class EchoCounters:
         return d
 
 
-def timed_loader(batches: Iterable[T], counters: EchoCounters) -> Iterator[T]:
+def timed_loader(batches: Iterable[T], counters: EchoCounters, device=None) -> Iterator[T]:
     """Yield ``batches`` unchanged, timing the training loop around them.
 
     Time blocked in ``next()`` is ``loader_wait_s`` (the accelerator idles); time
-    between receiving a batch and asking for the next is ``step_time_s``.
+    between receiving a batch and asking for the next is ``step_time_s``. With a
+    CUDA ``device`` both clocks synchronise it first, so a step's queued kernels
+    count as step time, not as waiting.
     """
     it = iter(batches)
+    clock = Stopwatch(device)
     while True:
-        t0 = time.perf_counter()
+        clock.start()
         try:
             batch = next(it)
         except StopIteration:
             return
-        t1 = time.perf_counter()
-        counters.loader_wait_s += t1 - t0
+        counters.loader_wait_s += clock.stop()
         counters.batches_emitted += 1
+        clock.start()
         yield batch
-        counters.step_time_s += time.perf_counter() - t1
+        counters.step_time_s += clock.stop()

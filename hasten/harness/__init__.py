@@ -2,6 +2,7 @@
 (``launch``), an emulated cluster of network namespaces with shaped links (``netns``),
 and the per-rank timing and calibration of collectives (``collectives``).
 
-These serve ``hasten allreduce`` and ``benchmarks/``; the algorithms themselves live
-in ``hasten.distributed``. Import from the submodules.
+These serve ``hasten.recipes.allreduce`` (and through it ``hasten allreduce`` and
+``benchmarks/``); the algorithms themselves live in ``hasten.distributed``.
+Import from the submodules.
 """

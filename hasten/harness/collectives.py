@@ -8,40 +8,46 @@ across N and to the link rate.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from hasten.distributed.naive import naive_allreduce
-from hasten.distributed.ring import ring_allreduce
+from hasten.distributed.hooks import HOOKS, allreduce
 from hasten.distributed.torus import torus_allreduce
 from hasten.progress import progress, progress_enabled
+from hasten.timing import Stopwatch
 
-BENCH_ALGORITHMS = ("ring", "torus", "naive", "native")
+# Message sizes (bytes) of the rank 0 <-> peer ping-pong that calibrates a link's beta.
+CALIBRATION_SIZES = (4, 64 << 10, 1 << 20, 8 << 20)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BenchConfig:
-    algos: tuple[str, ...]
+    algos: tuple[str, ...]          # each one of hasten.distributed.hooks.HOOKS
     sizes: tuple[int, ...]          # bytes, float32 tensors
     iters: int = 5
     warmup: int = 1
     grid: tuple[int, int] | None = None
     calibrate_peers: dict = field(default_factory=lambda: {"link": 1})  # name -> peer of rank 0
-    calibrate_sizes: tuple[int, ...] = (4, 64 << 10, 1 << 20, 8 << 20)
+    calibrate_sizes: tuple[int, ...] = CALIBRATION_SIZES
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.algos if a not in HOOKS]
+        if unknown:
+            raise ValueError(f"unknown all-reduce algorithms {unknown}; choose from {HOOKS}")
 
 
-def _run(algo: str, x: torch.Tensor, grid) -> None:
-    if algo == "ring":
-        ring_allreduce(x, check_sizes=False)
-    elif algo == "torus":
-        torus_allreduce(x, grid, check_sizes=False)
-    elif algo == "naive":
-        naive_allreduce(x, check_sizes=False)
-    else:
-        dist.all_reduce(x)
+@dataclass(frozen=True)
+class RankTimings:
+    """What rank 0 measured: one-way ping-pong seconds per calibration peer, one per
+    size of ``pingpong_sizes``; the model's alpha and gamma; and seconds per
+    iteration per (algorithm, bytes)."""
+    pingpong_sizes: tuple[int, ...]
+    pingpong: dict[str, list[float]]
+    alpha: float
+    gamma: float
+    times: dict[tuple[str, int], list[float]]
 
 
 def _slowest(seconds: float) -> float:
@@ -55,13 +61,14 @@ def time_allreduce(algo: str, nbytes: int, iters: int, warmup: int, grid=None) -
     rank, world = dist.get_rank(), dist.get_world_size()
     x = torch.empty(max(1, nbytes // 4), dtype=torch.float32)
     expected = world * (world + 1) / 2  # exact in float32 for these small integers
+    clock = Stopwatch()
     times = []
     for i in range(warmup + iters):
         x.fill_(rank + 1)
         dist.barrier()
-        start = time.perf_counter()
-        _run(algo, x, grid)
-        elapsed = time.perf_counter() - start
+        clock.start()
+        allreduce(x, algo, grid=grid, check_sizes=False)
+        elapsed = clock.stop()
         if not bool((x == expected).all()):
             raise RuntimeError(f"{algo} all-reduce of {nbytes} bytes gave a wrong sum on rank {rank}")
         elapsed = _slowest(elapsed)
@@ -73,20 +80,21 @@ def time_allreduce(algo: str, nbytes: int, iters: int, warmup: int, grid=None) -
 def ping_pong(peer: int, sizes: tuple[int, ...], iters: int = 3) -> list[float]:
     """One-way seconds rank 0 <-> ``peer`` for each size (half the best round trip); others idle."""
     rank = dist.get_rank()
+    clock = Stopwatch()
     out = []
     for nbytes in sizes:
         buf = torch.empty(max(1, nbytes // 4), dtype=torch.float32)
         best = float("inf")
         for _ in range(iters + 1):  # the first round trip also sets up the connection
             dist.barrier()
-            start = time.perf_counter()
+            clock.start()
             if rank == 0:
                 dist.send(buf, peer)
                 dist.recv(buf, peer)
             elif rank == peer:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
-            best = min(best, time.perf_counter() - start)
+            best = min(best, clock.stop())
         out.append(best / 2)
     return out
 
@@ -104,32 +112,33 @@ def step_latency(iters: int = 20) -> float:
         return 0.0
     send, recv = torch.zeros(1), torch.zeros(1)
     right, left = (rank + 1) % world, (rank - 1) % world
+    clock = Stopwatch()
     for i in range(iters + 2):  # two untimed steps set up the connections
         if i == 2:
             dist.barrier()
-            start = time.perf_counter()
+            clock.start()
         works = [dist.irecv(recv, left), dist.isend(send, right)]
         for w in works:
             w.wait()
-    return _slowest((time.perf_counter() - start) / iters)
+    return _slowest(clock.stop() / iters)
 
 
 def gamma_per_byte(nbytes: int = 32 << 20, iters: int = 5) -> float:
     """Seconds per byte to add two float32 tensors on this machine (the model's gamma)."""
     a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
     a.add_(b)
-    start = time.perf_counter()
-    for _ in range(iters):
-        a.add_(b)
-    return (time.perf_counter() - start) / iters / nbytes
+    with Stopwatch() as clock:
+        for _ in range(iters):
+            a.add_(b)
+    return clock.elapsed / iters / nbytes
 
 
-def bench_worker(rank: int, world: int, cfg: BenchConfig) -> dict:
-    """Calibrate, then time every algorithm at every size; rank 0's dict is the result."""
-    calibration = {}
+def bench_worker(rank: int, world: int, cfg: BenchConfig) -> RankTimings:
+    """Calibrate, then time every algorithm at every size; rank 0's timings are the result."""
+    pingpong = {}
     if world > 1:
         for name, peer in cfg.calibrate_peers.items():
-            calibration[name] = ping_pong(peer, cfg.calibrate_sizes)
+            pingpong[name] = ping_pong(peer, cfg.calibrate_sizes)
     alpha = step_latency()
     gamma = gamma_per_byte()
     if "torus" in cfg.algos:
@@ -138,4 +147,4 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig) -> dict:
     cases = [(algo, nbytes) for algo in cfg.algos for nbytes in cfg.sizes]
     for algo, nbytes in progress(cases, desc="all-reduce", disable=rank != 0 or not progress_enabled()):
         times[(algo, nbytes)] = time_allreduce(algo, nbytes, cfg.iters, cfg.warmup, cfg.grid)
-    return {"calibration": calibration, "alpha": alpha, "gamma": gamma, "times": times}
+    return RankTimings(cfg.calibrate_sizes, pingpong, alpha, gamma, times)

@@ -9,7 +9,8 @@ Switches, each one a rung of the ablation ladder:
 - ``pool_before_act``: conv -> pool -> BN -> act (Page part 4: BN and activation
   run on a quarter of the pixels) instead of conv -> BN -> act -> pool.
 - ``activation``: relu | celu (Page: CELU(alpha=0.075), smoother) | gelu (airbench).
-- ``ghost_bn_splits``: ghost batch norm (Page part 7).
+- ``ghost_batch_size``: ghost batch norm over chunks of this many images (Page
+  part 7: 32); 0 = plain batch norm.
 - ``freeze_bn_scale``: BN weight fixed at 1, only the bias trains (Page part 7).
 - ``dirac_init``: conv weights start as identity on the first in_channels filters
   (airbench), so a fresh network passes its input through.
@@ -40,7 +41,7 @@ class NetConfig:
     bn_momentum: float = 0.6         # airbench convention: running = 0.6*running + 0.4*batch
     bn_eps: float = 1e-12
     freeze_bn_scale: bool = True
-    ghost_bn_splits: int = 1
+    ghost_batch_size: int = 0        # images per ghost BN chunk; 0 = plain batch norm
     dirac_init: bool = True
     logit_scale: float = 1 / 9       # fixed multiplier on the logits (Page's 0.125)
     num_classes: int = 10
@@ -50,6 +51,8 @@ class NetConfig:
             raise ValueError(f"Invalid activation {self.activation!r}; accepted: {', '.join(ACTIVATIONS)}")
         if len(self.widths) != 3 or min(self.widths) < 1:
             raise ValueError(f"widths must be three positive ints, got {self.widths}")
+        if self.ghost_batch_size < 0:
+            raise ValueError(f"ghost_batch_size must be >= 0, got {self.ghost_batch_size}")
         if self.whiten_kernel < 1:
             raise ValueError(f"whiten_kernel must be >= 1, got {self.whiten_kernel}")
 
@@ -77,7 +80,11 @@ class Conv(nn.Conv2d):
 
 
 def make_batchnorm(channels: int, cfg: NetConfig) -> nn.BatchNorm2d:
-    bn = GhostBatchNorm2d(channels, cfg.ghost_bn_splits, eps=cfg.bn_eps, momentum=1 - cfg.bn_momentum)
+    kwargs = dict(eps=cfg.bn_eps, momentum=1 - cfg.bn_momentum)
+    if cfg.ghost_batch_size:
+        bn = GhostBatchNorm2d(channels, cfg.ghost_batch_size, **kwargs)
+    else:
+        bn = nn.BatchNorm2d(channels, **kwargs)
     bn.weight.requires_grad_(not cfg.freeze_bn_scale)
     return bn
 

@@ -25,9 +25,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from hasten.errors import ConfigError
-from hasten.nn.ghost_bn import GhostBatchNorm2d
 
-__all__ = ["GroupBatchNorm", "convert_batchnorm", "bn_process_group", "ghost_batchnorm"]
+__all__ = ["GroupBatchNorm", "convert_batchnorm", "bn_process_group"]
 
 _GROUPS: dict[tuple[int, int], object] = {}
 
@@ -183,20 +182,3 @@ def _convert(module: nn.Module, process_group) -> nn.Module:
         module.add_module(name, _convert(child, process_group))
     return module
 
-
-def ghost_batchnorm(module: nn.Module, num_splits: int) -> nn.Module:
-    """Replace every ``nn.BatchNorm2d`` in ``module`` by a ``GhostBatchNorm2d`` with
-    ``num_splits`` virtual batches, keeping parameters and buffers: BN statistics
-    over smaller batches inside one replica, e.g. to reproduce the BN batch of k
-    replicas of b images (``num_splits = batch / (k * b)``) on one process."""
-    for name, child in module.named_children():
-        if type(child) is nn.BatchNorm2d:
-            state = child.state_dict()
-            ghost = GhostBatchNorm2d(child.num_features, num_splits, eps=child.eps, momentum=child.momentum,
-                                     affine=child.affine, track_running_stats=child.track_running_stats,
-                                     device=next(iter(state.values())).device if state else None)
-            ghost.load_state_dict(state)
-            module.add_module(name, ghost)
-        else:
-            ghost_batchnorm(child, num_splits)
-    return module

@@ -29,11 +29,11 @@ from torch import Tensor, nn
 __all__ = ["autocast", "batchnorm_in_float32", "cross_entropy", "to_channels_last"]
 
 
-def autocast(device: torch.device, enabled: bool):
+def autocast(device: torch.device | str, enabled: bool):
     """bf16 autocast on ``device`` (CUDA or CPU), or a no-op context."""
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 def _upcast_input(module: nn.Module, args: tuple):
@@ -50,13 +50,15 @@ def batchnorm_in_float32(model: nn.Module) -> nn.Module:
     return model
 
 
-def cross_entropy(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0) -> Tensor:
+def cross_entropy(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0,
+                  reduction: str = "mean") -> Tensor:
     """Cross-entropy in float32, with label smoothing (Szegedy et al.,
     arXiv:1512.00567; 0.1 in Ying et al.): the target puts ``1 - s + s / K`` on
-    the true class and ``s / K`` on each of the K classes otherwise."""
+    the true class and ``s / K`` on each of the K classes otherwise.
+    ``reduction``: mean | sum (airbench sums, and scales the lr per 1024 examples)."""
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"Invalid label_smoothing: {label_smoothing} (must be in [0, 1))")
-    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
+    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction=reduction)
 
 
 def to_channels_last(model: nn.Module) -> nn.Module:

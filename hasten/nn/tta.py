@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hasten.nn.precision import autocast
+
 TTA_LEVELS = ("none", "flip", "flip_translate")
 
 
@@ -42,16 +44,30 @@ def tta_logits(model: nn.Module, x: torch.Tensor, level: str = "flip") -> torch.
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], level: str = "none",
-             autocast_dtype: torch.dtype | None = None) -> float:
-    """Accuracy of ``model`` (eval mode) over ``(inputs, labels)`` batches."""
+def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], level: str = "none", *,
+             bf16: bool = False, distributed: bool = False) -> float:
+    """Top-1 accuracy of ``model`` (in eval mode, restored after) over
+    ``(inputs, labels)`` batches, with the test-time augmentation ``level``.
+
+    ``bf16``: run under :func:`hasten.nn.precision.autocast`. ``distributed``: the
+    batches are this rank's share of the test set; the counts are summed over
+    all torch.distributed ranks (every rank must call; pass the plain module, not
+    DDP, whose forward is collective)."""
     was_training = model.training
     model.eval()
-    correct = total = 0
+    correct, total, device = 0, 0, None
     for x, y in batches:
-        with torch.autocast(x.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        with autocast(x.device, bf16):
             logits = tta_logits(model, x, level)
-        correct += (logits.argmax(1) == y).sum()
+        # Summed on the device: a .item() per batch would sync every batch.
+        correct = correct + (logits.argmax(1) == y).sum()
         total += len(y)
+        device = x.device
     model.train(was_training)
+    if distributed:
+        if device is None:  # no batches on this rank: it still joins the sum
+            device = next(model.parameters()).device
+        counts = torch.stack([torch.as_tensor(correct, device=device), torch.tensor(total, device=device)])
+        torch.distributed.all_reduce(counts)
+        correct, total = counts.tolist()
     return float(correct) / max(total, 1)

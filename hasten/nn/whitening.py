@@ -42,8 +42,9 @@ def whitening_filters(images: torch.Tensor, kernel_size: int = 2, eps: float = 5
 
 def init_whitening_conv(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e-4) -> None:
     """Set ``conv`` (out_channels = 2*C*k*k, kernel k, no padding) to the whitening
-    filters of ``images`` (normalised float (N, C, H, W); a few thousand suffice)
-    and freeze its weight."""
+    filters of ``images`` (normalised float (N, C, H, W); a few thousand suffice),
+    freeze its weight and zero its bias (as airbench initialises it; the bias may
+    then train, to absorb the patch mean)."""
     k = conv.kernel_size[0]
     expected = 2 * conv.in_channels * k * k
     if conv.out_channels != expected or conv.kernel_size[0] != conv.kernel_size[1]:
@@ -51,4 +52,6 @@ def init_whitening_conv(conv: nn.Conv2d, images: torch.Tensor, eps: float = 5e-4
                          f"got {conv.out_channels} channels and kernel {tuple(conv.kernel_size)}")
     with torch.no_grad():
         conv.weight.copy_(whitening_filters(images.to(conv.weight.device), k, eps).to(conv.weight.dtype))
+        if conv.bias is not None:
+            conv.bias.zero_()
     conv.weight.requires_grad_(False)

@@ -9,9 +9,10 @@ cache behind ``SlowStorage``, decoded (at 16x16 on CPU by DCT downscaling),
 augmented, echoed, shuffled and trained on; accuracy is measured on held-out
 test images.
 
-Timing: the training loop's clock counts waiting for input plus the steps; it
-stops during evaluations, and so does the slow storage (``SlowStorage.paused``),
-so an evaluation gives no run free upstream time.
+Timing: the training loop's clock (two ``hasten.timing.Stopwatch``: waiting for
+input, and the steps) stops during evaluations, and so does the slow storage
+(``SlowStorage.paused``), so an evaluation gives no run free upstream time.
+Sweeps over echo factors and upstream ratios are ``hasten.recipes.echo_sweep``.
 
 Changes the training math: yes with echoing (repeated examples); e = 1 is plain
 streaming training.
@@ -20,7 +21,7 @@ streaming training.
 from __future__ import annotations
 
 import math
-import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from itertools import count
 
@@ -29,71 +30,78 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hasten.stream.decode_pool import decode_records, read_records
-from hasten.stream.records import ByteRecords, open_records
-from hasten.stream.slow_storage import SlowStorage
-from hasten.stream.loader import StreamLoader
+from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, check_factor, check_variant
 from hasten.errors import ConfigError
+from hasten.nn.tta import evaluate
+from hasten.recipes.common import optimizer_step
+from hasten.stream.decode_pool import decode_records, read_records
+from hasten.stream.loader import StreamLoader
+from hasten.stream.records import ByteRecords, open_records
+from hasten.stream.slow_storage import SlowStorage
+from hasten.timing import Stopwatch
+
+# CIFAR-10-JPEG training set, RGB, measured in 0-255 units (shared/data/README.md); 0..1 here.
+MEAN = tuple(v / 255 for v in (125.27, 122.93, 113.86))
+STD = tuple(v / 255 for v in (62.53, 61.91, 66.46))
+
 
 # ----------------------------------------------------------------------------- Hyperparameters
-# CPU: a small network on 16x16 images so that one run reaches the target in
-# about ten seconds of compute on two shared cores. GPU: the speedrun network.
-HYP = {
-    "cpu": {
-        "image_size": 16,  # decoded at 1/2 DCT scale: a quarter of the pixels to decode and train on
-        "width": 16,  # channels of the first conv; doubled at each of the next two
-        "batch_size": 64,
-        "lr": 0.05,  # SGD, Nesterov momentum 0.9; constant: runs of different length stay comparable
-        "weight_decay": 5e-4,
-        "label_smoothing": 0.1,
-        "target": 0.40,  # test accuracy; reached in about 8k fresh examples without echoing
-        "eval_every": 10,  # steps between evaluations
-        "eval_images": 1000,  # test images used to detect the target (the full test set at the end)
-        "max_fresh": 40_000,  # give up after this many fresh examples
-        "shuffle_buffer": 256,  # examples (or batches, for batch echoing) mixed after the echo stage
-    },
-    "cuda": {
-        "image_size": 32,
-        "width": 0,  # 0 = hasten.models.speedrun_net defaults
-        "batch_size": 512,
-        "lr": 0.2,
-        "weight_decay": 5e-4,
-        "label_smoothing": 0.2,
-        "target": 0.85,
-        "eval_every": 20,
-        "eval_images": 10_000,
-        "max_fresh": 500_000,
-        "shuffle_buffer": 2048,
-    },
-}
-
-MEAN = (125.27, 122.93, 113.86)  # CIFAR-10-JPEG training set, RGB 0-255 (shared/data/README.md)
-STD = (62.53, 61.91, 66.46)
-
-
-@dataclass
+@dataclass(frozen=True)
 class EchoRunConfig:
+    """One run: data, echoing, simulated storage, and the training hyperparameters.
+
+    The hyperparameter defaults are the CPU preset: a small network on 16x16 images
+    that reaches the target in about ten seconds of compute on two shared cores.
+    ``EchoRunConfig.for_device("cuda", ...)`` starts from the GPU preset instead.
+    Change a config with ``dataclasses.replace``.
+    """
     data: str
     variant: str = "example-before"
-    echo: float | str = 1.0  # a factor >= 1 or "auto"
+    echo: float | str = 1.0  # a factor >= 1 or "auto" (AutoEcho)
     upstream_delay_s: float = 0.0  # slow-storage latency per example read
-    target: float | None = None
-    e_max: float = 8.0
+    e_max: float = 8.0  # AutoEcho's largest factor
     seed: int = 0
     device: str = "cpu"
     workers: int = 0  # decode processes; 0 = a decode thread (decoding is cheap next to the delay)
-    batch_size: int | None = None
-    shuffle_buffer: int | None = None
-    max_fresh: int | None = None
-    width: int | None = None  # a wider network makes the step slower than the pipeline (R < 1)
+    image_size: int = 16  # decoded at 1/2 DCT scale: a quarter of the pixels to decode and train on
+    width: int = 16  # SmallNet's first conv channels, doubled at each of the next two; 0 = the speedrun net
+    batch_size: int = 64
+    lr: float = 0.05  # SGD, Nesterov momentum 0.9; constant: runs of different length stay comparable
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.1
+    target: float = 0.40  # test accuracy; reached in about 8k fresh examples without echoing
+    eval_every: int = 10  # steps between evaluations
+    eval_images: int = 1000  # test images used to detect the target (the full test set at the end)
+    max_fresh: int = 40_000  # give up after this many fresh examples
+    shuffle_buffer: int = 256  # examples (or batches, for batch echoing) mixed after the echo stage
 
-    def hyp(self) -> dict:
-        h = dict(HYP["cuda" if torch.device(self.device).type == "cuda" else "cpu"])
-        for key in ("target", "batch_size", "shuffle_buffer", "max_fresh", "width"):
-            if getattr(self, key) is not None:
-                h[key] = getattr(self, key)
-        return h
+    def __post_init__(self) -> None:
+        try:
+            check_variant(self.variant)
+            object.__setattr__(self, "echo", parse_echo(self.echo))
+        except ValueError as exc:  # one line for the user, not a traceback
+            raise ConfigError(str(exc)) from None
+        if not (math.isfinite(self.upstream_delay_s) and self.upstream_delay_s >= 0):
+            raise ConfigError(f"upstream delay must be >= 0 seconds; got {self.upstream_delay_s}")
+        if not 0 < self.target < 1:
+            raise ConfigError(f"target accuracy must be in (0, 1); got {self.target}")
+        if self.batch_size < 1 or self.eval_every < 1 or self.max_fresh < 1:
+            raise ConfigError(f"batch_size, eval_every and max_fresh must be >= 1; got "
+                              f"{self.batch_size}, {self.eval_every}, {self.max_fresh}")
+
+    @classmethod
+    def for_device(cls, device: torch.device | str, **fields) -> EchoRunConfig:
+        """The preset for ``device`` (GPU_PRESET on CUDA, else the CPU defaults) with ``fields``."""
+        preset = GPU_PRESET if torch.device(device).type == "cuda" else {}
+        return cls(**{**preset, "device": str(device), **fields})
+
+
+# GPU: the speedrun network on 32x32 images, to a CIFAR-10 accuracy worth reaching.
+GPU_PRESET = {
+    "image_size": 32, "width": 0, "batch_size": 512, "lr": 0.2, "weight_decay": 5e-4, "label_smoothing": 0.2,
+    "target": 0.85, "eval_every": 20, "eval_images": 10_000, "max_fresh": 500_000, "shuffle_buffer": 2048,
+}
 
 
 def parse_echo(value) -> float | str:
@@ -105,17 +113,6 @@ def parse_echo(value) -> float | str:
     except (TypeError, ValueError):
         raise ValueError(f"echo factor must be 'auto' or a number >= 1; got {value!r}") from None
     return float(check_factor(factor))
-
-
-def validate(cfg: EchoRunConfig) -> EchoRunConfig:
-    check_variant(cfg.variant)
-    cfg = replace(cfg, echo=parse_echo(cfg.echo))
-    if not (math.isfinite(cfg.upstream_delay_s) and cfg.upstream_delay_s >= 0):
-        raise ConfigError(f"upstream delay must be >= 0 seconds; got {cfg.upstream_delay_s}")
-    h = cfg.hyp()
-    if not 0 < h["target"] < 1:
-        raise ConfigError(f"target accuracy must be in (0, 1); got {h['target']}")
-    return cfg
 
 
 # ----------------------------------------------------------------------------- Network
@@ -131,78 +128,71 @@ class SmallNet(nn.Sequential):
         super().__init__(*layers, nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
 
 
-def make_model(h: dict, num_classes: int) -> nn.Module:
-    if h["width"]:
-        return SmallNet(h["width"], num_classes)
+def make_model(cfg: EchoRunConfig, num_classes: int) -> nn.Module:
+    if cfg.width:
+        return SmallNet(cfg.width, num_classes)
     from hasten.models.speedrun_net import NetConfig, SpeedrunNet
 
     return SpeedrunNet(NetConfig(num_classes=num_classes))
 
 
-def normalize(images: torch.Tensor, device: torch.device) -> torch.Tensor:
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
-    return (images.to(device, non_blocking=True).float() - mean) / std
+def _mean_std_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """MEAN and STD as tensors on ``device``, for :func:`hasten.data.normalize.normalize`."""
+    return torch.tensor(MEAN, device=device), torch.tensor(STD, device=device)
 
 
 # ----------------------------------------------------------------------------- Evaluation
 class EvalSet:
-    """Test images decoded once (at the training resolution) and kept in memory."""
+    """Test images decoded once (at the training resolution) and kept in host memory."""
 
-    def __init__(self, records: ByteRecords, image_size: int, device: torch.device):
+    def __init__(self, records: ByteRecords, image_size: int, device: torch.device | str):
         chunk = decode_records(read_records(records, np.arange(len(records))), image_size)
         self.images = torch.from_numpy(chunk.images).permute(0, 3, 1, 2)
         self.labels = torch.from_numpy(chunk.labels)
-        self.device = device
+        self.device = torch.device(device)
+        self.mean, self.std = _mean_std_on(self.device)
         # A fixed, class-balanced-by-chance subset to detect the target quickly.
         self.order = torch.from_numpy(np.random.default_rng(12345).permutation(len(self.labels)))
 
-    @torch.no_grad()
-    def accuracy(self, model: nn.Module, n: int | None = None) -> float:
+    def batches(self, n: int | None = None, batch_size: int = 2000):
+        """Normalised (images, labels) on the device: the first ``n`` of the fixed order (None: all)."""
         idx = self.order[:n] if n else self.order
-        model.eval()
-        correct = 0
-        for part in idx.split(2000):
-            x = normalize(self.images[part], self.device)
-            correct += (model(x).argmax(1).cpu() == self.labels[part]).sum().item()
-        model.train()
-        return correct / len(idx)
+        for part in idx.split(batch_size):
+            x = normalize(self.images[part].to(self.device, non_blocking=True), self.mean, self.std)
+            yield x, self.labels[part].to(self.device)
 
 
 # ----------------------------------------------------------------------------- Training
-def measure_step_time(data: str, device: str = "cpu", steps: int = 40, seed: int = 0,
-                      eval_set: "EvalSet | None" = None) -> float:
-    """Seconds per training step of this recipe without storage delay: a short run
-    of the real loop, so that a delay of R * step / batch per example gives about R."""
-    cfg = EchoRunConfig(data=data, device=device, seed=seed, target=0.999)
-    cfg.max_fresh = steps * cfg.hyp()["batch_size"]
-    return train_to_target(cfg, eval_set=eval_set)["step_time_s"]
+def measure_step_time(cfg: EchoRunConfig, steps: int = 40, *, eval_set: EvalSet | None = None) -> float:
+    """Seconds per training step of ``cfg`` without storage delay or echoing: a short
+    run of the real loop, so that a delay of R * step / batch per example gives about R."""
+    probe = replace(cfg, echo=1.0, upstream_delay_s=0.0, target=0.999, max_fresh=steps * cfg.batch_size)
+    return train_to_target(probe, eval_set=eval_set)["step_time_s"]
 
 
 def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=None) -> dict:
     """Train until the test accuracy reaches the target; return the run's measurements."""
-    cfg = validate(cfg)
-    h = cfg.hyp()
     dev = torch.device(cfg.device)
     records = open_records(cfg.data, "train")
     if eval_set is None:
-        eval_set = EvalSet(open_records(cfg.data, "test"), h["image_size"], dev)
+        eval_set = EvalSet(open_records(cfg.data, "test"), cfg.image_size, dev)
     storage = SlowStorage(records, latency_s=cfg.upstream_delay_s)
-    auto = AutoEcho(e_max=cfg.e_max, interval=4 * h["batch_size"]) if cfg.echo == "auto" else None
+    auto = AutoEcho(e_max=cfg.e_max, interval=4 * cfg.batch_size) if cfg.echo == "auto" else None
     if auto is not None and cfg.variant == "batch":
         auto.interval = 4
     loader = StreamLoader(
-        storage, batch_size=h["batch_size"], seed=cfg.seed, workers=cfg.workers, image_size=h["image_size"],
+        storage, batch_size=cfg.batch_size, seed=cfg.seed, workers=cfg.workers, image_size=cfg.image_size,
         echo=auto if auto is not None else cfg.echo, variant=cfg.variant,
         # For batch echoing the buffer mixes batches: the same number of examples, in batches.
-        shuffle_buffer=h["shuffle_buffer"] // h["batch_size"] if cfg.variant == "batch" else h["shuffle_buffer"],
-        chunk_size=h["batch_size"], device=dev,
+        shuffle_buffer=cfg.shuffle_buffer // cfg.batch_size if cfg.variant == "batch" else cfg.shuffle_buffer,
+        chunk_size=cfg.batch_size, device=dev,
     )
     torch.manual_seed(cfg.seed)
-    model = make_model(h, len(records.classes)).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=h["lr"], momentum=0.9, nesterov=True,
-                          weight_decay=h["weight_decay"])
-    wait_s = step_s = 0.0
+    model = make_model(cfg, len(records.classes)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True,
+                          weight_decay=cfg.weight_decay)
+    mean, std = _mean_std_on(dev)
+    waiting, stepping = Stopwatch(dev), Stopwatch(dev)  # the run's clock is their sum
     steps = 0
     accuracy = 0.0
     reached = False
@@ -212,44 +202,38 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         it = iter(loader)
         try:
             while True:
-                t0 = time.perf_counter()
+                waiting.start()
                 batch = next(it, None)
-                t1 = time.perf_counter()
-                wait_s += t1 - t0
+                waiting.stop()
                 if batch is None:
                     break
+                stepping.start()
                 x, y = batch
-                loss = F.cross_entropy(model(normalize(x, dev)), y.to(dev), label_smoothing=h["label_smoothing"])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                step_s += time.perf_counter() - t1
+                logits = model(normalize(x.to(dev, non_blocking=True), mean, std))
+                optimizer_step(F.cross_entropy(logits, y.to(dev), label_smoothing=cfg.label_smoothing), opt)
+                stepping.stop()
                 steps += 1
                 factors.append(auto.factor if auto is not None else cfg.echo)
-                if steps % h["eval_every"] == 0:
-                    with storage.paused():
-                        if auto is not None:
-                            with auto.paused():
-                                accuracy = eval_set.accuracy(model, h["eval_images"])
-                        else:
-                            accuracy = eval_set.accuracy(model, h["eval_images"])
+                if steps % cfg.eval_every == 0:
+                    # Neither the storage nor AutoEcho's measurement runs on during an evaluation.
+                    with storage.paused(), (auto.paused() if auto is not None else nullcontext()):
+                        accuracy = evaluate(model, eval_set.batches(cfg.eval_images))
                     if log is not None:
                         log(step=steps, fresh=loader.counters.fresh_examples, accuracy=accuracy,
-                            wall_s=wait_s + step_s, echo=factors[-1])
-                    if accuracy >= h["target"]:
+                            wall_s=waiting.elapsed + stepping.elapsed, echo=factors[-1])
+                    if accuracy >= cfg.target:
                         reached = True
                         break
-                if loader.counters.fresh_examples >= h["max_fresh"]:
+                if loader.counters.fresh_examples >= cfg.max_fresh:
                     break
         finally:
             it.close()
-        if reached or loader.counters.fresh_examples >= h["max_fresh"]:
+        if reached or loader.counters.fresh_examples >= cfg.max_fresh:
             break
     c = loader.counters
+    wait_s, step_s = waiting.elapsed, stepping.elapsed
     # Storage delay per batch over step time: the part of R the slow storage adds (decoding adds more).
-    storage_ratio = (storage.delay_s / max(c.fresh_examples, 1)) * h["batch_size"] / (step_s / max(steps, 1))
+    storage_ratio = (storage.delay_s / max(c.fresh_examples, 1)) * cfg.batch_size / (step_s / max(steps, 1))
     return {
         "variant": cfg.variant,
         "echo_factor": cfg.echo,
@@ -260,14 +244,14 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         "upstream_ratio": (wait_s + step_s) / step_s if cfg.echo == 1.0 and step_s > 0 else None,
         "storage_ratio": storage_ratio,
         "reached_target": reached,
-        "target": h["target"],
+        "target": cfg.target,
         "fresh_examples_to_target": c.fresh_examples if reached else None,
         "steps_to_target": steps if reached else None,
         "wall_time_to_target_s": wait_s + step_s if reached else None,
         "fresh_examples": c.fresh_examples,
         "steps": steps,
         "wall_time_s": wait_s + step_s,
-        "final_accuracy": eval_set.accuracy(model),
+        "final_accuracy": evaluate(model, eval_set.batches()),
         "idle_fraction": wait_s / (wait_s + step_s) if steps else 0.0,
         "step_time_s": step_s / max(steps, 1),
         "duplicate_rate": c.duplicate_rate,

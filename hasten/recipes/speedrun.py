@@ -6,31 +6,45 @@ after the ladder in ``LADDER``), then Keller Jordan's airbench (2024; 94% in
 Lookahead). ``PRESETS['airbench94']`` is airbench94's hyperparameters; ``cpu`` is
 a smaller net and schedule that finishes in minutes on a 2-core machine.
 
-Timing follows the speedrun community: data already decoded (cached), a warm-up
-run excluded, the device synchronised before every clock read; included are the
-loader set-up (normalisation, padding on the device), the whitening set-up, every
-training step and the final (TTA) evaluation; excluded is the per-epoch
-validation that only feeds the progress table.
+``run(SpeedrunConfig(...))`` is the whole job: load the data, an untimed warm-up
+run, then N timed runs of the recipe (or the ablation ladder), a summary, a run
+directory and plots. ``train_run`` is one run.
+
+Timing follows the speedrun community (airbench): data already decoded (cached)
+and copied to the device, the network built, a warm-up run excluded, the device
+synchronised before every clock read; included are the loader set-up
+(normalisation, padding on the device), the whitening set-up, every training step
+and the final (TTA) evaluation; excluded is the per-epoch validation that only
+feeds the progress table.
+
+Changes the training math: yes (it is a training recipe).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from hasten.data.device_loader import Augmentation, GpuLoader, HostLoader, channel_stats, normalize
+from hasten.data import ImageDataset
+from hasten.data.device_loader import Augmentation, GpuLoader
+from hasten.data.host_loader import HostLoader
+from hasten.data.normalize import channel_stats, normalize
+from hasten.environment import describe_environment
+from hasten.errors import ConfigError
 from hasten.models.speedrun_net import NetConfig, SpeedrunNet
 from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule, warmup_decay
+from hasten.nn.precision import autocast, cross_entropy
 from hasten.nn.tta import TTA_LEVELS, evaluate
 from hasten.nn.whitening import init_whitening_conv
 from hasten.progress import progress
+from hasten.recipes.common import TrainMeter, load_training_data, optimizer_step
+from hasten.timing import Stopwatch
 
 # ----------------------------------------------------------------------------
 # Hyperparameters
@@ -67,8 +81,12 @@ class Recipe:
             raise ValueError(f"Invalid tta {self.tta!r}; accepted: {', '.join(TTA_LEVELS)}")
         if self.epochs <= 0 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError(f"epochs, batch_size and lr must be positive: {self.epochs}, {self.batch_size}, {self.lr}")
+        ghost = self.net.ghost_batch_size
+        if ghost and self.batch_size % ghost:
+            raise ValueError(f"the ghost batch norm size {ghost} must divide the batch size {self.batch_size}")
 
     def replace(self, **changes) -> "Recipe":
+        """``dataclasses.replace``, where ``net.<field>`` keys change the network."""
         net_changes = {k[4:]: changes.pop(k) for k in list(changes) if k.startswith("net.")}
         return dataclasses.replace(self, net=dataclasses.replace(self.net, **net_changes), **changes)
 
@@ -83,13 +101,42 @@ PRESETS: dict[str, Recipe] = {
                    whiten_bias_epochs=1, tta="flip"),
 }
 
+
+def choose_preset(requested: str, device: torch.device) -> tuple[str, str]:
+    """The preset to run and why: ``requested`` unless it is ``auto``, which picks
+    by device."""
+    if requested != "auto":
+        return requested, "asked for with --preset"
+    if device.type == "cuda":
+        return "airbench94", "CUDA device present: the full recipe"
+    return "cpu", ("no CUDA device: the 'cpu' preset (narrower net, fewer epochs) finishes in minutes on "
+                   "2 cores, where the full 'airbench94' recipe would take hours")
+
+
+def build_recipe(preset: str, **changes) -> Recipe:
+    """``PRESETS[preset]`` with ``changes`` (see ``Recipe.replace``); a
+    ``ConfigError`` for an unknown preset or an invalid value."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {list(PRESETS)}")
+    try:
+        return PRESETS[preset].replace(**changes)
+    except ValueError as exc:  # Recipe and NetConfig validate their own fields
+        raise ConfigError(str(exc)) from None
+
+
+def default_target(device: torch.device) -> float:
+    """The ablation's accuracy target: airbench's 94% on CUDA, 80% (within reach of
+    the ``cpu`` preset) elsewhere."""
+    return 0.94 if device.type == "cuda" else 0.80
+
+
 # Page's ladder (each rung adds one trick to the previous one), then airbench's
 # additions. Rung 0 is the plain net: host-side preprocessing, ReLU, pool after
 # activation, no label smoothing, trainable BN scales, no whitening, no weight
 # averaging, no TTA, random flips, default init.
 BASELINE_CHANGES = {
     "device_loader": False, "net.pool_before_act": False, "label_smoothing": 0.0,
-    "net.activation": "relu", "net.ghost_bn_splits": 1, "net.freeze_bn_scale": False,
+    "net.activation": "relu", "net.ghost_batch_size": 0, "net.freeze_bn_scale": False,
     "bias_scaler": 1.0, "whiten": False, "averaging": "none", "tta": "none",
     "augment": Augmentation(translate=2, flip="random"), "net.dirac_init": False,
 }
@@ -99,14 +146,14 @@ LADDER: list[tuple[str, dict]] = [
     ("+ max-pool before activation", {"net.pool_before_act": True}),
     ("+ label smoothing 0.2", {"label_smoothing": 0.2}),
     ("+ CELU", {"net.activation": "celu"}),
-    ("+ ghost batch norm (32/chunk)", {"net.ghost_bn_splits": "batch/32"}),
+    ("+ ghost batch norm (32/chunk)", {"net.ghost_batch_size": 32}),
     ("+ frozen BN scale, bias lr x64", {"net.freeze_bn_scale": True, "bias_scaler": 64.0}),
     ("+ patch whitening", {"whiten": True}),
     ("+ EMA of weights", {"averaging": "ema"}),
     ("+ TTA: flip", {"tta": "flip"}),
     ("+ alternating flip", {"augment": "alternating"}),
     ("+ identity (dirac) init", {"net.dirac_init": True}),
-    ("+ GELU, Lookahead (airbench)", {"net.activation": "gelu", "net.ghost_bn_splits": 1, "averaging": "lookahead"}),
+    ("+ GELU, Lookahead (airbench)", {"net.activation": "gelu", "net.ghost_batch_size": 0, "averaging": "lookahead"}),
     ("+ TTA: flip + translate", {"tta": "flip_translate"}),
 ]
 
@@ -117,13 +164,37 @@ def ladder_recipes(top: Recipe) -> list[tuple[str, Recipe]]:
     rungs = []
     for name, changes in LADDER:
         changes = dict(changes)
-        if changes.get("net.ghost_bn_splits") == "batch/32":
-            changes["net.ghost_bn_splits"] = max(1, recipe.batch_size // 32)
         if changes.get("augment") == "alternating":
             changes["augment"] = dataclasses.replace(recipe.augment, flip="alternating")
-        recipe = recipe.replace(**changes)
+        try:
+            recipe = recipe.replace(**changes)
+        except ValueError as exc:
+            raise ConfigError(f"ablation rung {name!r}: {exc}") from None
         rungs.append((name, recipe))
     return rungs
+
+
+@dataclass(frozen=True)
+class SpeedrunConfig:
+    """One ``run``: ``runs`` timed runs of ``recipe``, or its ablation ladder."""
+    recipe: Recipe
+    preset: str                       # the name ``recipe`` was built from, for the reports
+    device: str = "cpu"               # cpu | cuda | cuda:N
+    data: str | None = None           # folder, archive or CIFAR-10 binary (None: load_dataset's default)
+    runs: int = 1                     # run i uses seed + i
+    seed: int = 0
+    train_subset: int = 0             # train on a seeded random subset of this many images; 0 = all
+    warmup: bool = True               # an untimed warm-up run first (allocator, cuDNN autotune, compile)
+    ablate: bool = False              # the ablation ladder (tricks added one by one) instead
+    target: float = 0.94              # ablation: epochs and seconds to this accuracy are reported
+
+    def __post_init__(self) -> None:
+        if self.runs < 1:
+            raise ConfigError(f"--runs must be >= 1, got {self.runs}")
+        if not 0 < self.target <= 1:
+            raise ConfigError(f"--target is an accuracy in (0, 1], got {self.target}")
+        if self.train_subset < 0:
+            raise ConfigError(f"--train-subset must be >= 0, got {self.train_subset}")
 
 
 # ----------------------------------------------------------------------------
@@ -153,11 +224,6 @@ def lr_factor(step: int, total: int, warmup_frac: float) -> float:
     return 1.0 + (0.07 - 1.0) * (step - warmup) / max(total - warmup, 1)
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @dataclass
 class RunResult:
     accuracy: float                  # final accuracy without TTA
@@ -169,36 +235,40 @@ class RunResult:
     time_to_target_s: float | None = None
 
 
-def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, target: float | None = None,
-              on_epoch: Callable[[dict], None] | None = None, max_steps: int | None = None,
-              mean_std: tuple[list[float], list[float]] | None = None) -> RunResult:
-    """Train and evaluate one run of ``recipe`` on ``data`` (an ImageDataset).
+def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
+              mean_std: tuple[list[float], list[float]], seed: int = 0, target: float | None = None,
+              on_epoch: Callable[[dict], None] | None = None, max_steps: int | None = None) -> RunResult:
+    """Train and evaluate one run of ``recipe`` on ``data``.
 
-    ``target``: also record the first epoch (and timed seconds) at which validation
-    accuracy (with the recipe's TTA) reaches it; that costs a TTA evaluation per
-    epoch, which is not timed. ``max_steps``: stop early (warm-up runs).
-    ``mean_std``: per-channel normalisation (a property of the data set: compute it
-    once with ``channel_stats`` and pass it to every run)."""
+    ``mean_std``: per-channel normalisation, a property of the data set: measure it
+    once with ``channel_stats`` and pass it to every run. ``target``: also record
+    the first epoch (and timed seconds) at which validation accuracy (with the
+    recipe's TTA) reaches it; that costs a TTA evaluation per epoch, which is not
+    timed. ``max_steps``: stop early (warm-up runs)."""
     r = recipe
     torch.manual_seed(seed)
     use_bf16 = r.bf16 and device.type == "cuda"
     dtype = torch.bfloat16 if use_bf16 else torch.float32
-    autocast = torch.bfloat16 if use_bf16 else None
     memory_format = torch.channels_last if r.channels_last else torch.contiguous_format
-    mean, std = mean_std if mean_std is not None else channel_stats(data.train.images)
+    mean, std = mean_std
 
-    synchronize(device)
-    clock = Stopwatch()
-    clock.start()
-    loader_cls = GpuLoader if r.device_loader else HostLoader
-    train_loader = loader_cls(data.train.images, data.train.labels, r.batch_size, device=device, augment=r.augment,
-                              mean=mean, std=std, dtype=dtype, channels_last=r.channels_last, seed=seed)
-    test_x = normalize(data.test.images.to(device), mean, std, dtype).contiguous(memory_format=memory_format)
-    test_y = data.test.labels.to(device)
-
+    # Untimed, as in airbench: the uint8 images copied to the device, the network built.
+    train_images, train_labels = data.train.images.to(device), data.train.labels.to(device)
+    test_images, test_y = data.test.images.to(device), data.test.labels.to(device)
     model = SpeedrunNet(r.net).to(device=device, memory_format=memory_format)
+
+    clock = Stopwatch(device)
+    clock.start()
+    if r.device_loader:
+        train_loader = GpuLoader(train_images, train_labels, r.batch_size, device=device, augment=r.augment,
+                                 mean=mean, std=std, dtype=dtype, channels_last=r.channels_last, seed=seed)
+    else:  # ladder rung 0: every batch prepared on the host from the host copy
+        train_loader = HostLoader(data.train.images, data.train.labels, r.batch_size, device=device,
+                                  augment=r.augment, mean=mean, std=std, dtype=dtype,
+                                  channels_last=r.channels_last, seed=seed)
+    test_x = normalize(test_images, mean, std, dtype, channels_last=r.channels_last)
     if r.whiten:
-        init_whitening_conv(model.whiten, normalize(data.train.images[:5000].to(device), mean, std))
+        init_whitening_conv(model.whiten, normalize(train_images[:5000], mean, std))
     optimizer = make_optimizer(model, r)
     total_steps = math.ceil(len(train_loader) * r.epochs)
     if max_steps is not None:
@@ -211,6 +281,7 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
     elif r.averaging == "ema":
         average = WeightAverage(model)
     step_model = torch.compile(model) if r.compile else model
+    meter = TrainMeter(device)
 
     def eval_batches():
         for i in range(0, len(test_y), 2000):
@@ -230,23 +301,15 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
         # The whitening bias trains only for the first epochs (airbench).
         model.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
         model.train()
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device)
-        seen = 0
+        meter.reset()
         bar = progress(total=min(len(train_loader), total_steps - step), desc=f"epoch {epoch + 1}")
         for x, y in train_loader:
-            with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            with autocast(device, use_bf16):
                 logits = step_model(x)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=r.label_smoothing, reduction="sum")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+            loss = cross_entropy(logits, y, r.label_smoothing, reduction="sum")
+            optimizer_step(loss, optimizer, scheduler)
             step += 1
-            # Accumulate on the device: reading .item() here would sync every step.
-            loss_sum += loss.detach()
-            correct += (logits.detach().argmax(1) == y).sum()
-            seen += len(y)
+            meter.update(loss, logits, y)
             bar.update()
             if average is not None and step % r.ema_every == 0:
                 if r.averaging == "lookahead":
@@ -260,16 +323,14 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
                 break
         bar.close()
         epoch += 1
-        synchronize(device)
         clock.stop()
         # Untimed: per-epoch validation for the table (and the target, if asked).
         evaluated = eval_model()
-        record = {"epoch": epoch, "train_loss": float(loss_sum) / max(seen, 1),
-                  "train_accuracy": float(correct) / max(seen, 1),
-                  "val_accuracy": evaluate(evaluated, eval_batches(), "none", autocast),
+        record = {"epoch": epoch, "train_loss": meter.loss, "train_accuracy": meter.accuracy,
+                  "val_accuracy": evaluate(evaluated, eval_batches(), "none", bf16=use_bf16),
                   "tta_accuracy": None, "time_s": clock.elapsed}
         if target is not None and result.epochs_to_target is None and r.tta != "none":
-            record["tta_accuracy"] = evaluate(evaluated, eval_batches(), r.tta, autocast)
+            record["tta_accuracy"] = evaluate(evaluated, eval_batches(), r.tta, bf16=use_bf16)
         reached = record["tta_accuracy"] if record["tta_accuracy"] is not None else record["val_accuracy"]
         if target is not None and result.epochs_to_target is None and reached >= target:
             result.epochs_to_target = min(epoch, r.epochs)
@@ -282,9 +343,7 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
 
     # Timed: the final evaluation with the recipe's TTA.
     clock.start()
-    evaluated = eval_model()
-    result.tta_accuracy = evaluate(evaluated, eval_batches(), r.tta, autocast)
-    synchronize(device)
+    result.tta_accuracy = evaluate(eval_model(), eval_batches(), r.tta, bf16=use_bf16)
     clock.stop()
     result.time_s = clock.elapsed
     result.cpu_time_s = clock.cpu_elapsed
@@ -296,27 +355,7 @@ def train_run(recipe: Recipe, data, device: torch.device, *, seed: int = 0, targ
     return result
 
 
-class Stopwatch:
-    """Accumulates wall time, and this process's CPU time, over start/stop spans
-    (callers synchronise the device first). CPU time is the steadier number on a
-    shared machine: other jobs stretch wall time, not our CPU seconds."""
-
-    def __init__(self) -> None:
-        self.elapsed = 0.0
-        self.cpu_elapsed = 0.0
-        self._t0: tuple[float, float] | None = None
-
-    def start(self) -> None:
-        self._t0 = (time.perf_counter(), time.process_time())
-
-    def stop(self) -> None:
-        if self._t0 is not None:
-            self.elapsed += time.perf_counter() - self._t0[0]
-            self.cpu_elapsed += time.process_time() - self._t0[1]
-            self._t0 = None
-
-
-def flops_per_run(recipe: Recipe, data, device: torch.device) -> int:
+def flops_per_run(recipe: Recipe, data: ImageDataset) -> int:
     """Training plus final-evaluation FLOPs of one run (torch.utils.flop_counter),
     counted on a 2-image batch and scaled: convolution and matmul FLOPs only."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -333,3 +372,128 @@ def flops_per_run(recipe: Recipe, data, device: torch.device) -> int:
     steps = math.ceil(len(data.train.labels) // recipe.batch_size * recipe.epochs)
     views = {"none": 1, "flip": 2, "flip_translate": 6}[recipe.tta]
     return int(train_per_example * steps * recipe.batch_size + forward_per_example * views * len(data.test.labels))
+
+
+# ----------------------------------------------------------------------------
+# The job: warm-up, timed runs or the ablation ladder, summary
+# ----------------------------------------------------------------------------
+
+TABLE_HEADER = (f"{'run':>3} {'epoch':>5} {'train_loss':>10} {'train_acc':>9} {'val_acc':>8} {'tta_acc':>8} "
+                f"{'time_s':>8}")
+LADDER_HEADER = f"{'rung':<34} {'epochs_to_target':>16} {'time_to_target_s':>16} {'final_acc':>9} {'time_s':>8}"
+
+
+def run(config: SpeedrunConfig, *, run_dir=None, dataset: ImageDataset | None = None,
+        log: Callable[[str], None] | None = None) -> dict:
+    """Load the data, warm up, then train ``config.runs`` timed runs of the recipe
+    (or its ablation ladder); returns the summary (also ``results.json``).
+
+    ``run_dir``: a ``hasten.rundir.RunDir`` for config, per-epoch metrics, results
+    and plots. ``dataset``: an ``ImageDataset`` to use instead of loading
+    ``config.data``. ``log``: receives the progress table, one line at a time."""
+    say = log if log is not None else (lambda line: None)
+    device = torch.device(config.device)
+    data = load_training_data(config.data, batch_size=config.recipe.batch_size,
+                              train_subset=config.train_subset, dataset=dataset)
+    say(f"data: {data.summary()}")
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes: each convolution autotuned once, in the warm-up
+    rungs = ladder_recipes(config.recipe) if config.ablate else []  # invalid rungs fail before any work
+    mean_std = channel_stats(data.train.images)
+    if run_dir is not None:
+        run_dir.write_config({"preset": config.preset, "recipe": dataclasses.asdict(config.recipe),
+                              "runs": config.runs, "seed": config.seed, "data": data.name,
+                              "data_source": str(data.source), "device": str(device),
+                              "train_subset": config.train_subset, "ablate": config.ablate,
+                              "target": config.target})
+    if config.warmup:
+        # Untimed: first-call overheads (allocator, cuDNN autotune, compilation).
+        steps = 30 if config.recipe.compile or device.type == "cuda" else 3
+        train_run(config.recipe, data, device, mean_std=mean_std, seed=config.seed, max_steps=steps)
+    if config.ablate:
+        summary = _ladder(config, rungs, data, device, mean_std, run_dir, say)
+    else:
+        summary = _timed_runs(config, data, device, mean_std, run_dir, say)
+    summary["environment"] = describe_environment(device)
+    summary["rundir"] = str(run_dir.path) if run_dir is not None else None
+    if run_dir is not None:
+        run_dir.write_results(summary)
+    return summary
+
+
+def _timed_runs(config, data, device, mean_std, run_dir, say) -> dict:
+    say("timed: loader set-up, whitening set-up, training, final TTA evaluation; untimed: data loading "
+        "and copy to the device, building the network, warm-up, per-epoch validation")
+    say(TABLE_HEADER)
+    results = []
+    for i in range(config.runs):
+        def on_epoch(rec, i=i):
+            if run_dir is not None:
+                run_dir.log(run=i, **rec)
+            tta = f"{rec['tta_accuracy']:8.4f}" if rec["tta_accuracy"] is not None else f"{'':>8}"
+            say(f"{i:>3} {rec['epoch']:>5} {rec['train_loss']:>10.4f} {rec['train_accuracy']:>9.4f} "
+                f"{rec['val_accuracy']:>8.4f} {tta} {rec['time_s']:>8.2f}")
+
+        results.append(train_run(config.recipe, data, device, mean_std=mean_std, seed=config.seed + i,
+                                 on_epoch=on_epoch))
+    summary = summarize(results, preset=config.preset, device=device, flops=flops_per_run(config.recipe, data),
+                        data=data.name)
+    if run_dir is not None:
+        from hasten.plots import plot_curves
+
+        curves = [(f"run {i}", [e["time_s"] for e in r.epochs], [e["val_accuracy"] for e in r.epochs])
+                  for i, r in enumerate(results)]
+        plot_curves(curves, run_dir.path / "accuracy_vs_time.png", xlabel="timed seconds",
+                    ylabel="validation accuracy (no TTA)", title=f"{config.preset} on {data.name} ({device.type})")
+    return summary
+
+
+def summarize(results: list[RunResult], *, preset: str, device: torch.device, flops: int, **extra) -> dict:
+    """Mean and spread of accuracy and time over runs, and the achieved FLOP rate."""
+    tta = [r.tta_accuracy for r in results]
+    times = [r.time_s for r in results]
+    return {
+        "runs": [{"accuracy": r.accuracy, "tta_accuracy": r.tta_accuracy, "time_s": r.time_s,
+                  "cpu_time_s": r.cpu_time_s} for r in results],
+        "mean_accuracy": statistics.fmean(tta),  # headline: with the recipe's TTA, as airbench reports
+        "std_accuracy": statistics.stdev(tta) if len(tta) > 1 else 0.0,
+        "mean_accuracy_no_tta": statistics.fmean(r.accuracy for r in results),
+        "mean_time_s": statistics.fmean(times),
+        "std_time_s": statistics.stdev(times) if len(times) > 1 else 0.0,
+        "mean_cpu_time_s": statistics.fmean(r.cpu_time_s for r in results),
+        "device": str(device),
+        "preset": preset,
+        "flops_per_run": flops,
+        "achieved_tflops": flops / statistics.fmean(times) / 1e12,
+        **extra,
+    }
+
+
+def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
+    say(f"ablation ladder: tricks added one by one, {config.runs} run(s) each, target {config.target:.2%} "
+        f"(epochs and timed seconds at the first epoch whose accuracy reaches it)")
+    say(LADDER_HEADER)
+    rows = []
+    for name, recipe in rungs:
+        runs = [train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + i, target=config.target)
+                for i in range(config.runs)]
+        reached = [r for r in runs if r.epochs_to_target is not None]
+        row = {"rung": name, "runs": len(runs), "reached": len(reached),
+               "epochs_to_target": statistics.fmean(r.epochs_to_target for r in reached) if reached else None,
+               "time_to_target_s": statistics.fmean(r.time_to_target_s for r in reached) if reached else None,
+               "final_accuracy": statistics.fmean(r.tta_accuracy for r in runs),
+               "time_s": statistics.fmean(r.time_s for r in runs)}
+        rows.append(row)
+        if run_dir is not None:
+            run_dir.log(**row)
+        ep = f"{row['epochs_to_target']:.1f}" if reached else "not reached"
+        tt = f"{row['time_to_target_s']:.1f}" if reached else "-"
+        say(f"{name:<34} {ep:>16} {tt:>16} {row['final_accuracy']:>9.4f} {row['time_s']:>8.1f}")
+    if run_dir is not None:
+        from hasten.plots import plot_bars
+
+        plot_bars([r["rung"] for r in rows], [r["final_accuracy"] for r in rows], run_dir.path / "ablation.png",
+                  xlabel="final accuracy (with the rung's TTA)",
+                  title=f"Ablation ladder on {data.name} ({device.type})")
+    return {"preset": config.preset, "target": config.target, "epochs_budget": config.recipe.epochs,
+            "device": str(device), "data": data.name, "rungs": rows}

@@ -24,35 +24,39 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from hasten.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from hasten.data import load_dataset
-from hasten.data.device_loader import Augmentation, GpuLoader, channel_stats, normalize
+from hasten.data.device_loader import Augmentation, GpuLoader
+from hasten.data.normalize import channel_stats, normalize
 from hasten.distributed.data_parallel import init_distributed, seed_everything, shutdown, wrap_ddp
+from hasten.distributed.hooks import HOOKS
 from hasten.errors import ConfigError
 from hasten.models.resnet import MODELS, build_model
-from hasten.nn.group_bn import convert_batchnorm, ghost_batchnorm
+from hasten.nn.ghost_bn import apply_ghost_batchnorm
+from hasten.nn.group_bn import convert_batchnorm
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
+from hasten.nn.tta import evaluate
 from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups, scaled_lr
 from hasten.progress import progress
+from hasten.recipes.common import TrainMeter, load_training_data, optimizer_step
+from hasten.timing import Stopwatch
 
 # ----------------------------------------------------------------------------
 # Hyperparameters
 # ----------------------------------------------------------------------------
 
 OPTIMIZERS = ("sgd", "lars")
-HOOKS = ("native", "ring", "torus", "naive")
 LR_SCALINGS = ("linear", "none")
 LOADERS = ("device", "stream")
 # Normalisation for streamed data, which is never seen whole: the usual ImageNet statistics.
 STREAM_MEAN, STREAM_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-# When --lr / --lr-scaling are not given:
+# Each optimizer's learning rate and its scaling with the batch, when not given:
 DEFAULT_BASE_LR = {
     "sgd": 0.1,   # Goyal et al.: peak lr = 0.1 x B / 256
     "lars": 10.0,  # TPU ResNet-50 reference (lars_util.py): peak lr 10 for any batch < 16k
@@ -60,9 +64,12 @@ DEFAULT_BASE_LR = {
 DEFAULT_LR_SCALING = {"sgd": "linear", "lars": "none"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    data: str | None = None
+    """Everything a training run depends on; derive variants with ``dataclasses.replace``.
+    ``lr`` and ``lr_scaling`` are SGD's (Goyal et al.); LARS's are
+    ``DEFAULT_BASE_LR["lars"]`` and ``DEFAULT_LR_SCALING["lars"]`` (what the CLI picks)."""
+    data: str | None = None      # folder, archive or CIFAR-10 binary (None: load_dataset's default)
     model: str = "resnet18"
     width: int = 64              # channels of the first stage (64 = the standard ResNet)
     image_size: int | None = None
@@ -72,8 +79,8 @@ class TrainConfig:
     batch_size: int = 512        # global batch, over all ranks
     epochs: float = 10.0
     optimizer: str = "sgd"
-    lr: float | None = None      # None: DEFAULT_BASE_LR
-    lr_scaling: str | None = None  # linear: peak = lr x batch / base_batch; none: peak = lr
+    lr: float = DEFAULT_BASE_LR["sgd"]  # base lr (see DEFAULT_BASE_LR for LARS's)
+    lr_scaling: str = DEFAULT_LR_SCALING["sgd"]  # linear: peak = lr x batch / base_batch; none: peak = lr
     base_batch: int = 256
     momentum: float = 0.9
     weight_decay: float = 5e-4
@@ -107,7 +114,7 @@ class TrainConfig:
             bad("--loader stream needs --data PATH (a folder or archive)")
         if self.loader == "stream" and self.train_subset:
             bad("--train-subset needs --loader device (the stream reads whole splits)")
-        if self.lr_scaling not in (None, *LR_SCALINGS):
+        if self.lr_scaling not in LR_SCALINGS:
             bad(f"unknown --lr-scaling {self.lr_scaling!r}; choose one of {list(LR_SCALINGS)}")
         if self.hook not in HOOKS:
             bad(f"unknown all-reduce hook {self.hook!r}; choose one of {list(HOOKS)}")
@@ -123,7 +130,7 @@ class TrainConfig:
             bad(f"--epochs must be > 0, got {self.epochs}")
         if not 0 <= self.warmup_epochs < self.epochs:
             bad(f"--warmup-epochs must be in [0, epochs={self.epochs}), got {self.warmup_epochs}")
-        if self.lr is not None and not self.lr > 0:
+        if not self.lr > 0:
             bad(f"--lr must be > 0, got {self.lr}")
         if not 0 <= self.label_smoothing < 1:
             bad(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
@@ -141,10 +148,9 @@ class TrainConfig:
 
     @property
     def peak_lr(self) -> float:
-        lr = self.lr if self.lr is not None else DEFAULT_BASE_LR[self.optimizer]
-        if (self.lr_scaling or DEFAULT_LR_SCALING[self.optimizer]) == "linear":
-            return scaled_lr(lr, self.batch_size, self.base_batch)
-        return lr
+        if self.lr_scaling == "linear":
+            return scaled_lr(self.lr, self.batch_size, self.base_batch)
+        return self.lr
 
 
 # Fields that define the training math: a checkpoint resumes only with the same ones.
@@ -169,50 +175,28 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.opti
 
 
 # ----------------------------------------------------------------------------
-# Evaluation
-# ----------------------------------------------------------------------------
-
-@torch.no_grad()
-def evaluate(model, batches, *, device, bf16, world_size) -> float:
-    """Top-1 accuracy over this rank's ``(inputs, labels)`` batches, summed over
-    ranks. ``model`` must be the plain module (not DDP, whose forward is collective)."""
-    model.eval()
-    counts = torch.zeros(2, device=device, dtype=torch.long)  # correct, seen
-    for x, y in batches:
-        with autocast(device, bf16):
-            pred = model(x).argmax(1)
-        counts += torch.stack([(pred == y).sum(), torch.tensor(len(y), device=device)])
-    if world_size > 1:
-        torch.distributed.all_reduce(counts)
-    model.train()
-    return counts[0].item() / max(1, counts[1].item())
-
-
-def _prepare(images, mean, std, device, channels_last):
-    x = normalize(images.to(device, non_blocking=True), mean, std)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x.contiguous()
-
-
-# ----------------------------------------------------------------------------
 # Input: the whole dataset on the device, or streamed from a record store
 # ----------------------------------------------------------------------------
 
-def device_input(cfg, dataset, device, rank, world, local_batch):
-    """(epoch_batches(epoch), steps_per_epoch, test_batches(), num_classes, image size, name)
-    with the decoded dataset resident on the device (``GpuLoader``)."""
-    ds = dataset if dataset is not None else load_dataset(cfg.data, image_size=cfg.image_size)
-    train_x, train_y = ds.train.images, ds.train.labels
-    if cfg.train_subset:
-        # A fixed random subset: image folders are stored class by class.
-        keep = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(0))[:cfg.train_subset]
-        train_x, train_y = train_x[keep], train_y[keep]
-    if len(train_y) < cfg.batch_size:
-        raise ConfigError(f"the training set has {len(train_y)} images, fewer than one global batch "
-                          f"of {cfg.batch_size}")
-    size = train_x.shape[-1]
-    mean, std = channel_stats(train_x)
+@dataclass(frozen=True)
+class TrainInput:
+    """What the training loop reads, whichever loader feeds it."""
+    epoch_batches: Callable[[int], Iterator[tuple[Tensor, Tensor]]]  # epoch -> this rank's batches
+    steps_per_epoch: int
+    test_batches: Callable[[], Iterator[tuple[Tensor, Tensor]]]  # this rank's share of the test set
+    num_classes: int
+    image_size: int
+    name: str
+
+
+def device_input(cfg, dataset, device, rank, world, local_batch) -> TrainInput:
+    """The decoded dataset resident on the device (``GpuLoader``)."""
+    ds = load_training_data(cfg.data, batch_size=cfg.batch_size, train_subset=cfg.train_subset,
+                            image_size=cfg.image_size, dataset=dataset)
+    size = ds.train.images.shape[-1]
+    mean, std = channel_stats(ds.train.images)
     loader = GpuLoader(
-        train_x, train_y, local_batch, device=device, shuffle=True, drop_last=True,
+        ds.train.images, ds.train.labels, local_batch, device=device, shuffle=True, drop_last=True,
         # Standard CIFAR/ImageNet-style light augmentation: 1/8-image shifts and flips.
         augment=Augmentation(translate=max(1, size // 8), flip="random"),
         mean=mean, std=std, channels_last=cfg.channels_last, seed=cfg.seed, rank=rank, world_size=world,
@@ -225,13 +209,14 @@ def device_input(cfg, dataset, device, rank, world, local_batch):
     def test_batches(batch_size=1000):
         x, y = ds.test.images, ds.test.labels
         for start in range(rank * batch_size, len(y), world * batch_size):
-            yield (_prepare(x[start:start + batch_size], mean, std, device, cfg.channels_last),
+            images = x[start:start + batch_size].to(device, non_blocking=True)
+            yield (normalize(images, mean, std, channels_last=cfg.channels_last),
                    y[start:start + batch_size].to(device))
 
-    return epoch_batches, len(loader), test_batches, ds.num_classes, size, ds.name
+    return TrainInput(epoch_batches, len(loader), test_batches, ds.num_classes, size, ds.name)
 
 
-def stream_input(cfg, device, rank, world, local_batch):
+def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
     """The same, streamed (``hasten.stream.loader.StreamLoader``): records read from
     the folder or archive, sharded by rank, decoded in ``cfg.workers`` processes:
     for datasets that do not fit in memory (ImageNet)."""
@@ -254,17 +239,19 @@ def stream_input(cfg, device, rank, world, local_batch):
         for i, (x, y) in enumerate(train_stream):
             if i == steps_per_epoch:
                 break
-            yield _prepare(x, STREAM_MEAN, STREAM_STD, device, cfg.channels_last), y
+            yield normalize(x.to(device, non_blocking=True), STREAM_MEAN, STREAM_STD,
+                            channels_last=cfg.channels_last), y
 
     def test_batches():
         test_stream = StreamLoader(test_rec, batch_size=1000, shuffle=False, augment=False, **common)
         for x, y in test_stream:
-            yield _prepare(x, STREAM_MEAN, STREAM_STD, device, cfg.channels_last), y
+            yield normalize(x.to(device, non_blocking=True), STREAM_MEAN, STREAM_STD,
+                            channels_last=cfg.channels_last), y
 
     first, _ = next(iter(StreamLoader(test_rec, batch_size=1, shuffle=False, augment=False,
                                       image_size=cfg.image_size)))
-    return (epoch_batches, steps_per_epoch, test_batches, len(train_rec.classes), first.shape[-1],
-            Path(cfg.data).name)
+    return TrainInput(epoch_batches, steps_per_epoch, test_batches, len(train_rec.classes), first.shape[-1],
+                      Path(cfg.data).name)
 
 
 # ----------------------------------------------------------------------------
@@ -320,19 +307,18 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
     # --- data ---------------------------------------------------------------
     local_batch = cfg.batch_size // world
     if cfg.loader == "stream":
-        epoch_batches, steps_per_epoch, test_batches, num_classes, size, data_name = stream_input(
-            cfg, device, rank, world, local_batch)
+        data = stream_input(cfg, device, rank, world, local_batch)
     else:
-        epoch_batches, steps_per_epoch, test_batches, num_classes, size, data_name = device_input(
-            cfg, dataset, device, rank, world, local_batch)
+        data = device_input(cfg, dataset, device, rank, world, local_batch)
+    steps_per_epoch = data.steps_per_epoch
     total_steps = max(1, round(cfg.epochs * steps_per_epoch))
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
     warmup_steps = min(warmup_steps, total_steps - 1)
 
     # --- model, optimizer, schedule ------------------------------------------
-    model = build_model(cfg.model, num_classes, size, cfg.width)
+    model = build_model(cfg.model, data.num_classes, data.image_size, cfg.width)
     if cfg.ghost_batch:
-        model = ghost_batchnorm(model, local_batch // cfg.ghost_batch)
+        apply_ghost_batchnorm(model, cfg.ghost_batch)
     model = model.to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -363,45 +349,41 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
     if main and run_dir is not None:
         run_dir.write_config({**asdict(cfg), "world_size": world, "local_batch": local_batch,
                               "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-                              "warmup_steps": warmup_steps, "peak_lr": lr, "dataset": data_name,
+                              "warmup_steps": warmup_steps, "peak_lr": lr, "dataset": data.name,
                               "resumed_from_step": step})
 
     # --- loop ---------------------------------------------------------------
     start_step = step
     bar = progress(total=total_steps, initial=step, desc="train", **({} if main else {"disable": True}))
-    t0 = time.perf_counter()
-    loss_sum, loss_n = torch.zeros((), device=device), 0
+    clock = Stopwatch(device)
+    clock.start()
+    meter = TrainMeter(device)
     while step < total_steps:
         skip = step % steps_per_epoch  # resume mid-epoch: same order, skip what was done
-        for i, (x, y) in enumerate(epoch_batches(step // steps_per_epoch)):
+        for i, (x, y) in enumerate(data.epoch_batches(step // steps_per_epoch)):
             if i < skip:
                 continue
             with autocast(device, cfg.bf16):
                 logits = ddp(x)
             loss = cross_entropy(logits, y, cfg.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+            optimizer_step(loss, optimizer, scheduler)
             step += 1
-            loss_sum += loss.detach()
-            loss_n += 1
+            meter.update(loss * len(y), logits, y)
             bar.update(1)
             if main and run_dir is not None and (step % steps_per_epoch == 0 or step == total_steps):
-                # .item() syncs with the device: once per epoch, not per step.
-                elapsed = time.perf_counter() - t0
-                run_dir.log(step=step, epoch=step / steps_per_epoch, loss=(loss_sum / loss_n).item(),
-                            lr=scheduler.get_last_lr()[0], time_s=elapsed,
-                            images_per_s=(step - start_step) * cfg.batch_size / elapsed)
-                loss_sum.zero_()
-                loss_n = 0
+                # Untimed, and the meter syncs with the device: once per epoch, not per step.
+                clock.stop()
+                run_dir.log(step=step, epoch=step / steps_per_epoch, loss=meter.loss,
+                            train_accuracy=meter.accuracy, lr=scheduler.get_last_lr()[0], time_s=clock.elapsed,
+                            images_per_s=(step - start_step) * cfg.batch_size / clock.elapsed)
+                meter.reset()
+                clock.start()
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 checkpoint()
             if step >= total_steps:
                 break
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    train_time = time.perf_counter() - t0
+    clock.stop()
+    train_time = clock.elapsed
     bar.close()
     checkpoint()
 
@@ -410,7 +392,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
         # last step they differ; evaluate every rank with rank 0's.
         for b in model.buffers():
             torch.distributed.broadcast(b, 0)
-    accuracy = evaluate(model, test_batches(), device=device, bf16=cfg.bf16, world_size=world)
+    accuracy = evaluate(model, data.test_batches(), bf16=cfg.bf16, distributed=world > 1)
     images = (step - start_step) * cfg.batch_size
     report = {
         "accuracy": accuracy,
@@ -422,7 +404,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
         "time_s": train_time,
         "images_per_s": images / train_time if train_time > 0 else math.nan,
         "resumed_from_step": start_step,
-        "dataset": data_name,
+        "dataset": data.name,
         "images_per_epoch": steps_per_epoch * cfg.batch_size,
         "loader": cfg.loader,
         "model": cfg.model,

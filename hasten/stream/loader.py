@@ -8,12 +8,13 @@ For data that is not decoded once and held on the device:
 
 ``StreamLoader`` composes the pieces, each usable alone: ``shard_indices``
 (hasten.stream.sharding), ``decode_stream`` (hasten.stream.decode_pool), ``keyed_crop_flip``
-(hasten.stream.host_augment), the echo stages and ``shuffle_buffer`` (hasten.echo),
+(hasten.data.host_augment), the echo stages and ``shuffle_buffer`` (hasten.echo),
 ``batch_examples`` and ``to_device`` (here). It is a plain iterable of
-(images uint8 (B, 3, H, W), labels int64 (B,)) batches and also a
-``torch.utils.data.IterableDataset`` (images come in channels_last memory
-format, which convolutions accept as is): ``DataLoader(loader, batch_size=None,
-num_workers=k)`` splits each rank's shard over the k loader workers.
+(images uint8 (B, 3, H, W), labels int64 (B,)) batches, or with ``mean`` and
+``std`` of (inputs normalised on the device by ``hasten.data.normalize``, labels),
+and also a ``torch.utils.data.IterableDataset``. Images come in channels_last
+memory format, which convolutions accept as is. ``DataLoader(loader,
+batch_size=None, num_workers=k)`` splits each rank's shard over the k loader workers.
 
 Echo ``variant`` decides where the echo stage sits (Choi et al., 2019):
 ``example-before`` echoes decoded examples and augments every copy afresh on the
@@ -33,19 +34,18 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import repeat
 
 import numpy as np
 import torch
 
-from hasten.stream.decode_pool import decode_stream
-from hasten.stream.host_augment import keyed_crop_flip
-from hasten.stream.sharding import shard_indices
-from hasten.echo import (
-    AutoEcho,
-    EchoCounters,
+from hasten.data.host_augment import keyed_crop_flip
+from hasten.data.normalize import normalize
+from hasten.echo.auto import AutoEcho
+from hasten.echo.counters import EchoCounters
+from hasten.echo.stages import (
     check_buffer_size,
     check_factor,
     check_variant,
@@ -53,6 +53,8 @@ from hasten.echo import (
     echo_examples,
     shuffle_buffer,
 )
+from hasten.stream.decode_pool import decode_stream
+from hasten.stream.sharding import shard_indices
 
 
 def batch_examples(
@@ -154,7 +156,9 @@ class StreamLoader(torch.utils.data.IterableDataset):
     echoing. ``augment``: random crop (reflect pad 4) and flip. ``counters``
     accumulate over epochs. Call ``set_epoch(e)`` before each epoch, as with
     DistributedSampler (iterating also advances it by one). ``with_keys``: yield
-    (images, labels, dataset indices) to trace examples.
+    (images, labels, dataset indices) to trace examples. ``mean``, ``std`` (both
+    or neither, per channel in 0..1 units, e.g. from ``channel_stats``): yield
+    images normalised to ``dtype`` on ``device`` instead of uint8.
     """
 
     def __init__(
@@ -179,6 +183,9 @@ class StreamLoader(torch.utils.data.IterableDataset):
         max_bad_fraction: float = 0.01,
         poll_s: float = 0.2,
         with_keys: bool = False,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        dtype: torch.dtype = torch.float32,
     ):
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -197,6 +204,11 @@ class StreamLoader(torch.utils.data.IterableDataset):
         self.device = torch.device(device)
         self.max_bad_fraction, self.poll_s = max_bad_fraction, poll_s
         self.with_keys = with_keys
+        if (mean is None) != (std is None):
+            raise ValueError("mean and std go together: give both (normalised batches) or neither (uint8 batches)")
+        # On the device once, not per batch: normalising then costs no host-to-device copy.
+        self._norm = None if mean is None else (torch.tensor(mean, dtype=torch.float32, device=self.device),
+                                                 torch.tensor(std, dtype=torch.float32, device=self.device), dtype)
         self.counters = EchoCounters()
         self.skipped: list[tuple[str, str]] = []
         self.epoch = 0
@@ -254,7 +266,8 @@ class StreamLoader(torch.utils.data.IterableDataset):
         if echoing and self.variant == "batch":
             batches = echo_batches(batches, self.echo, seed=self.seed, epoch=epoch, counters=self.counters)
             batches = shuffle_buffer(batches, self.buffer, seed=seed)
-        return to_device(_as_tensors(batches, self.with_keys, self.counters), self.device, depth=2)
+        batches = to_device(_as_tensors(batches, self.with_keys, self.counters), self.device, depth=2)
+        return batches if self._norm is None else _normalized(batches, *self._norm)
 
 
 def _count_fresh(examples, counters: EchoCounters):
@@ -266,6 +279,12 @@ def _count_fresh(examples, counters: EchoCounters):
 def _augment_batches(batches, seed: int):
     for images, labels, keys, copies in batches:
         yield keyed_crop_flip(images, keys, seed=seed, copies=copies), labels, keys, copies
+
+
+def _normalized(batches, mean: torch.Tensor, std: torch.Tensor, dtype: torch.dtype):
+    # After the copy: uint8 crosses the bus, four times fewer bytes than float32.
+    for images, *rest in batches:
+        yield normalize(images, mean, std, dtype, channels_last=True), *rest
 
 
 def _as_tensors(batches, with_keys: bool, counters: EchoCounters) -> Iterator[tuple[torch.Tensor, ...]]:

@@ -4,30 +4,37 @@ A .tar.xz (or .tar.gz) archive can only be read front to back, which rules out
 shuffled reading and per-rank sharding. ``open_records`` therefore makes one
 sequential pass over the folder or archive and writes each split as a single
 blob of the undecoded file bytes plus offsets, labels and names into the cache
-(``$HASTEN_CACHE/records/<key>/``, keyed by the input's sha256 or tree
-fingerprint). Later runs memory-map the blob: reading record i is a slice, and
+(``$HASTEN_CACHE/records/``, under ``hasten.data.cache.cache_key`` of the
+input). Later runs memory-map the blob: reading record i is a slice, and
 worker processes forked from the reader share the same pages. The bytes stay
 compressed (JPEG), so the cache is about the size of the image payload (55 MB
 for CIFAR-10-JPEG), and decoding remains the streaming pipeline's job.
+
+Files and labels come from ``hasten.data.layout``, as for ``load_dataset``: record
+i of a split is image i of the same split of the decoded dataset when no file is bad.
 
 Changes the training math: no.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from hasten.data.archive import iter_files
-from hasten.data.cache import cache_dir, entry_key, file_sha256, save_entry, tree_fingerprint
+from hasten.data.archive import iter_entries
+from hasten.data.cache import entry_dir, load_entry, save_entry
+from hasten.data.dataset import Source
+from hasten.data.decode import describe_skipped
+from hasten.data.layout import SPLITS, parse_layout
+from hasten.data.sources import resolve_source
 from hasten.errors import DataError
 
-SPLITS = ("train", "test")
-_FORMAT = 1
+log = logging.getLogger("hasten.stream")
+
+_FORMAT = 2  # bump when the stored records for the same input change (2: labels from hasten.data.layout)
 
 
 @dataclass
@@ -52,43 +59,26 @@ class ByteRecords:
         return int(self.offsets[-1])
 
 
-def _fingerprint(path: Path) -> str:
-    if path.is_dir():
-        return "dir:" + tree_fingerprint(path)
-    return "file:" + file_sha256(path)
-
-
-def _split_and_class(name: str) -> tuple[str, str] | None:
-    parts = name.split("/")
-    # Accept one optional top-level folder (archives often wrap everything in one).
-    for start in (0, 1):
-        rest = parts[start:]
-        if len(rest) >= 3 and rest[0] in SPLITS and not rest[-1].startswith("."):
-            return rest[0], rest[1]
-    return None
-
-
-def _build(path: Path) -> tuple[dict[str, np.ndarray], dict]:
-    found: dict[str, list[tuple[str, str, bytes]]] = {s: [] for s in SPLITS}
-    for name, data in iter_files(path):
-        where = _split_and_class(name)
-        if where is not None:
-            found[where[0]].append((where[1], name, data))
-    classes = sorted({c for c, _, _ in found["train"]})
-    if not classes:
-        raise DataError(f"{str(path)!r} holds no files in the layout train/<class>/<file>; see `hasten echo --help`")
-    unknown = sorted({c for c, _, _ in found["test"]} - set(classes))
-    if unknown:
-        raise DataError(f"{str(path)!r}: test classes {unknown} do not occur in train/ (classes: {classes})")
-    index = {c: i for i, c in enumerate(classes)}
-    arrays, meta = {}, {"format": _FORMAT, "classes": classes, "source": str(path), "names": {}}
+def _build(source: Source) -> tuple[dict[str, np.ndarray], dict]:
+    names, dirs, blobs = [], [], []
+    for name, data in iter_entries(source.path, source.container):
+        if data is None:
+            dirs.append(name)
+        else:
+            names.append(name)
+            blobs.append(data)
+    layout = parse_layout(names, dirs, source=str(source.path))
+    if layout.stray:
+        log.warning("%s: %d file(s) outside any class folder left out: %s", source.path, len(layout.stray),
+                    describe_skipped(layout.stray))
+    arrays, meta = {}, {"format": _FORMAT, "classes": layout.classes, "source": str(source.path), "names": {}}
     for split in SPLITS:
-        items = sorted(found[split], key=lambda t: t[1])
-        sizes = np.array([len(d) for _, _, d in items], dtype=np.int64)
+        files = layout.splits[split]
+        sizes = np.array([len(blobs[i]) for i in files.indices], dtype=np.int64)
         arrays[f"{split}_offsets"] = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        arrays[f"{split}_labels"] = np.array([index[c] for c, _, _ in items], dtype=np.int64)
-        arrays[f"{split}_blob"] = np.frombuffer(b"".join(d for _, _, d in items), dtype=np.uint8)
-        meta["names"][split] = [n for _, n, _ in items]
+        arrays[f"{split}_labels"] = np.array(files.labels, dtype=np.int64)
+        arrays[f"{split}_blob"] = np.frombuffer(b"".join(blobs[i] for i in files.indices), dtype=np.uint8)
+        meta["names"][split] = [names[i] for i in files.indices]
     return arrays, meta
 
 
@@ -100,23 +90,18 @@ def open_records(path: str | os.PathLike, split: str = "train", *, cache: str | 
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; accepted: {', '.join(SPLITS)}")
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise DataError(f"no such file or directory: {str(path)!r}")
-    root = Path(cache) if cache is not None else cache_dir()
-    entry = root / "records" / entry_key(_fingerprint(path), {"kind": "byte-records", "format": _FORMAT})
-    if not (entry / "meta.json").is_file():
-        arrays, meta = _build(path)
-        save_entry(entry, arrays, meta)
-    try:
-        with open(entry / "meta.json") as f:
-            meta = json.load(f)
-        return ByteRecords(
-            names=meta["names"][split],
-            labels=np.load(entry / f"{split}_labels.npy"),
-            offsets=np.load(entry / f"{split}_offsets.npy"),
-            blob=np.load(entry / f"{split}_blob.npy", mmap_mode="r"),
-            classes=meta["classes"],
-        )
-    except (OSError, ValueError, KeyError) as e:
-        raise DataError(f"the record cache {str(entry)!r} is unreadable ({e}); delete it to rebuild") from None
+    source = resolve_source(path)
+    if source.kind != "image-folder":
+        raise DataError(f"{str(source.path)!r} is CIFAR-10 in its binary format, not image files; the streaming "
+                        "pipeline reads image folders (train/<class>/<file>): use load_dataset for this one")
+    entry = entry_dir("records", source, {"format": _FORMAT}, root=cache)
+    names = [f"{split}_labels", f"{split}_offsets", f"{split}_blob"]
+    hit = load_entry(entry, names, mmap=True)
+    if hit is None:  # not built yet, or damaged and just deleted
+        save_entry(entry, *_build(source))
+        hit = load_entry(entry, names, mmap=True)
+        if hit is None:
+            raise DataError(f"the record cache {str(entry)!r} cannot be read back after writing it")
+    arrays, meta = hit
+    return ByteRecords(names=meta["names"][split], labels=np.array(arrays[names[0]]),
+                       offsets=np.array(arrays[names[1]]), blob=arrays[names[2]], classes=meta["classes"])

@@ -1,10 +1,11 @@
 """Per-example random crop and flip on the host, vectorised over a chunk (numpy).
 
-The streaming pipeline augments where the data is: in the decode workers, or
-after an echo stage on the consumer side. Each example gets its own random
-shift and flip, drawn from a generator seeded by the caller, but the work is one
-pad and one gather for the whole chunk instead of a Python loop per image.
-The GPU-resident path has its torch equivalent in ``hasten.data.device_augment``.
+Augmentation where the data is when it is prepared on the host: in the
+streaming pipeline's decode workers or after its echo stage
+(``hasten.stream.loader``), and per batch in ``hasten.data.host_loader``. Each
+example gets its own random shift and flip, but the work is one pad for the
+whole chunk and one slice copy per image. The device-resident path has its
+batched torch equivalent in ``hasten.data.device_augment``.
 
 Based on: the standard CIFAR-10 augmentation (pad 4 with reflection, random
 32x32 crop, horizontal flip), as in He et al. 2016 and the airbench recipe.

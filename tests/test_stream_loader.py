@@ -1,10 +1,10 @@
-"""The streaming input pipeline: records, sharding, decode workers, slow storage."""
+"""StreamLoader: sharded, augmented, echoed batches; skipped files; dead workers; normalisation."""
 
 import io
 import multiprocessing as mp
 import os
+import shutil
 import signal
-import tarfile
 import threading
 import time
 
@@ -13,13 +13,13 @@ import pytest
 import torch
 from PIL import Image
 
-from hasten.data.decode import decode_image
-from hasten.stream.decode_pool import DecodeWorkerError, decode_fitted
-from hasten.stream.records import open_records
-from hasten.stream.sharding import shard_indices
-from hasten.stream.slow_storage import SlowStorage, slow_iter
-from hasten.stream.loader import StreamLoader
+from hasten.data.normalize import normalize
+from hasten.data.workers import DecodeWorkerError
+from hasten.echo.auto import AutoEcho
 from hasten.errors import DataError
+from hasten.stream.loader import StreamLoader
+from hasten.stream.records import open_records
+from hasten.stream.slow_storage import SlowStorage
 
 CLASSES = ("cat", "dog", "emu")
 
@@ -41,43 +41,6 @@ def folder(tmp_path_factory):
             for i in range(per_class):
                 (root / split / c / f"{i:03d}.jpg").write_bytes(jpeg_bytes(rng))
     return root
-
-
-@pytest.mark.parametrize("n,world", [(10, 3), (60, 4), (7, 1), (5, 8)])
-def test_shards_cover_every_example_once_per_epoch(n, world):
-    for epoch in (0, 1):
-        shards = [shard_indices(n, rank=r, world_size=world, epoch=epoch, seed=5) for r in range(world)]
-        assert sorted(np.concatenate(shards).tolist()) == list(range(n))
-        assert max(map(len, shards)) - min(map(len, shards)) <= 1
-        again = shard_indices(n, rank=0, world_size=world, epoch=epoch, seed=5)
-        assert np.array_equal(again, shards[0])
-    a = shard_indices(60, rank=0, world_size=2, epoch=0)
-    b = shard_indices(60, rank=0, world_size=2, epoch=1)
-    assert not np.array_equal(a, b)
-    padded = [shard_indices(10, rank=r, world_size=3, pad=True) for r in range(3)]
-    assert {len(s) for s in padded} == {4}
-
-
-@pytest.mark.parametrize("kwargs", [dict(rank=3, world_size=3), dict(world_size=0), dict(rank=-1)])
-def test_shard_arguments_validated(kwargs):
-    with pytest.raises(ValueError, match="rank|world_size"):
-        shard_indices(10, **kwargs)
-
-
-def test_records_from_folder_and_archive_agree(folder, tmp_path):
-    tar = tmp_path / "images.tar.gz"
-    with tarfile.open(tar, "w:gz") as tf:
-        tf.add(folder, arcname="images")
-    a, b = open_records(folder), open_records(tar)
-    assert len(a) == len(b) == 60 and a.classes == b.classes == list(CLASSES)
-    assert a[5][1] == b[5][1] and a[5][2] == b[5][2]
-    assert len(open_records(folder, "test")) == 6
-    with pytest.raises(ValueError, match="train, test"):
-        open_records(folder, "validation")
-    (tmp_path / "flat").mkdir()
-    (tmp_path / "flat" / "x.jpg").write_bytes(b"x")
-    with pytest.raises(DataError, match="train/<class>"):
-        open_records(tmp_path / "flat")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -153,8 +116,6 @@ def test_stream_rejects_bad_parameters(folder, kwargs, match):
 
 
 def test_corrupt_images_skipped_and_counted_then_refused(folder, tmp_path):
-    import shutil
-
     root = tmp_path / "damaged"
     shutil.copytree(folder, root)
     (root / "train" / "cat" / "000.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
@@ -195,30 +156,6 @@ def test_killed_worker_raises_within_seconds(folder):
     assert time.monotonic() - t0 < 5
 
 
-def test_slow_storage_imposes_latency_and_bandwidth():
-    t0 = time.perf_counter()
-    out = list(slow_iter([b"x" * 1000] * 5, latency_s=0.01, bandwidth_bytes_per_s=100_000))
-    elapsed = time.perf_counter() - t0
-    assert len(out) == 5 and elapsed >= 5 * (0.01 + 0.01)
-    store = SlowStorage([b"ab", b"cd"], latency_s=0.0)
-    assert store[1] == b"cd" and len(store) == 2 and store.reads == 1
-    with pytest.raises(ValueError, match="latency_s"):
-        SlowStorage([], latency_s=-1)
-    with pytest.raises(ValueError, match="bandwidth"):
-        slow_iter([], bandwidth_bytes_per_s=0)
-
-
-def test_fused_downscale_decode_matches_plain_decode():
-    rng = np.random.default_rng(1)
-    smooth = np.kron(rng.integers(0, 256, (16, 16, 3)), np.ones((16, 16, 1))).astype(np.uint8)  # 256x256
-    buf = io.BytesIO()
-    Image.fromarray(smooth).save(buf, format="JPEG", quality=95)
-    fused = decode_fitted(buf.getvalue(), "big.jpg", 64)
-    plain = decode_image(buf.getvalue(), "big.jpg", image_size=64)
-    assert fused.shape == plain.shape == (64, 64, 3)
-    assert np.abs(fused.astype(int) - plain.astype(int)).mean() < 8
-
-
 @pytest.mark.gpu
 def test_batches_arrive_on_the_gpu(folder):
     loader = StreamLoader(open_records(folder), batch_size=8, device="cuda", echo=2, variant="batch")
@@ -228,8 +165,6 @@ def test_batches_arrive_on_the_gpu(folder):
 
 
 def test_autoecho_at_one_trains_on_exactly_the_batches_of_no_echo(folder):
-    from hasten.echo import AutoEcho
-
     records = open_records(folder)
     plain = collect(StreamLoader(records, batch_size=8, shuffle_buffer=16, with_keys=True))
     auto = collect(StreamLoader(records, batch_size=8, shuffle_buffer=16, with_keys=True,
@@ -238,14 +173,25 @@ def test_autoecho_at_one_trains_on_exactly_the_batches_of_no_echo(folder):
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, auto))
 
 
-def test_keyed_augmentation_depends_on_example_not_on_batch():
-    from hasten.stream.host_augment import keyed_crop_flip
 
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8)
-    keys = np.arange(6)
-    whole = keyed_crop_flip(images, keys, seed=3)
-    parts = np.concatenate([keyed_crop_flip(images[:2], keys[:2], seed=3), keyed_crop_flip(images[2:], keys[2:], seed=3)])
-    assert np.array_equal(whole, parts)
-    copies = [keyed_crop_flip(images, keys, seed=3, copies=np.full(6, c)) for c in range(1, 4)]
-    assert sum(np.array_equal(whole[i], c[i]) for c in copies for i in range(6)) <= 3
+
+def test_mean_and_std_give_the_same_batches_normalised_on_the_device(folder):
+    records = open_records(folder)
+    mean, std = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
+    raw = collect(StreamLoader(records, batch_size=8, with_keys=True))
+    normed = [(x, k) for x, _, k in StreamLoader(records, batch_size=8, with_keys=True, mean=mean, std=std)]
+    assert len(normed) == len(raw)
+    for (x, k), (xn, kn) in zip(raw, normed):
+        assert torch.equal(k, kn)
+        assert xn.dtype == torch.float32 and xn.is_contiguous(memory_format=torch.channels_last)
+        assert torch.allclose(xn, normalize(x, mean, std))
+    with pytest.raises(ValueError, match="mean and std"):
+        StreamLoader(records, batch_size=8, mean=mean)
+
+
+@pytest.mark.gpu
+def test_normalised_batches_are_made_on_the_gpu(folder):
+    loader = StreamLoader(open_records(folder), batch_size=8, device="cuda", mean=[0.5] * 3, std=[0.25] * 3)
+    assert loader._norm[0].is_cuda  # built once, on the device
+    x, y = next(iter(loader))
+    assert x.is_cuda and y.is_cuda and x.dtype == torch.float32

@@ -1,0 +1,66 @@
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from hasten.cli import main
+
+
+def _image_folder(root: Path, per_class=12, classes=("a", "b", "c")) -> Path:
+    rng = np.random.default_rng(0)
+    for split, n in (("train", per_class), ("test", 4)):
+        for k, name in enumerate(classes):
+            d = root / split / name
+            d.mkdir(parents=True)
+            for i in range(n):
+                img = rng.integers(0, 60, (32, 32, 3), dtype=np.uint8)
+                img[..., k] += 150  # class = dominant colour
+                Image.fromarray(img).save(d / f"{i}.png")
+    return root
+
+
+def test_cli_writes_run_directory_and_json(tmp_path, capsys):
+    data = _image_folder(tmp_path / "data")
+    out = tmp_path / "summary.json"
+    rc = main(["speedrun", "--data", str(data), "--preset", "tiny", "--runs", "2", "--epochs", "1",
+               "--batch-size", "12", "--device", "cpu", "--json", str(out)])
+    assert rc == 0
+    summary = json.loads(out.read_text())
+    for key in ("runs", "mean_accuracy", "std_accuracy", "mean_time_s", "device", "preset", "flops_per_run"):
+        assert key in summary
+    assert len(summary["runs"]) == 2 and set(summary["runs"][0]) >= {"accuracy", "tta_accuracy", "time_s"}
+    assert summary["flops_per_run"] > 0 and summary["preset"] == "tiny"
+    rundir = Path(summary["rundir"])
+    for name in ("config.json", "environment.json", "metrics.jsonl", "results.json", "accuracy_vs_time.png"):
+        assert (rundir / name).exists(), name
+    lines = (rundir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["run"] == 0
+    printed = capsys.readouterr().out
+    assert "preset: tiny" in printed and "val_acc" in printed
+
+
+def test_cli_rejects_bad_input_with_one_line(tmp_path, capsys):
+    assert main(["speedrun", "--runs", "0", "--data", str(tmp_path)]) == 2
+    assert "--runs" in capsys.readouterr().err
+    assert main(["speedrun", "--data", str(tmp_path / "missing"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and "Traceback" not in err
+    data = _image_folder(tmp_path / "small")
+    assert main(["speedrun", "--data", str(data), "--preset", "tiny", "--device", "cpu"]) == 2
+    assert "--batch-size" in capsys.readouterr().err
+    assert main(["speedrun", "--data", str(data), "--epochs", "-1", "--device", "cpu"]) == 2
+    assert "epochs" in capsys.readouterr().err
+
+
+def test_cli_ablation_prints_the_ladder(tmp_path, capsys):
+    data = _image_folder(tmp_path / "data", per_class=32)
+    out = tmp_path / "ladder.json"
+    assert main(["speedrun", "--data", str(data), "--preset", "tiny", "--ablate", "--epochs", "1",
+                 "--batch-size", "32", "--no-warmup", "--target", "0.5", "--device", "cpu",
+                 "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert len(summary["rungs"]) == 14 and summary["target"] == 0.5
+    assert (Path(summary["rundir"]) / "ablation.png").exists()
+    printed = capsys.readouterr().out
+    assert "epochs_to_target" in printed and "+ TTA: flip + translate" in printed

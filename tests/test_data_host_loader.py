@@ -1,0 +1,54 @@
+"""HostLoader: GpuLoader's batches, prepared per batch on the host."""
+
+import pytest
+import torch
+
+from hasten.data.device_loader import Augmentation, GpuLoader
+from hasten.data.host_loader import HostLoader
+
+
+def _data(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=g), torch.arange(n)
+
+
+def test_host_loader_batches_match_shapes_and_labels():
+    images, labels = _data()
+    loader = HostLoader(images, labels, 16, augment=Augmentation(translate=2, flip="random"))
+    ys = torch.cat([y for _, y in loader])
+    assert sorted(ys.tolist()) == list(range(64))
+    x, _ = next(iter(loader))
+    assert x.shape == (16, 3, 8, 8) and x.dtype == torch.float32
+
+
+def test_unaugmented_host_batches_equal_the_device_loaders():
+    images, labels = _data()
+    host = HostLoader(images, labels, 16, shuffle=False)
+    device = GpuLoader(images, labels, 16, shuffle=False)
+    for (xh, yh), (xd, yd) in zip(host, device, strict=True):
+        assert torch.equal(yh, yd)
+        assert torch.allclose(xh, xd)
+
+
+def test_augmented_batches_are_shifted_flipped_copies_and_reproducible():
+    images, labels = _data()
+    aug = Augmentation(translate=1, flip="random")
+    plain = torch.cat([x for x, _ in HostLoader(images, labels, 16, shuffle=False)])
+    first = [x for x, _ in HostLoader(images, labels, 16, shuffle=False, augment=aug, seed=3)]
+    again = [x for x, _ in HostLoader(images, labels, 16, shuffle=False, augment=aug, seed=3)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    augmented = torch.cat(first)
+    assert not torch.equal(augmented, plain)
+    # The centre 6x6 of an image shifted by at most 1 pixel holds a 6x6 window of
+    # the original (or its mirror image): check one per sample.
+    for x, p in zip(augmented, plain):
+        windows = [p[:, dy:dy + 6, dx:dx + 6] for dy in range(3) for dx in range(3)]
+        assert any(torch.equal(x[:, 1:7, 1:7], w) or torch.equal(x[:, 1:7, 1:7], w.flip(-1)) for w in windows)
+
+
+def test_invalid_arguments_are_rejected():
+    images, labels = _data()
+    with pytest.raises(ValueError, match="uint8"):
+        HostLoader(images.float(), labels, 8)
+    with pytest.raises(ValueError, match="batch_size"):
+        HostLoader(images, labels, 0)

@@ -1,0 +1,82 @@
+"""ordered_map: the one decode worker pool (ordered results, bounded read-ahead, fast failure)."""
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+
+from hasten.data.workers import DecodeWorkerError, ordered_map
+
+
+def _slow_square(x):
+    time.sleep(0.05 * (x % 3))  # later tasks often finish first
+    return x * x, os.getpid()
+
+
+def _fail_on_three(x):
+    if x == 3:
+        raise KeyError(f"task {x}")
+    return x
+
+
+def _sleep(x):
+    time.sleep(0.2)
+    return x
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_results_come_in_task_order(workers):
+    out = list(ordered_map(_slow_square, range(12), workers=workers, prefetch=4))
+    assert [r for r, _ in out] == [x * x for x in range(12)]
+    pids = {pid for _, pid in out}
+    assert (pids == {os.getpid()}) if workers == 0 else (os.getpid() not in pids)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_errors_of_the_function_and_of_the_tasks_reach_the_consumer(workers):
+    with pytest.raises(KeyError, match="task 3"):
+        list(ordered_map(_fail_on_three, range(6), workers=workers))
+
+    def tasks():
+        yield 1
+        raise OSError("the archive ended early")
+
+    with pytest.raises(OSError, match="ended early"):
+        list(ordered_map(_fail_on_three, tasks(), workers=workers))
+
+
+def test_read_ahead_is_bounded_by_prefetch():
+    drawn = []
+
+    def tasks():
+        for i in range(100):
+            drawn.append(i)
+            yield i
+
+    it = ordered_map(_fail_on_three, tasks(), workers=0, prefetch=3)
+    assert next(it) == 0
+    time.sleep(0.3)
+    assert len(drawn) <= 1 + 3 + 1  # the one consumed, three ahead, one waiting for a slot
+    it.close()
+
+
+def test_a_killed_worker_raises_within_seconds():
+    it = ordered_map(_sleep, range(50), workers=2, prefetch=4, poll_s=0.1)
+    next(it)
+    worker = next(p for p in mp.active_children() if p.name.startswith("hasten-decode-"))
+    os.kill(worker.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(DecodeWorkerError, match="SIGKILL"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 5
+    assert not [p for p in mp.active_children() if p.name.startswith("hasten-decode-")]
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(workers=-1), "workers"), (dict(workers=True), "workers"),
+                                          (dict(prefetch=0), "prefetch"), (dict(poll_s=0), "poll_s")])
+def test_bad_arguments_are_refused_before_any_process_starts(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ordered_map(_sleep, range(3), **kwargs)

@@ -1,0 +1,68 @@
+import json
+import math
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hasten
+from hasten.environment import source_revision
+from hasten.rundir import RunDir, write_json
+
+
+def test_run_directory_records_version_commit_and_command(tmp_path, monkeypatch):
+    argv = ["hasten", "speedrun", "--data", "../shared/data/cifar10-jpeg.tar.xz", "--note", "a b"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with RunDir("speedrun", root=tmp_path, device="cpu") as rd:
+        rd.write_config({"lr": 0.1})
+    env = json.loads((rd.path / "environment.json").read_text())
+    assert env == rd.environment
+    assert env["hasten"] == hasten.__version__
+    assert env["command"] == " ".join(shlex.quote(a) for a in argv)
+    assert shlex.split(env["command"]) == argv
+    assert (env["git_commit"], env["git_dirty"]) == source_revision()
+    assert json.loads((rd.path / "config.json").read_text()) == {"lr": 0.1}
+
+
+def test_commit_in_a_checkout_is_git_head(tmp_path):
+    repo = Path(hasten.__file__).resolve().parent.parent
+    try:
+        subprocess.run(["git", "-C", str(repo), "ls-files", "--error-unmatch", "hasten/__init__.py"],
+                       capture_output=True, check=True)
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("hasten is not imported from a git checkout, or git is missing")
+    with RunDir("train", root=tmp_path) as rd:
+        pass
+    assert json.loads((rd.path / "environment.json").read_text())["git_commit"] == head
+
+
+def test_layout_metrics_and_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("HASTEN_RUNS", str(tmp_path / "elsewhere"))
+    rd = RunDir("echo")
+    assert rd.path.parent == tmp_path / "elsewhere" and rd.path.name.startswith("echo-")
+    rd.log(step=1, loss=0.5)
+    rd.log(step=2, loss=math.nan)
+    rd.write_results({"accuracy": 0.9, "path": Path("x")})
+    rd.close()
+    lines = [json.loads(line) for line in (rd.path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": None}]
+    assert json.loads((rd.path / "results.json").read_text()) == {"accuracy": 0.9, "path": "x"}
+    assert sorted(p.name for p in rd.path.iterdir()) == ["environment.json", "metrics.jsonl", "results.json"]
+
+
+def test_runs_started_in_the_same_second_get_their_own_directory(tmp_path):
+    paths = []
+    for _ in range(3):
+        with RunDir("train", root=tmp_path) as rd:
+            paths.append(rd.path)
+    assert len(set(paths)) == 3
+
+
+def test_write_json_is_atomic_and_leaves_no_temp_file(tmp_path):
+    write_json(tmp_path / "a" / "r.json", {"x": (1, 2), "inf": math.inf})
+    assert json.loads((tmp_path / "a" / "r.json").read_text()) == {"x": [1, 2], "inf": None}
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["r.json"]
