@@ -11,7 +11,7 @@ Two experiments, each rank on its own shaped link (see hasten.harness.netns):
 Every timing is the slowest rank's, after a barrier, n timed iterations after one
 warm-up; each result is checked for the right sum. The cost model is calibrated
 by a rank 0 <-> peer ping-pong before each run, then predicts every algorithm.
-Prints a table and the issue's performance criteria (PASS/MISS), writes
+Prints a table and the performance goals (PASS/MISS), writes
 ``benchmarks/results/allreduce_emulated.json`` and ``allreduce_emulated.png``.
 Needs root (network namespaces); about 4.5 minutes on 2 cores with ``--iters 5``.
 
@@ -42,7 +42,7 @@ def row(report: dict, algo: str, nbytes: int) -> dict:
 
 
 def criteria(flat: dict, two: dict, big: int) -> list[tuple[str, bool, str]]:
-    """The issue's performance goals, each with the measured numbers behind it."""
+    """The performance goals, each with the measured numbers behind it."""
     out = []
     t = {(n, a): row(flat[n], a, big)["time_s"] for n in flat for a in ("ring", "naive", "native")}
     ns = sorted(flat)
@@ -153,7 +153,7 @@ def main() -> None:
     print(format_table(two["results"]))
     env = describe_environment("cpu")
     checks = criteria(flat, two, big)
-    print("\nissue criteria:")
+    print("\ngoals:")
     for name, ok, detail in checks:
         print(f"  {'PASS' if ok else 'MISS'}  {name}: {detail}")
     RESULTS.mkdir(parents=True, exist_ok=True)

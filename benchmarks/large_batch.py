@@ -2,7 +2,7 @@
 budget (SGD + linear scaling + warm-up against LARS), and BN group sizes with a
 small per-replica batch. Writes benchmarks/results/large_batch.json and .png.
 
-The issue's experiment is a GPU-scale one (ResNet on full CIFAR-10, many epochs).
+The full experiment is a GPU-scale one (ResNet on full CIFAR-10, many epochs).
 The defaults here are a small-scale CPU version: a narrow ResNet-10 on CIFAR-10-JPEG
 downsampled to 16x16 (2x2 average pooling), a random training subset and a few
 epochs, so that each configuration takes one to two minutes on 2 CPU cores. Accuracies
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     env = describe_environment("cpu")
     results = {
         "benchmark": "large_batch",
-        "scale": "small-scale CPU experiment (not the GPU-scale experiment of the issue)",
+        "scale": "small-scale CPU experiment (not the GPU-scale experiment)",
         "dataset": f"{full.name}, {args.subset or len(ds.train)} training images, downsampled to "
                    f"{ds.image_size[0]}x{ds.image_size[1]}, full test set ({len(ds.test)} images)",
         "hardware": hardware_label(env) + "; shared with other jobs during the run",
