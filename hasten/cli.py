@@ -21,6 +21,7 @@ COMMANDS = {
     "echo": "data echoing (Choi et al. 2019) through the streaming input pipeline",
     "allreduce": "benchmark ring / 2-D torus / naive / native all-reduce",
     "train": "large-batch data-parallel training (LARS, group BN, bf16) under torchrun",
+    "profile": "why a training command is slower than the hardware: verdict, predicted and verified fixes",
 }
 
 
@@ -39,9 +40,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser, sub = build_parser()
-    # The command is the first word that is not an option. Its module adds its own
-    # options before parsing, so `hasten speedrun --help` lists them.
-    command = next((a for a in argv if not a.startswith("-")), None)
+    # The command is the first known command word (else the first word that is not an
+    # option, for argparse to reject), before any `--`: in `hasten profile --steps 5 --
+    # python train.py` neither "5" nor "python" is it. Its module adds its own options
+    # before parsing, so `hasten speedrun --help` lists them.
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    command = next((a for a in words if a in COMMANDS), next((a for a in words if not a.startswith("-")), None))
     module = None
     if command in COMMANDS:
         module = importlib.import_module(f"hasten.commands.{command}")

@@ -30,7 +30,7 @@ def plot_curves(curves: Sequence[tuple[str, Sequence[float], Sequence[float]]], 
     ax.grid(True, alpha=0.3)
     if len(curves) > 1:
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_bars(labels: Sequence[str], values: Sequence[float], path: str | Path, *, xlabel: str, title: str) -> Path:
@@ -42,7 +42,7 @@ def plot_bars(labels: Sequence[str], values: Sequence[float], path: str | Path, 
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_allreduce(rows: Sequence[dict], path: str | Path, title: str) -> Path:
@@ -65,7 +65,7 @@ def plot_allreduce(rows: Sequence[dict], path: str | Path, title: str) -> Path:
     ax_b.set_ylabel("busbw (GB/s)")
     ax_b.legend()
     fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_echo_fresh_examples(rows: Sequence[dict], path: str | Path) -> Path:
@@ -85,7 +85,7 @@ def plot_echo_fresh_examples(rows: Sequence[dict], path: str | Path) -> Path:
     ax.set_ylabel("fresh examples to target")
     ax.set_title("(a) fresh examples to target vs echo factor")
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_echo_speedup(rows: Sequence[dict], path: str | Path) -> Path:
@@ -110,7 +110,7 @@ def plot_echo_speedup(rows: Sequence[dict], path: str | Path) -> Path:
     ax.set_ylabel("wall-time speedup to target vs e = 1")
     ax.set_title("(b) speedup vs echo factor at upstream ratio R")
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_large_batch(results: dict, path: str | Path) -> Path:
@@ -140,7 +140,7 @@ def plot_large_batch(results: dict, path: str | Path) -> Path:
     b.set_title("BN group size (simulated replicas)")
     fig.suptitle(f"{results['dataset']}; mean and range of {results['n_runs_per_config']} seed(s)\n"
                  f"{results['scale']}", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_bars_with_spread(labels: Sequence[str], means: Sequence[float], spreads: Sequence[float],
@@ -151,10 +151,10 @@ def plot_bars_with_spread(labels: Sequence[str], means: Sequence[float], spreads
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

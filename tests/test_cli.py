@@ -29,3 +29,13 @@ def test_unknown_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bogus"])
     assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_command_is_found_past_option_values_and_before_double_dash(monkeypatch):
+    import hasten.commands.profile as profile_command
+
+    seen = {}
+    monkeypatch.setattr(profile_command, "run", lambda args: seen.update(vars(args)) or 0)
+    assert main(["profile", "--steps", "5", "--", "python", "train.py", "echo", "--lr", "0.1"]) == 0
+    assert seen["steps"] == 5
+    assert seen["command_line"][-5:] == ["python", "train.py", "echo", "--lr", "0.1"]

@@ -1,0 +1,61 @@
+"""``hasten profile``: why a training command is slower than the hardware, the fix, and proof.
+
+    hasten profile [--steps N] [--warmup N] [--json PATH] [--verify] -- python train.py --lr 0.1
+    hasten profile -- torchrun --nproc-per-node 2 train.py
+
+Runs the unmodified command with hasten's profiler injected into each of its
+Python processes (``hasten.profile.inject``), measures ``--steps`` steps after
+``--warmup``, runs the counterfactual probes, stops it, and prints a verdict,
+the time breakdown and ranked fixes with predicted speedups; ``--verify``
+re-runs the command once per fix that can be applied without editing it.
+Writes results.json and timeline.png to a run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hasten.errors import ConfigError
+from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
+from hasten.profile.report import format_report, plot_timeline, results_json
+from hasten.rundir import RunDir, write_json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=20, help="steps to measure after the warm-up (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="steps to discard first (default 5)")
+    p.add_argument("--probe-steps", type=int, default=8, help="steps per counterfactual probe (default 8)")
+    p.add_argument("--verify", action="store_true", help="re-run with each applicable fix; report measured speedups")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results JSON here")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="stop a run of the command after this long (default 300)")
+    p.add_argument("--quiet", action="store_true", help="hide the command's own output (shown on failure)")
+    p.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the training command to profile, after --")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command_line)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    try:
+        config = ProfileConfig(tuple(command), warmup=args.warmup, steps=args.steps, probe_steps=args.probe_steps,
+                               verify=args.verify, timeout_s=args.timeout, capture=args.quiet)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        analysis = profile(config)
+    except ProfileFailed as exc:
+        print(f"hasten profile: {exc}", file=sys.stderr)
+        return exc.exit_code
+    with RunDir("profile") as rd:
+        rd.write_config({**vars(args), "command_line": command})
+        results = results_json(analysis, command, rd.environment)
+        rd.write_results(results)
+        png = plot_timeline(analysis, rd.path / "timeline.png")
+    print(format_report(analysis))
+    print(f"  results: {rd.path / 'results.json'}, timeline: {png}")
+    if args.json:
+        write_json(args.json, results)
+    return 0

@@ -1,0 +1,95 @@
+"""The profile's three outputs: a ten-second terminal report, a timeline PNG, and JSON.
+
+Changes the training math: no.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hasten.profile.verdict import Analysis
+
+BAR_WIDTH = 40
+
+
+def _bar(a: Analysis) -> str:
+    data = round(a.data_wait_fraction * BAR_WIDTH)
+    comm = round(a.comm_fraction * BAR_WIDTH)
+    return "[" + "#" * data + "~" * comm + "=" * max(0, BAR_WIDTH - data - comm) + "]"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"x{v:.2f}"
+
+
+def format_report(a: Analysis) -> str:
+    """Verdict first, then the time breakdown as a bar, then the fixes."""
+    head = a.verdict.upper() + (f" ({a.severity})" if a.severity else "")
+    why = {"input-bound": f"the step waits for data {a.data_wait_fraction:.0%} of the time",
+           "communication-bound": f"exposed gradient communication is {a.comm_fraction:.0%} of the step",
+           "compute-bound": "the step's own compute sets the pace",
+           "host-bound": "the host cannot launch work as fast as the GPU runs it",
+           "balanced": "no single cause stands out (inside the dead band)"}[a.verdict]
+    lines = [f"hasten profile: {head}: {why}",
+             f"  step {a.step_time_s * 1e3:.1f} ms  {_bar(a)}  # data {a.data_wait_fraction:.0%}  "
+             f"= compute {a.compute_fraction:.0%}  ~ comm {a.comm_fraction:.0%}"]
+    if a.upstream_ratio is not None:
+        lines.append(f"  R = {a.upstream_ratio:.2f}: a batch takes {a.loader_batch_s * 1e3:.1f} ms to produce alone, "
+                     f"{a.step_alone_s * 1e3:.1f} ms to consume alone")
+    lines.append(f"  ({a.ranks} rank{'s' if a.ranks > 1 else ''}, {a.device}, {a.num_workers} loader workers, "
+                 f"{a.steps} steps after {a.warmup} warm-up)")
+    if a.recommendations:
+        lines.append(f"  fixes, best first{'':22s}predicted  verified")
+        for i, r in enumerate(a.recommendations, 1):
+            math_note = "  [changes the math]" if r.changes_math else ""
+            lines.append(f"  {i}. {r.fix:34s} {_x(r.predicted_speedup):>9s} {_x(r.verified_speedup):>9s}{math_note}")
+            lines.append(f"     {r.how}")
+    else:
+        lines.append("  no fix is predicted to pay more than 5%")
+    for r in a.rejected:
+        measured = f" (verified x{r['verified_speedup']:.2f})" if r.get("verified_speedup") else ""
+        lines.append(f"  not recommended: {r['fix']}: {r['why']}{measured}")
+    for note in a.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def results_json(a: Analysis, command: list[str], environment: dict) -> dict:
+    """The report as JSON (verdict, fractions, R, ranks, device, recommendations) and its context."""
+    d = a.as_dict()
+    d["recommendations"] = [{k: r[k] for k in ("fix", "how", "predicted_speedup", "verified_speedup", "basis",
+                                               "changes_math", "apply", "verified_step_s")}
+                            for r in d["recommendations"]]
+    d["command"] = command
+    d["environment"] = environment
+    return d
+
+
+def plot_timeline(a: Analysis, path: str | Path) -> Path:
+    """Rank 0's measured steps as stacked bars (data wait under the step's work), and the breakdown."""
+    from hasten.plots import plt, save_figure
+
+    steps = a.per_step
+    xs = range(a.warmup, a.warmup + len(steps))
+    wait = [s["wait_s"] * 1e3 for s in steps]
+    work = [s["work_s"] * 1e3 for s in steps]
+    fig, (ax, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110, gridspec_kw={"width_ratios": [3, 1]})
+    ax.bar(xs, wait, color="tab:red", label="data wait")
+    ax.bar(xs, work, bottom=wait, color="tab:blue", label="step work (compute + comm)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("ms")
+    ax.set_title(f"per-step timeline, rank 0: {a.verdict}")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    parts = [("data", a.data_wait_fraction, "tab:red"), ("compute", a.compute_fraction, "tab:blue"),
+             ("comm", a.comm_fraction, "tab:green")]
+    bottom = 0.0
+    for label, frac, color in parts:
+        ax_b.bar([0], [frac * 100], bottom=bottom, color=color, label=f"{label} {frac:.0%}")
+        bottom += frac * 100
+    ax_b.set_xticks([])
+    ax_b.set_ylabel("% of step")
+    ax_b.set_ylim(0, 100)
+    ax_b.legend(fontsize=8, loc="upper right")
+    ax_b.set_title("breakdown")
+    return save_figure(fig, path)

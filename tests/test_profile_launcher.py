@@ -1,0 +1,102 @@
+"""Zero-code mode on constructed plain-PyTorch scripts whose bottleneck is known by construction."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
+
+SCRIPTS = Path(__file__).parent / "profile_scripts"
+
+
+def _config(script, *args, **kw):
+    kw = {"warmup": 3, "steps": 12, "probe_steps": 6, "capture": True, "timeout_s": 60, **kw}
+    return ProfileConfig((sys.executable, str(SCRIPTS / script), *args), **kw)
+
+
+def test_input_bound_sleep_loader_verdict_and_r():
+    # 16 items x 2 ms of storage latency against an 8 ms step: R = 4 by construction.
+    a = profile(_config("input_bound.py", "--item-sleep", "0.002", "--batch", "16", "--step-sleep", "0.008"),
+                log=lambda m: None)
+    assert a.verdict == "input-bound" and a.severity == "high"
+    assert a.upstream_ratio == pytest.approx(4.0, rel=0.2)
+    assert a.data_wait_fraction == pytest.approx(4 / 5, abs=0.1)  # synchronous loader: R / (R + 1)
+    fixes = [r.fix for r in a.recommendations]
+    assert fixes and all(("workers" in f) or ("echo" in f) or ("device-resident" in f) for f in fixes)
+
+
+def test_input_bound_cpu_decode_verdict_and_r():
+    # 8 items x 2 ms of CPU decoding against 8 ms of CPU work per step: R = 2, on a loaded machine too.
+    a = profile(_config("input_bound.py", "--item-sleep", "0", "--item-work", "0.002", "--batch", "8",
+                        "--step-sleep", "0", "--step-work", "0.008"), log=lambda m: None)
+    assert a.verdict == "input-bound"
+    assert a.upstream_ratio == pytest.approx(2.0, rel=0.2)
+
+
+def test_compute_bound_gets_no_input_fix():
+    a = profile(_config("compute_bound.py"), log=lambda m: None)
+    assert a.verdict == "compute-bound"
+    assert a.data_wait_fraction < 0.05
+    assert not any(r.apply and r.apply.startswith(("workers", "echo")) for r in a.recommendations)
+
+
+def test_verify_measures_the_workers_fix_close_to_its_prediction():
+    a = profile(_config("input_bound.py", "--item-sleep", "0.002", "--batch", "16", "--step-sleep", "0.008",
+                        verify=True), log=lambda m: None)
+    workers = next(r for r in a.recommendations if r.apply and r.apply.startswith("workers"))
+    assert workers.verified_speedup is not None and workers.verified_speedup > 2
+    assert workers.verified_speedup == pytest.approx(workers.predicted_speedup, rel=0.35)
+    echo = next(r for r in a.recommendations if r.apply and r.apply.startswith("echo"))
+    # batch echoing, applied from outside: fewer waits per step, discounted by echo's data efficiency
+    assert echo.verified_speedup == pytest.approx(echo.predicted_speedup, rel=0.35)
+
+
+@pytest.mark.multiproc
+def test_communication_bound_ddp_under_torchrun():
+    cmd = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPTS / "ddp_comm.py"))
+    a = profile(ProfileConfig(cmd, warmup=3, steps=8, probe_steps=5, capture=True, timeout_s=90),
+                log=lambda m: None)
+    assert a.verdict == "communication-bound" and a.ranks == 2
+    assert a.comm_fraction > 0.2
+    assert not any(r.apply and r.apply.startswith(("workers", "echo")) for r in a.recommendations)
+    # bf16 compression is weighed either way (on gloo/CPU, bf16 sums can cost more than the bytes saved)
+    weighed = [r.fix for r in a.recommendations] + [r["fix"] for r in a.rejected]
+    assert "bf16 gradient compression" in weighed
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (("--crash-after", "2"), 1, "failed with exit code 1"),
+    (("--exit-after", "5"), 3, "exit code 3 after 5 batches"),
+])
+def test_a_command_that_fails_early_gets_its_exit_code(args, code, words):
+    with pytest.raises(ProfileFailed) as exc:
+        profile(_config("input_bound.py", *args), log=lambda m: None)
+    assert exc.value.exit_code == code and words in str(exc.value)
+
+
+def test_a_command_that_never_iterates_a_loader():
+    with pytest.raises(ProfileFailed) as exc:
+        profile(_config("no_loader.py"), log=lambda m: None)
+    assert exc.value.exit_code == 2 and "without iterating a torch DataLoader" in str(exc.value)
+
+
+def test_a_command_that_ends_before_the_probes_says_so():
+    with pytest.raises(ProfileFailed) as exc:
+        profile(_config("input_bound.py", "--epochs", "1", "--batch", "512", "--item-sleep", "0"),
+                log=lambda m: None)
+    assert exc.value.exit_code == 2 and "lower --warmup/--steps" in str(exc.value)
+
+
+def test_a_hanging_command_is_stopped_at_the_timeout():
+    cfg = ProfileConfig((sys.executable, "-c", "import time; time.sleep(60)"), timeout_s=2, capture=True)
+    with pytest.raises(ProfileFailed) as exc:
+        profile(cfg, log=lambda m: None)
+    assert exc.value.exit_code == 124 and "--timeout" in str(exc.value)
+
+
+def test_bad_config_is_rejected_before_running():
+    with pytest.raises(ValueError, match="after `--`"):
+        ProfileConfig(())
+    with pytest.raises(ValueError, match="--steps >= 3"):
+        ProfileConfig(("python",), steps=1)

@@ -1,0 +1,102 @@
+"""Thresholds, dead band, and the fixes each verdict may recommend, on synthetic rank reports."""
+
+import pytest
+
+from hasten.profile.verdict import (BATCH_ECHO_STEPS, DEAD_BAND, INPUT_HIGH, INPUT_MODERATE, analyse, classify,
+                                    echo_steps_factor)
+
+
+def _rank(wait, work, alone=None, loader=None, comm_off=None, workers=0, ddp=False, world=1, rank=0,
+          grad_bytes=0, allreduce=(), autocast=None, n=10):
+    def recs(w, k):
+        return [{"wait_s": w, "work_s": k, "cpu_s": k} for _ in range(n)]
+    alone = work if alone is None else alone
+    return {"rank": rank, "world_size": world, "device": "cpu", "num_workers": workers, "batch_size": 16,
+            "dataset_len": 1024, "batch_bytes": 16 * 4 * 32, "cpu_count": 2, "warmup": 3,
+            "records": {"measure": recs(wait, work), "step_alone": recs(0.0, alone),
+                        "comm_off": recs(0.0, comm_off) if comm_off is not None else [],
+                        "autocast": recs(0.0, autocast) if autocast is not None else []},
+            "loader_probe": {"batch_s": loader if loader is not None else wait, "main_cpu_s": 0.0,
+                             "worker_cpu_s": None},
+            "ddp": ddp, "grad_bytes": grad_bytes, "allreduce_times": list(allreduce)}
+
+
+@pytest.mark.parametrize("wait, comm, expected", [
+    (0.50, 0.0, ("input-bound", "high")),
+    (INPUT_HIGH - 0.01, 0.0, ("input-bound", "moderate")),
+    (INPUT_MODERATE + DEAD_BAND + 0.001, 0.0, ("input-bound", "moderate")),
+    (INPUT_MODERATE, 0.0, ("balanced", None)),  # inside the dead band: no flip on noise
+    (INPUT_MODERATE - DEAD_BAND - 0.001, 0.0, ("compute-bound", None)),
+    (0.0, 0.40, ("communication-bound", "high")),
+    (0.30, 0.40, ("communication-bound", "high")),
+])
+def test_classify_thresholds_and_dead_band(wait, comm, expected):
+    assert classify(wait, comm) == expected
+
+
+def test_host_bound_only_when_the_host_is_busy_and_nothing_else_is():
+    assert classify(0.0, 0.0, host_fraction=0.95) == ("host-bound", None)
+    assert classify(0.0, 0.0, host_fraction=0.3) == ("compute-bound", None)
+    assert classify(0.5, 0.0, host_fraction=0.95)[0] == "input-bound"
+
+
+def test_echo_steps_factor_follows_the_measured_table():
+    assert echo_steps_factor(1.0) == 1.0
+    for e, s in BATCH_ECHO_STEPS:
+        assert echo_steps_factor(e) == pytest.approx(s)
+    assert BATCH_ECHO_STEPS[1][1] < echo_steps_factor(3.0) < BATCH_ECHO_STEPS[2][1]
+
+
+def test_input_bound_analysis_measures_r_and_recommends_input_fixes():
+    a = analyse([_rank(wait=0.032, work=0.008, loader=0.032)])
+    assert a.verdict == "input-bound" and a.severity == "high"
+    assert a.upstream_ratio == pytest.approx(4.0)
+    assert a.data_wait_fraction == pytest.approx(0.8)
+    fixes = [r.fix for r in a.recommendations]
+    assert any("workers" in f for f in fixes) and any("echo" in f for f in fixes)
+    workers = next(r for r in a.recommendations if "workers" in r.fix)
+    # sleep-like loader (no CPU): enough workers hide the loader entirely, leaving the step alone
+    assert workers.predicted_speedup == pytest.approx(0.040 / 0.008, rel=0.01)
+    echo = next(r for r in a.recommendations if "echo" in r.fix)
+    assert echo.changes_math and echo.step_rate_factor < 1  # discounted by echo's data efficiency
+    assert a.recommendations == sorted(a.recommendations, key=lambda r: -round(r.predicted_speedup, 1))
+
+
+def test_workers_prediction_is_capped_by_free_cores_for_a_cpu_heavy_loader():
+    rank = _rank(wait=0.032, work=0.008, loader=0.032)
+    rank["loader_probe"]["main_cpu_s"] = 0.032  # all CPU: 2 cores less the step's own
+    a = analyse([rank])
+    workers = next(r for r in a.recommendations if "workers" in r.fix)
+    assert workers.predicted_speedup < 0.040 / 0.016  # at most ~1 free core's worth of producers
+
+
+def test_compute_bound_gets_no_input_fix():
+    a = analyse([_rank(wait=0.0005, work=0.050, loader=0.002, autocast=0.030)])
+    assert a.verdict == "compute-bound"
+    assert all(r.apply is None or not r.apply.startswith(("echo", "workers")) for r in a.recommendations)
+    assert [r.fix for r in a.recommendations] == ["bf16 autocast"]
+    assert a.recommendations[0].predicted_speedup == pytest.approx(0.0505 / 0.0305, rel=0.01)
+
+
+def test_slower_autocast_is_rejected_not_recommended():
+    a = analyse([_rank(wait=0.0005, work=0.050, loader=0.002, autocast=0.080)])
+    assert a.recommendations == [] and any(r["fix"] == "bf16 autocast" for r in a.rejected)
+
+
+def test_communication_bound_from_the_noop_probe_and_cost_model():
+    k = 64 * 2**20
+    times = [(k / 8, 0.010), (k / 4, 0.018), (k / 2, 0.034), (k, 0.066)]
+    ranks = [_rank(wait=0.0, work=0.100, alone=0.100, comm_off=0.040, ddp=True, world=2, rank=r,
+                   grad_bytes=k, allreduce=times, loader=0.0001) for r in (0, 1)]
+    a = analyse(ranks)
+    assert a.verdict == "communication-bound" and a.ranks == 2
+    assert a.comm_fraction == pytest.approx(0.6)
+    (rec,) = a.recommendations
+    assert rec.fix == "bf16 gradient compression" and rec.apply == "comm=bf16"
+    # alpha 2 ms, half the bytes: comm 60 ms -> 60 * 34/66 ms
+    assert rec.predicted_speedup == pytest.approx(0.100 / (0.040 + 0.060 * 0.034 / 0.066), rel=0.02)
+
+
+def test_slowest_rank_sets_the_step_time():
+    ranks = [_rank(wait=0.0, work=0.050, rank=0), _rank(wait=0.0, work=0.080, rank=1, world=2)]
+    assert analyse(ranks).step_time_s == pytest.approx(0.080)
