@@ -1,7 +1,9 @@
 import os
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 # Tests must be quick and deterministic on 2 shared cores.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -22,3 +24,27 @@ def _isolated_dirs(tmp_path, monkeypatch):
     """Keep caches and run directories of every test inside its tmp_path."""
     monkeypatch.setenv("HASTEN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HASTEN_RUNS", str(tmp_path / "runs"))
+
+
+@pytest.fixture(scope="module")
+def colours(tmp_path_factory):
+    """Two classes a small network separates in a few steps: reddish and bluish noise."""
+    root = tmp_path_factory.mktemp("colours")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 96), ("test", 24)):
+        for label, name in enumerate(("red", "blue")):
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                img = rng.integers(0, 120, (16, 16, 3), dtype=np.uint8)
+                img[..., 0 if label == 0 else 2] += 120
+                Image.fromarray(img).save(root / split / name / f"{i:03d}.png")
+    return root
+
+
+@pytest.fixture
+def one_thread():
+    """As ``hasten echo --threads 1``: on 2 shared cores a second torch thread slows small steps down."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from hasten.cli import main
-from test_recipes_echo import colours, one_thread  # noqa: F401  (fixtures: the image folder, one thread)
 
 
 def test_cli_single_run_writes_json(colours, tmp_path, capsys, one_thread):

@@ -3,10 +3,8 @@
 import dataclasses
 import os
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from hasten.errors import ConfigError
 from hasten.nn.tta import evaluate
@@ -14,30 +12,6 @@ from hasten.recipes.echo import MEAN, STD, EchoRunConfig, EvalSet, train_to_targ
 from hasten.recipes.echo_sweep import (EchoSweepConfig, comparison_jobs, format_table, run, stats, summarize,
                                        sweep_a_jobs, sweep_b_jobs, write_plots)
 from hasten.stream.records import open_records
-
-
-@pytest.fixture(scope="module")
-def colours(tmp_path_factory):
-    """Two classes a small network separates in a few steps: reddish and bluish noise."""
-    root = tmp_path_factory.mktemp("colours")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 96), ("test", 24)):
-        for label, name in enumerate(("red", "blue")):
-            (root / split / name).mkdir(parents=True)
-            for i in range(n):
-                img = rng.integers(0, 120, (16, 16, 3), dtype=np.uint8)
-                img[..., 0 if label == 0 else 2] += 120
-                Image.fromarray(img).save(root / split / name / f"{i:03d}.png")
-    return root
-
-
-@pytest.fixture
-def one_thread():
-    """As ``hasten echo --threads 1``: on 2 shared cores a second torch thread slows small steps down."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_echo_run_reaches_target_and_counts(colours, one_thread):
