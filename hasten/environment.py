@@ -10,6 +10,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -143,3 +144,72 @@ def hardware_label(env: dict) -> str:
     if env.get("gpu"):
         return env["gpu"]
     return f"{env.get('cpu')} ({env.get('cpu_count')} cores)"
+
+
+def matmul_gflops(device: torch.device | str = "cpu", n: int = 1024, seconds: float = 1.0) -> float:
+    """This machine's dense matmul rate now, in GFLOP/s (fp32 on CPU, bf16 on CUDA).
+
+    The scale every timing sits on: shared CPU machines differ by about 1.5x from
+    day to day, so a CPU timing is only comparable next to this number. Best of
+    repeated ``n x n`` products over about ``seconds`` (the best, not the mean,
+    because other load only ever slows it down).
+    """
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    if dev.type == "cuda":
+        n = max(n, 8192)
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    b = torch.randn(n, n, device=dev, dtype=dtype)
+    from hasten.timing import synchronize
+
+    a @ b  # warm-up: first call allocates and picks kernels
+    synchronize(dev)
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        a @ b
+        synchronize(dev)
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() >= deadline:
+            break
+    return 2 * n**3 / best / 1e9
+
+
+class MeasuredConditions:
+    """The conditions a benchmark ran under, measured by the benchmark itself.
+
+    Use as a context manager around the measurement; :meth:`as_dict` then gives
+    ``load_average_before`` / ``load_average_after`` (1, 5, 15 min), the matmul
+    rate before and after, wall seconds, and :func:`describe_environment`. Never
+    a hand-written note: a reader sees how busy and how fast the machine was.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", *, argv: list[str] | None = None):
+        self.device = torch.device(device)
+        self.argv = argv
+        self._data: dict = {}
+
+    def __enter__(self) -> "MeasuredConditions":
+        self._data["load_average_before"] = list(os.getloadavg())
+        self._data["matmul_gflops_before"] = round(matmul_gflops(self.device), 1)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._data["wall_s"] = round(time.perf_counter() - self._t0, 2)
+        self._data["load_average_after"] = list(os.getloadavg())
+        self._data["matmul_gflops_after"] = round(matmul_gflops(self.device), 1)
+
+    def as_dict(self) -> dict:
+        """Conditions measured so far, plus the software and hardware description."""
+        return {**self._data, "environment": describe_environment(self.device, argv=self.argv)}
+
+    def summary(self) -> str:
+        """One line for a benchmark's printed table."""
+        d = self._data
+        load = d.get("load_average_before", [float("nan")])[0]
+        after = d.get("load_average_after", [float("nan")])[0]
+        return (f"conditions: matmul {d.get('matmul_gflops_before', float('nan')):.0f}"
+                f"->{d.get('matmul_gflops_after', float('nan')):.0f} GFLOP/s, "
+                f"load average {load:.2f}->{after:.2f}")

@@ -60,3 +60,22 @@ class Stopwatch:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def interleaved(configs, repeats: int, seed: int = 0):
+    """``(repeat, config)`` pairs: every config once per repeat, in a fresh shuffled
+    order each repeat (seeded, so the order is recorded and reproducible).
+
+    Why: load on a shared machine drifts within a run; running configurations in
+    a fixed order puts that drift into their differences. Shuffling within each
+    repeat spreads it evenly, so a comparison's spread shows it.
+    """
+    import random
+
+    configs = list(configs)
+    rng = random.Random(seed)
+    for r in range(repeats):
+        order = configs[:]
+        rng.shuffle(order)
+        for c in order:
+            yield r, c
