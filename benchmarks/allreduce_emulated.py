@@ -9,15 +9,18 @@ Two experiments, each rank on its own shaped link (see hasten.harness.netns):
    (grid 2x4: rows = nodes).
 
 Every timing is the slowest rank's, after a barrier, n timed iterations after one
-warm-up; each result is checked for the right sum. The cost model is calibrated
+warm-up, the algorithms and sizes interleaved in a shuffled order every round
+(``hasten.harness.collectives.bench_worker``); each result is checked for the right
+sum. The load average and matmul rate before and after are recorded
+(``hasten.environment.MeasuredConditions``). The cost model is calibrated
 by a rank 0 <-> peer ping-pong before each run, then predicts every algorithm.
 Prints a table and the performance goals (PASS/MISS), writes
 ``benchmarks/results/allreduce_emulated.json`` and ``allreduce_emulated.png``.
-Needs root (network namespaces); about 4.5 minutes on 2 cores with ``--iters 5``.
+Needs root (network namespaces); about 4.5 minutes on 2 cores.
 
-    python benchmarks/allreduce_emulated.py [--iters 3] [--quick]
+    python benchmarks/allreduce_emulated.py [--iters 5] [--quick]
 
-Defaults: ``--iters 3`` timed iterations (after 1 warm-up) per algorithm and size;
+Defaults: ``--iters 5`` timed iterations (after 1 warm-up) per algorithm and size;
 sizes 64K, 1M, 16M, 64M (``--quick``: 64K, 1M, 4M).
 """
 
@@ -27,7 +30,7 @@ import argparse
 import time
 from pathlib import Path
 
-from hasten.environment import describe_environment, hardware_label
+from hasten.environment import MeasuredConditions, hardware_label
 from hasten.harness.netns import probe
 from hasten.recipes.allreduce import AllreduceConfig, format_table, human, run
 from hasten.rundir import write_json
@@ -130,7 +133,7 @@ def plot(flat: dict, two: dict, big: int, path: Path, title: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iters", type=int, default=3, help="timed iterations per algorithm and size (default 3)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations per algorithm and size (default 5)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     a = p.parse_args()
     reason = probe()
@@ -141,30 +144,33 @@ def main() -> None:
     common = {"network": "emulated", "iters": a.iters, "warmup": 1, "sizes": sizes, "link_gbit": LINK_GBIT}
     started = time.time()
     flat = {}
-    for n in (2, 4, 8):
-        flat[n] = run(AllreduceConfig(world=n, **common))
-        if flat[n]["network"]["kind"] != "emulated":
-            raise SystemExit(f"network namespaces unavailable: {flat[n]['network']}")
-        print(f"\nN = {n}, {flat[n]['network']['description']}")
-        print(format_table(flat[n]["results"]))
-    two = run(AllreduceConfig(world=8, inter_gbit=INTER_GBIT, local_size=LOCAL, algos=("ring", "native", "torus"),
-                              **common))
+    with MeasuredConditions("cpu") as cond:
+        for n in (2, 4, 8):
+            flat[n] = run(AllreduceConfig(world=n, **common))
+            if flat[n]["network"]["kind"] != "emulated":
+                raise SystemExit(f"network namespaces unavailable: {flat[n]['network']}")
+            print(f"\nN = {n}, {flat[n]['network']['description']}")
+            print(format_table(flat[n]["results"]))
+        two = run(AllreduceConfig(world=8, inter_gbit=INTER_GBIT, local_size=LOCAL,
+                                  algos=("ring", "native", "torus"), **common))
     print(f"\nN = 8, {two['network']['description']}")
     print(format_table(two["results"]))
-    env = describe_environment("cpu")
+    conditions = cond.as_dict()
+    env = conditions["environment"]
+    print(cond.summary())
     checks = criteria(flat, two, big)
     print("\ngoals:")
     for name, ok, detail in checks:
         print(f"  {'PASS' if ok else 'MISS'}  {name}: {detail}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json(RESULTS / "allreduce_emulated.json", {
-        "benchmark": "allreduce_emulated", "environment": env, "iters": a.iters, "warmup": 1,
-        "note": "2 CPU cores shared with other engineers' jobs while this ran",
+        "benchmark": "allreduce_emulated", "conditions": conditions, "iters": a.iters, "warmup": 1,
         "wall_s": time.time() - started, "flat": {str(n): r for n, r in flat.items()},
         "two_level": two,
         "criteria": [{"name": n, "pass": ok, "detail": d} for n, ok, d in checks]})
     title = (f"gloo on {hardware_label(env)}, torch {env['torch']}, network namespaces + tc htb "
-             f"(no added latency); mean +- std of {a.iters} runs; CPU shared with other jobs")
+             f"(no added latency); mean +- std of {a.iters} runs; load average "
+             f"{conditions['load_average_before'][0]:.1f}->{conditions['load_average_after'][0]:.1f}")
     plot(flat, two, big, RESULTS / "allreduce_emulated.png", title)
     print(f"\nwrote {RESULTS / 'allreduce_emulated.json'} and .png in {time.time() - started:.0f} s")
 

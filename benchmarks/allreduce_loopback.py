@@ -3,7 +3,8 @@
 On loopback every "link" is a kernel memory copy on the same (here: 2, shared)
 cores, so there is no topology: the numbers say how much CPU each algorithm
 spends, not how it would scale on a network. N = 2, 4, 8; sizes 1K .. 256M;
-ring, torus, naive and gloo's own all_reduce. Prints tables, writes
+ring, torus, naive and gloo's own all_reduce, interleaved in a shuffled order every
+round; the load average and matmul rate before and after are recorded. Prints tables, writes
 ``benchmarks/results/allreduce_loopback.json`` and ``allreduce_loopback.png``.
 
     python benchmarks/allreduce_loopback.py [--iters 3]
@@ -18,7 +19,7 @@ import argparse
 import time
 from pathlib import Path
 
-from hasten.environment import describe_environment, hardware_label
+from hasten.environment import MeasuredConditions, hardware_label
 from hasten.recipes.allreduce import AllreduceConfig, format_table, run
 from hasten.rundir import write_json
 
@@ -32,14 +33,16 @@ def main() -> None:
     a = p.parse_args()
     started = time.time()
     reports = {}
-    for n in (2, 4, 8):
-        reports[n] = run(AllreduceConfig(world=n, sizes=SIZES, iters=a.iters, warmup=1))
-        print(f"\nN = {n}, loopback")
-        print(format_table(reports[n]["results"]))
-    env = describe_environment("cpu")
+    with MeasuredConditions("cpu") as cond:
+        for n in (2, 4, 8):
+            reports[n] = run(AllreduceConfig(world=n, sizes=SIZES, iters=a.iters, warmup=1))
+            print(f"\nN = {n}, loopback")
+            print(format_table(reports[n]["results"]))
+    conditions = cond.as_dict()
+    env = conditions["environment"]
+    print(cond.summary())
     write_json(RESULTS / "allreduce_loopback.json", {
-        "benchmark": "allreduce_loopback", "environment": env, "iters": a.iters, "warmup": 1,
-        "note": "2 CPU cores shared with other engineers' jobs while this ran",
+        "benchmark": "allreduce_loopback", "conditions": conditions, "iters": a.iters, "warmup": 1,
         "wall_s": time.time() - started, "runs": {str(n): r for n, r in reports.items()}})
 
     import matplotlib
@@ -58,7 +61,8 @@ def main() -> None:
     axes[0].set_ylabel("busbw (GB/s)")
     axes[0].legend()
     fig.suptitle(f"gloo on loopback, {hardware_label(env)}, torch {env['torch']}; mean of "
-                 f"{a.iters} runs; CPU shared with other jobs", fontsize=9)
+                 f"{a.iters} runs; load average {conditions['load_average_before'][0]:.1f}->"
+                 f"{conditions['load_average_after'][0]:.1f}", fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / "allreduce_loopback.png", dpi=110)
     plt.close(fig)

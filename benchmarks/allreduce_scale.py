@@ -14,8 +14,11 @@ settings:
   gamma, to show where the ring's 2(N-1) alpha latency term takes over.
 
 Messages: 100 MB (ResNet-50's fp32 gradients, 25.6 M parameters) and 1 MB.
-These are model predictions, not measurements. Prints a table, writes
-``benchmarks/results/allreduce_scale.json`` and ``allreduce_scale.png``.
+These are model predictions, not measurements; recursive halving-doubling, the
+model's best algorithm at every N here, is shown beside the torus and the ring.
+The machine's conditions are recorded like every benchmark's
+(``hasten.environment.MeasuredConditions``), though nothing here is timed. Prints a
+table, writes ``benchmarks/results/allreduce_scale.json`` and ``allreduce_scale.png``.
 
     python benchmarks/allreduce_scale.py
 """
@@ -26,6 +29,7 @@ import json
 from pathlib import Path
 
 from hasten.distributed.cost_model import Link, simulate
+from hasten.environment import MeasuredConditions
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -44,21 +48,27 @@ def main() -> None:
     cal = calibrated_link()
     links = {"calibrated": cal, "fast": Link(5e-6, 8 / 100e9, cal.gamma)}
     out = {}
-    for lname, link in links.items():
-        for mname, nbytes in MESSAGES.items():
-            out[f"{lname}/{mname}"] = simulate(NS, nbytes, link, ALGOS)
+    with MeasuredConditions("cpu") as cond:
+        for lname, link in links.items():
+            for mname, nbytes in MESSAGES.items():
+                out[f"{lname}/{mname}"] = simulate(NS, nbytes, link, ALGOS)
+    best = {key: {str(n): min(ALGOS, key=lambda a: sim[a][i]) for i, n in enumerate(NS)} for key, sim in out.items()}
     print(f"calibrated link: alpha {cal.alpha * 1e6:.0f} us, {cal.gbit_per_s:.2f} Gbit/s, "
           f"gamma {cal.gamma * 1e9:.3f} ns/byte; fast link: 5 us, 100 Gbit/s (assumed)")
     print(f"{'link/message':<18} {'algo':<17} " + " ".join(f"{n:>9}" for n in NS) + "   (seconds)")
     for key, sim in out.items():
         for algo in ALGOS:
             print(f"{key:<18} {algo:<17} " + " ".join(f"{t:9.3g}" for t in sim[algo]))
+        print(f"{key:<18} {'best':<17} " + " ".join(f"{best[key][str(n)][:9]:>9}" for n in NS))
+    print(cond.summary())
     write_json(RESULTS / "allreduce_scale.json", {
         "benchmark": "allreduce_scale", "kind": "cost-model prediction, not a measurement",
         "ns": NS, "messages_bytes": MESSAGES,
         "links": {k: {"alpha_s": v.alpha, "beta_s_per_byte": v.beta, "gamma_s_per_byte": v.gamma,
                       "gbit_per_s": v.gbit_per_s} for k, v in links.items()},
-        "predicted_time_s": out})
+        "predicted_time_s": out, "best_algorithm": best,
+        "calibration_source": "results/allreduce_emulated.json (flat, N = 8)",
+        "conditions": cond.as_dict()})
 
     import matplotlib
 

@@ -11,7 +11,10 @@ Measures, each first load in a fresh, empty cache directory:
   memory (what a second ``hasten speedrun`` waits for before training).
 
 Cached loads read from the OS page cache (the entry was just written), as a
-second run on the same machine would. Prints a table, writes
+second run on the same machine would. Within every repeat the variants run in a
+freshly shuffled order (``hasten.timing.interleaved``); the load average and
+matmul rate before and after are recorded (``hasten.environment.MeasuredConditions``).
+Prints a table, writes
 ``benchmarks/results/data_load.json`` and ``data_load.png``.
 
     python benchmarks/data_load.py [--data PATH] [--first N] [--cached N]
@@ -38,8 +41,9 @@ import torch
 
 from hasten.data import load_dataset
 from hasten.data.archive import iter_files
-from hasten.environment import describe_environment, hardware_label
+from hasten.environment import MeasuredConditions, hardware_label
 from hasten.rundir import write_json
+from hasten.timing import interleaved
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
@@ -106,53 +110,62 @@ def main() -> None:
         sys.exit(f"data_load: no data at {args.data}; pass --data PATH or set HASTEN_DATA")
     args.data = args.data.resolve()
     os.environ.setdefault("HASTEN_PROGRESS", "0")
-    load_before = os.getloadavg()
 
     rows: dict[str, list[float]] = {"read archive: tarfile alone": [], "read archive: iter_files": [],
                                     "first load, workers=all cores": [], "first load, workers=1": [],
                                     "cached, same process": [], "cached, fresh process": [],
                                     "  of which import torch+hasten": []}
     cpu: dict[str, list[float]] = {label: [] for label in rows}
+    first_variants = ["read archive: tarfile alone", "read archive: iter_files",
+                      "first load, workers=all cores", "first load, workers=1"]
     scratch = Path(tempfile.mkdtemp(prefix="hasten-bench-"))
+    order = []
     try:
-        for i in range(args.first):
-            for label, read in (("read archive: tarfile alone", read_with_tarfile), ("read archive: iter_files",
-                                lambda p: sum(len(data) for _, data in iter_files(p)))):
-                start, cpu_start = time.perf_counter(), cpu_seconds()
-                read(args.data)
-                rows[label].append(time.perf_counter() - start)
-                cpu[label].append(cpu_seconds() - cpu_start)
-            for label, workers in (("first load, workers=all cores", None), ("first load, workers=1", 1)):
+        with MeasuredConditions("cpu") as cond:
+            for i, label in interleaved(first_variants, args.first, seed=0):
+                order.append([i, label])
+                if label.startswith("read archive"):
+                    read = read_with_tarfile if "tarfile" in label else (
+                        lambda p: sum(len(data) for _, data in iter_files(p)))
+                    start, cpu_start = time.perf_counter(), cpu_seconds()
+                    read(args.data)
+                    rows[label].append(time.perf_counter() - start)
+                    cpu[label].append(cpu_seconds() - cpu_start)
+                    continue
+                workers = 1 if label.endswith("workers=1") else None
                 cache = scratch / f"{i}-{workers}"
                 seconds, cpu_s, ds = timed_load(args.data, cache, workers=workers)
                 assert not ds.cached
                 rows[label].append(seconds)
                 cpu[label].append(cpu_s)
                 shutil.rmtree(cache)
-        cache = scratch / "warm"
-        timed_load(args.data, cache)
-        for _ in range(args.cached):
-            seconds, cpu_s, ds = timed_load(args.data, cache)
-            assert ds.cached
-            rows["cached, same process"].append(seconds)
-            cpu["cached, same process"].append(cpu_s)
-            total, cpu_s, imports = fresh_process_load(args.data, cache)
-            rows["cached, fresh process"].append(total)
-            cpu["cached, fresh process"].append(cpu_s)
-            rows["  of which import torch+hasten"].append(imports)
+            cache = scratch / "warm"
+            timed_load(args.data, cache)
+            for i, label in interleaved(["cached, same process", "cached, fresh process"], args.cached, seed=1):
+                order.append([i, label])
+                if label == "cached, same process":
+                    seconds, cpu_s, ds = timed_load(args.data, cache)
+                    assert ds.cached
+                    rows[label].append(seconds)
+                    cpu[label].append(cpu_s)
+                else:
+                    total, cpu_s, imports = fresh_process_load(args.data, cache)
+                    rows[label].append(total)
+                    cpu[label].append(cpu_s)
+                    rows["  of which import torch+hasten"].append(imports)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    env = describe_environment("cpu")
+    conditions = cond.as_dict()
+    env = conditions["environment"]
     result = {
         "benchmark": "data_load",
-        "data": str(args.data),
+        "data": os.path.relpath(args.data),  # no local install path in results
         "dataset": ds.summary(),
         "hardware": hardware_label(env),
-        "environment": env,
-        "load_average_before": load_before,
-        "note": ("machine shared with other jobs during the run (see load_average_before): wall times are "
-                 "inflated, CPU times much less so; cached loads read from the page cache"),
+        "conditions": conditions,
+        "cached_loads_read": "the OS page cache (the entry was just written)",
+        "order": order,
         "results": {label: stats(xs, cpu[label]) for label, xs in rows.items()},
     }
     first = result["results"]["first load, workers=all cores"]["mean_s"]
@@ -164,6 +177,7 @@ def main() -> None:
         cpu_s = f"{s['cpu_mean_s']:>8.3f}" if s["cpu_mean_s"] is not None else f"{'':>8}"
         print(f"{label:<32}{s['n']:>3}{s['mean_s']:>9.3f}{s['std_s']:>8.3f}{s['min_s']:>8.3f}{cpu_s}")
     print(f"cached load is {result['speedup_cached_vs_first']:.0f}x faster than the first load")
+    print(cond.summary())
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json(RESULTS / "data_load.json", result)

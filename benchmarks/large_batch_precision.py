@@ -3,8 +3,11 @@ each in NCHW and channels_last. Writes benchmarks/results/large_batch_precision.
 and .png.
 
 Each configuration runs ``--warmup`` untimed steps then ``--steps`` timed steps
-of forward + backward + LARS step, ``--repeats`` times, in interleaved order so that
-drifting load from other jobs affects every configuration alike.
+of forward + backward + LARS step, ``--repeats`` times; within every repeat the
+configurations run in a freshly shuffled order (``hasten.timing.interleaved``) so
+that drifting load from other jobs spreads over all of them. The ratio to fp32
+NCHW is also given within each repeat. The load average and matmul rate before
+and after are recorded (``hasten.environment.MeasuredConditions``).
 
     python benchmarks/large_batch_precision.py                        # this machine
     python benchmarks/large_batch_precision.py --width 64 --batch 256  # GPU-sized
@@ -13,20 +16,21 @@ drifting load from other jobs affects every configuration alike.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from hasten.environment import describe_environment, hardware_label, pick_device
+from hasten.environment import MeasuredConditions, hardware_label, pick_device
 from hasten.models.resnet import build_model
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy, to_channels_last
 from hasten.optim import Lars, lars_param_groups
 from hasten.plots import plot_bars_with_spread
 from hasten.recipes.common import optimizer_step
 from hasten.rundir import write_json
-from hasten.timing import Stopwatch
+from hasten.timing import Stopwatch, interleaved
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = [("fp32", False, False), ("bf16", True, False),
@@ -63,32 +67,40 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0, help="seeds the order of configurations in each repeat")
     p.add_argument("--out", default=str(RESULTS / "large_batch_precision.json"))
     args = p.parse_args(argv)
 
     device = pick_device(args.device)
-    samples = {name: [] for name, _, _ in CONFIGS}
-    for _ in range(args.repeats):
-        for name, bf16, cl in CONFIGS:
-            samples[name].append(images_per_s(device, args.model, args.width, args.size, args.batch,
-                                              bf16, cl, args.warmup, args.steps))
-    env = describe_environment(device)
+    samples = {name: [0.0] * args.repeats for name, _, _ in CONFIGS}
+    order = []
+    with MeasuredConditions(device) as cond:
+        for rep, (name, bf16, cl) in interleaved(CONFIGS, args.repeats, args.seed):
+            order.append([rep, name])
+            samples[name][rep] = images_per_s(device, args.model, args.width, args.size, args.batch,
+                                              bf16, cl, args.warmup, args.steps)
+    conditions = cond.as_dict()
+    env = conditions["environment"]
     rows = []
     base = statistics.mean(samples["fp32"])
-    print(f"{'config':20} {'images/s':>9} {'stdev':>7} {'vs fp32':>7}   ({hardware_label(env)}, "
-          f"torch {torch.__version__}, n={args.repeats})")
+    print(f"{'config':20} {'images/s':>9} {'stdev':>7} {'vs fp32':>7}  {'ratio to fp32 in each repeat'}   "
+          f"({hardware_label(env)}, torch {torch.__version__}, n={args.repeats})")
     for name, _, _ in CONFIGS:
         s = samples[name]
+        ratios = [x / b for x, b in zip(s, samples["fp32"])]
         row = {"config": name, "images_per_s_mean": statistics.mean(s),
                "images_per_s_stdev": statistics.stdev(s) if len(s) > 1 else 0.0,
-               "speedup_vs_fp32": statistics.mean(s) / base, "samples": s}
+               "speedup_vs_fp32": statistics.mean(s) / base, "samples": s,
+               "ratio_to_fp32_per_repeat": ratios,
+               "ratio_to_fp32_median": statistics.median(ratios)}
         rows.append(row)
         print(f"{name:20} {row['images_per_s_mean']:9.0f} {row['images_per_s_stdev']:7.0f} "
-              f"{row['speedup_vs_fp32']:7.2f}")
+              f"{row['speedup_vs_fp32']:7.2f}  " + " ".join(f"{r:.2f}" for r in ratios))
+    print(cond.summary())
     write_json(args.out, {"benchmark": "large_batch_precision", "hardware": hardware_label(env),
-                          "note": "machine shared with other jobs" if device.type == "cpu" else "",
-                          "environment": env, "args": vars(args), "rows": rows})
+                          "conditions": conditions, "args": {**vars(args), "out": os.path.relpath(args.out)},
+                          "order": order, "rows": rows})
 
     plot_bars_with_spread([r["config"] for r in rows], [r["images_per_s_mean"] for r in rows],
                           [r["images_per_s_stdev"] for r in rows], Path(args.out).with_suffix(".png"),

@@ -3,16 +3,19 @@
 Both read the same JPEG bytes (CIFAR-10-JPEG train split, from the record cache),
 decode, random-crop (reflect pad 4) and flip every image, and deliver uint8
 batches of 256. Baseline: ``DataLoader(num_workers=k)`` over a map-style Dataset
-that decodes with Pillow and augments per image (what a plain PyTorch script
-does). hasten: ``StreamLoader(workers=k)`` (simplejpeg, chunked decode,
-vectorised crop/flip; k = 0 decodes in a thread of the main process).
+that decodes with Pillow and augments per image with one numpy generator per
+process (what a careful plain PyTorch script does). hasten: ``StreamLoader(workers=k)``
+(simplejpeg when installed, as it is by default; chunked decode, vectorised
+crop/flip; k = 0 decodes in a thread of the main process).
 
 Reported: images per second (wall) and images per CPU-second (user + system
 time of the process and its workers: the per-core efficiency, which a busy
-shared machine distorts much less than wall time). Configurations are
-interleaved over the repeats.
+shared machine distorts much less than wall time). Configurations run in a
+freshly shuffled order in every repeat (``hasten.timing.interleaved``); the
+load average and matmul rate before and after are recorded
+(``hasten.environment.MeasuredConditions``).
 
-    python benchmarks/pipeline_throughput.py [--data PATH] [--images 10000] [--repeats 3]
+    python benchmarks/pipeline_throughput.py [--data PATH] [--images 10000] [--repeats 3] [--workers 0,1,2]
 
 ``--data`` defaults to ``$HASTEN_DATA`` if set, else ``../shared/data/cifar10-jpeg.tar.xz``
 (relative to the current directory: run it from the repository root).
@@ -33,8 +36,10 @@ from PIL import Image
 
 from hasten.stream.records import open_records
 from hasten.stream.loader import StreamLoader
-from hasten.environment import describe_environment, hardware_label
+from hasten.data import decode
+from hasten.environment import MeasuredConditions, hardware_label
 from hasten.rundir import write_json
+from hasten.timing import interleaved
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
@@ -45,13 +50,21 @@ class PillowDataset(torch.utils.data.Dataset):
 
     def __init__(self, records):
         self.records = records
+        self._rng, self._pid = None, None
 
     def __len__(self):
         return len(self.records)
 
+    def rng(self) -> np.random.Generator:
+        # One generator per process, made on first use: DataLoader workers are forked
+        # copies of this object, and torch gives each worker its own initial seed.
+        if self._pid != os.getpid():
+            self._rng, self._pid = np.random.default_rng(torch.initial_seed()), os.getpid()
+        return self._rng
+
     def __getitem__(self, i):
         _, data, label = self.records[i]
-        rng = np.random.default_rng()
+        rng = self.rng()
         image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
         image = np.pad(image, ((4, 4), (4, 4), (0, 0)), mode="reflect")
         dy, dx = rng.integers(0, 9, size=2)
@@ -91,6 +104,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", default="0,1,2")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the order of configurations and the loaders")
     args = ap.parse_args()
     if not os.path.exists(args.data):
         sys.exit(f"pipeline_throughput: no data at {args.data}; pass --data PATH or set HASTEN_DATA")
@@ -98,25 +112,28 @@ def main() -> None:
     records = open_records(args.data, "train")
     workers = [int(w) for w in args.workers.split(",")]
 
-    def hasten_iter(k):
+    def hasten_iter(k, seed):
         def make():
-            return iter(StreamLoader(records, batch_size=256, workers=k, chunk_size=256, seed=int(time.time())))
+            return iter(StreamLoader(records, batch_size=256, workers=k, chunk_size=256, seed=seed))
         return make
 
-    def baseline_iter(k):
+    def baseline_iter(k, seed):
         def make():
-            dl = torch.utils.data.DataLoader(PillowDataset(records), batch_size=256, shuffle=True, num_workers=k)
+            dl = torch.utils.data.DataLoader(PillowDataset(records), batch_size=256, shuffle=True, num_workers=k,
+                                             generator=torch.Generator().manual_seed(seed))
             return iter(dl)
         return make
 
-    configs = [(f"hasten StreamLoader workers={k}", "hasten", k, hasten_iter(k)) for k in workers]
-    configs += [(f"torch DataLoader+Pillow num_workers={k}", "baseline", k, baseline_iter(k)) for k in workers]
+    configs = [(f"hasten StreamLoader workers={k}", "hasten", k, hasten_iter) for k in workers]
+    configs += [(f"torch DataLoader+Pillow num_workers={k}", "baseline", k, baseline_iter) for k in workers]
     samples = {name: [] for name, *_ in configs}
-    for _ in range(args.repeats):
-        for name, _, _, make in configs:
-            samples[name].append(measure(make, args.images))
+    order = []
+    with MeasuredConditions("cpu") as cond:
+        for rep, (name, _, k, factory) in interleaved(configs, args.repeats, args.seed):
+            order.append([rep, name])
+            samples[name].append(measure(factory(k, args.seed + rep), args.images))
 
-    env = describe_environment("cpu")
+    env = cond.as_dict()["environment"]
     rows = []
     for name, kind, k, _ in configs:
         wall = [s[0] for s in samples[name]]
@@ -134,16 +151,19 @@ def main() -> None:
         "dataset": "CIFAR-10-JPEG train (32x32 JPEG q75), decode + random crop (pad 4) + flip, batches of 256",
         "hardware": hardware_label(env),
         "torch": torch.__version__,
-        "environment": env,
-        "note": "2 CPU cores shared with other engineers' jobs during the run: wall numbers are noisy; "
-                "images per CPU-second and side-by-side ratios are the comparable figures",
+        "conditions": cond.as_dict(),
+        "decoder_hasten": f"simplejpeg {decode.simplejpeg.__version__}" if decode.simplejpeg else "Pillow",
         "images_per_run": args.images,
         "repeats": args.repeats,
+        "seed": args.seed,
+        "order": order,
         "rows": rows,
     }
     write_json(RESULTS / "pipeline_throughput.json", result)
     plot(rows, RESULTS / "pipeline_throughput.png", result)
-    print(f"{hardware_label(env)}, torch {torch.__version__}, n={args.repeats} runs of {args.images} images")
+    print(f"{hardware_label(env)}, torch {torch.__version__}, n={args.repeats} runs of {args.images} images, "
+          f"hasten decoder: {result['decoder_hasten']}")
+    print(cond.summary())
     print(f"{'config':42} {'img/s':>14} {'img/CPU-s':>14} {'vs base wall':>12} {'vs base CPU':>11}")
     for r in rows:
         print(f"{r['config']:42} {r['images_per_s']['mean']:>8.0f}±{r['images_per_s']['std']:<5.0f} "
@@ -169,8 +189,10 @@ def plot(rows, path, meta) -> None:
         ax.set_xlabel("decode workers (0 = in the main process)")
         ax.set_ylabel(label)
         ax.legend()
-    fig.suptitle(f"CIFAR-10-JPEG decode+augment, {meta['hardware']}, torch {meta['torch']} (shared CPU)",
-                 fontsize=9)
+    c = meta["conditions"]
+    fig.suptitle(f"CIFAR-10-JPEG decode+augment, {meta['hardware']}, torch {meta['torch']}; "
+                 f"load average {c['load_average_before'][0]:.1f}->{c['load_average_after'][0]:.1f}, "
+                 f"n={meta['repeats']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -12,7 +12,11 @@ GPU exists. For each: the verdict, true and estimated R, and the top fix that
 Goals: every verdict right, R within 20%, the top fix's
 verified speedup within 25% of its prediction.
 
-    python benchmarks/profile_accuracy.py [--repeats 1]
+Within every repeat the scenarios run in a freshly shuffled order
+(``hasten.timing.interleaved``); the load average and matmul rate before and after
+are recorded (``hasten.environment.MeasuredConditions``).
+
+    python benchmarks/profile_accuracy.py [--repeats 2]
 
 Writes benchmarks/results/profile_accuracy.json and profile_accuracy.png.
 """
@@ -20,7 +24,6 @@ Writes benchmarks/results/profile_accuracy.json and profile_accuracy.png.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -28,10 +31,11 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import describe_environment, hardware_label
+from hasten.environment import MeasuredConditions, hardware_label
 from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
 from hasten.profile.verdict import Recommendation
 from hasten.rundir import write_json
+from hasten.timing import interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "profile_scripts"
@@ -56,16 +60,6 @@ SCENARIOS = [
     ("comm-bound 2-rank DDP", [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                SCRIPTS / "ddp_comm.py"], "communication-bound", None, False),
 ]
-
-
-def matmul_gflops(n: int = 1024, reps: int = 10) -> float:
-    """This machine's fp32 matmul rate, measured now (the scale every timing here sits on)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
 
 
 def run_scenario(name, command, expected, r_true, loaded, args) -> dict:
@@ -154,22 +148,20 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0, help="seeds the order of scenarios in each repeat")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--probe-steps", type=int, default=6)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    env = describe_environment()
-    load_before = os.getloadavg()
-    gflops = matmul_gflops()
     scenarios = list(SCENARIOS)
     if torch.cuda.is_available():
         scenarios.append(("GPU input R=4", [PY, SCRIPTS / "input_bound.py", "--item-sleep", "0.002", "--batch",
                                             "16", "--step-sleep", "0.008"], "input-bound", 4.0, False))
     rows = []
-    for rep in range(args.repeats):
-        for sc in scenarios:
+    with MeasuredConditions("cpu") as cond:
+        for rep, sc in interleaved(scenarios, args.repeats, args.seed):
             row = run_scenario(*sc, args)
             row["repeat"] = rep
             rows.append(row)
@@ -177,6 +169,9 @@ def main() -> int:
                   f"{row['verdict']:20s} R {_fmt(row['r_true'], '.1f'):>4s}/{_fmt(row['r_estimated'], '.2f'):>5s}  "
                   f"{_fmt(row['top_fix'], 's'):26s} x{_fmt(row['predicted'], '.2f')} -> x{_fmt(row['verified'], '.2f')}"),
                   flush=True)
+    conditions = cond.as_dict()
+    env = conditions["environment"]
+    print(cond.summary())
     ok = [r for r in rows if "error" not in r]
     summary = {
         "verdicts_right": f"{sum(r['verdict_right'] for r in ok)}/{len(rows)}",
@@ -189,10 +184,8 @@ def main() -> int:
     }
     print("summary: " + ", ".join(f"{k} {v if not isinstance(v, float) else f'{v:.0%}'}" for k, v in summary.items()))
     result = {
-        "command": "python benchmarks/profile_accuracy.py " + " ".join(sys.argv[1:]),
-        "hardware": hardware_label(env), "environment": env, "torch": torch.__version__,
+        "hardware": hardware_label(env), "conditions": conditions, "torch": torch.__version__,
         "gpu_scenario": "run" if torch.cuda.is_available() else "skipped: no GPU on this machine",
-        "fp32_matmul_gflops": gflops, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "n": args.repeats, "warmup": args.warmup, "steps": args.steps, "probe_steps": args.probe_steps,
         "summary": summary, "scenarios": rows,
     }

@@ -2,14 +2,20 @@
 fraction of the device's measured matrix rate.
 
     python benchmarks/speedrun.py --data ../shared/data/cifar10-jpeg.tar.xz --runs 20
-    python benchmarks/speedrun.py --data ... --ablate --runs 1     # the ablation ladder
+    python benchmarks/speedrun.py --data ... --ablate --runs 3     # the ablation ladder
 
 Runs ``hasten.recipes.speedrun.run`` (what ``hasten speedrun`` runs: same code
 path, same timing rules) and adds the device's dense matrix-multiply rate
-measured in the same process: bf16 on CUDA, float32 on CPU. Writes
-benchmarks/results/speedrun-<device>-<preset>.json (or
-speedrun-ablation-<device>-<preset>.json), keeps the run directory, and prints
-a short table.
+measured in the same process: bf16 on CUDA, float32 on CPU. The load average and
+matmul rate before and after are recorded (``hasten.environment.MeasuredConditions``).
+
+``--ablate`` trains every rung of ``hasten.recipes.speedrun.LADDER`` ``--runs``
+times, the rungs in a freshly shuffled order in every repeat
+(``hasten.timing.interleaved``; repeat i uses seed i), so that load drifting
+during the ladder spreads over all rungs instead of making later rungs look
+faster or slower. Writes benchmarks/results/speedrun-<device>-<preset>.json (or
+speedrun-ablation-<device>-<preset>.json), keeps the run directory, and prints a
+short table.
 """
 
 from __future__ import annotations
@@ -17,16 +23,19 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from hasten.environment import hardware_label, pick_device
+from hasten.data.normalize import channel_stats
+from hasten.environment import MeasuredConditions, describe_environment, hardware_label, pick_device
 from hasten.errors import HastenError
 from hasten.recipes import speedrun
+from hasten.recipes.common import load_training_data
 from hasten.rundir import RunDir, write_json
-from hasten.timing import Stopwatch
+from hasten.timing import Stopwatch, interleaved
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -62,14 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     try:
-        summary = _run(args)
+        with MeasuredConditions(pick_device(args.device)) as cond:
+            summary = _run(args)
     except HastenError as exc:
         print(f"benchmarks/speedrun.py: error: {exc}", file=sys.stderr)
         return 2
     device = torch.device(summary["device"])
     env = summary["environment"]
     summary["command"] = "python benchmarks/speedrun.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    summary["note"] = ("machine shared with other jobs while this ran" if device.type == "cpu" else None)
+    summary["conditions"] = cond.as_dict()
     kind = "speedrun-ablation" if args.ablate else "speedrun"
     out = args.out or RESULTS / f"{kind}-{device.type}-{summary['preset']}.json"
 
@@ -83,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{hardware_label(env)[:28]:<28} {env['torch']:<14} {summary['preset']:<10} {len(summary['runs']):>3} "
               f"{summary['mean_accuracy']:>12.4f} {summary['std_accuracy']:>7.4f} {summary['mean_time_s']:>11.2f} "
               f"{summary['std_time_s']:>6.2f} {summary['achieved_tflops']:>8.3f} {summary['fraction_of_matmul_rate']:>9.1%}")
+    print(cond.summary())
     write_json(out, summary)
     print(f"wrote {out}")
     return 0
@@ -102,7 +113,59 @@ def _run(args) -> dict:
         raise HastenError(f"no dataset at {args.data}: pass --data PATH or set HASTEN_DATA")
     with RunDir("speedrun", device=device) as run_dir:
         print(f"run directory: {run_dir.path}")
+        if args.ablate:
+            return _ladder(config, run_dir, functools.partial(print, flush=True))
         return speedrun.run(config, run_dir=run_dir, log=functools.partial(print, flush=True))
+
+
+def _ladder(config: speedrun.SpeedrunConfig, run_dir: RunDir, say) -> dict:
+    """Every rung ``config.runs`` times, interleaved: one run of each rung per repeat,
+    in a shuffled order (repeat i uses seed ``config.seed + i`` for every rung)."""
+    device = torch.device(config.device)
+    rungs = speedrun.ladder_recipes(config.recipe)  # invalid rungs fail before any work
+    data = load_training_data(config.data, batch_size=config.recipe.batch_size,
+                              train_subset=config.train_subset)
+    say(f"data: {data.summary()}")
+    mean_std = channel_stats(data.train.images)
+    if config.warmup:  # untimed: first-call overheads, as in speedrun.run
+        speedrun.train_run(config.recipe, data, device, mean_std=mean_std, seed=config.seed, max_steps=3)
+    say(f"ablation ladder: {len(rungs)} rungs x {config.runs} run(s), interleaved; target {config.target:.2%}")
+    results: dict[str, list] = {name: [] for name, _ in rungs}
+    order = []
+    for rep, (name, recipe) in interleaved(rungs, config.runs, seed=config.seed):
+        r = speedrun.train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + rep,
+                               target=config.target)
+        results[name].append(r)
+        order.append([rep, name])
+        run_dir.log(rung=name, repeat=rep, tta_accuracy=r.tta_accuracy, time_s=r.time_s,
+                    epochs_to_target=r.epochs_to_target, time_to_target_s=r.time_to_target_s)
+        say(f"  repeat {rep} {name:<34} {r.tta_accuracy:.4f} {r.time_s:7.1f} s")
+
+    def mean_std_of(xs):
+        return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0) if xs else (None, None)
+
+    rows = []
+    say(f"{'rung':<34} {'reached':>7} {'epochs_to_target':>16} {'final_acc mean':>14} {'std':>6} {'time_s':>7}")
+    for name, _ in rungs:
+        runs = results[name]
+        reached = [r for r in runs if r.epochs_to_target is not None]
+        acc, acc_std = mean_std_of([r.tta_accuracy for r in runs])
+        t, t_std = mean_std_of([r.time_s for r in runs])
+        rows.append({"rung": name, "runs": len(runs), "reached": len(reached),
+                     "epochs_to_target": statistics.fmean(r.epochs_to_target for r in reached) if reached else None,
+                     "time_to_target_s": statistics.fmean(r.time_to_target_s for r in reached) if reached else None,
+                     "final_accuracy": acc, "final_accuracy_std": acc_std,
+                     "final_accuracy_runs": [r.tta_accuracy for r in runs],
+                     "time_s": t, "time_s_std": t_std, "time_s_runs": [r.time_s for r in runs],
+                     "cpu_time_s": statistics.fmean(r.cpu_time_s for r in runs)})
+        ep = f"{rows[-1]['epochs_to_target']:.1f}" if reached else "-"
+        say(f"{name:<34} {len(reached):>3}/{len(runs):<3} {ep:>16} {acc:>14.4f} {acc_std:>6.4f} {t:>7.1f}")
+    summary = {"preset": config.preset, "target": config.target, "epochs_budget": config.recipe.epochs,
+               "device": str(device), "data": data.name, "train_subset": config.train_subset,
+               "runs_per_rung": config.runs, "order": order, "rungs": rows,
+               "environment": describe_environment(device), "rundir": str(run_dir.path)}
+    run_dir.write_results(summary)
+    return summary
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ the command line, and the software and hardware (see
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -48,23 +49,49 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return path
 
 
+def runs_root() -> Path:
+    """Where run directories go: ``$HASTEN_RUNS``, else ``runs``."""
+    return Path(os.environ.get("HASTEN_RUNS", "runs"))
+
+
+def config_digest(config: dict, length: int = 10) -> str:
+    """A short hex digest of ``config`` (JSON with sorted keys): the same settings give
+    the same digest in every process and on every machine."""
+    text = json.dumps(_jsonable(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def stable_run_path(command: str, config: dict, root: str | os.PathLike | None = None) -> Path:
+    """``<root>/<command>-<config digest>``: a run directory every process of a run, and
+    every restart of it, derives alone from the run's settings, with no file or
+    message passed between them (see :func:`config_digest`)."""
+    return Path(root if root is not None else runs_root()) / f"{command}-{config_digest(config)}"
+
+
 class RunDir:
     """``runs/<command>-<UTC timestamp>/`` holding config.json, environment.json,
     metrics.jsonl, results.json and plots.
 
-    ``root`` defaults to ``$HASTEN_RUNS``, else ``runs``. ``environment.json`` is
-    written at once, so even a run that crashes says what code and command it was.
+    ``root`` defaults to ``$HASTEN_RUNS``, else ``runs``. ``path`` names the
+    directory instead (made if missing, reused if present: a resumed run appends to
+    its metrics). ``environment.json`` is written at once, so even a run that
+    crashes says what code and command it was.
     """
 
-    def __init__(self, command: str, root: str | os.PathLike | None = None, device=None):
-        root = Path(root if root is not None else os.environ.get("HASTEN_RUNS", "runs"))
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        path = root / f"{command}-{stamp}"
-        n = 1
-        while path.exists():
-            n += 1
-            path = root / f"{command}-{stamp}-{n}"
-        path.mkdir(parents=True)
+    def __init__(self, command: str, root: str | os.PathLike | None = None, device=None, *,
+                 path: str | os.PathLike | None = None):
+        if path is not None:
+            path = Path(path)
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            root = Path(root) if root is not None else runs_root()
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+            path = root / f"{command}-{stamp}"
+            n = 1
+            while path.exists():
+                n += 1
+                path = root / f"{command}-{stamp}-{n}"
+            path.mkdir(parents=True)
         self.path = path
         self.environment = describe_environment(device)
         write_json(path / "environment.json", self.environment)
@@ -76,6 +103,25 @@ class RunDir:
     def log(self, **record: Any) -> None:
         """Append one JSON line to metrics.jsonl (line-buffered: survives a crash)."""
         self._metrics.write(json.dumps(_jsonable(record)) + "\n")
+
+    def drop_metrics_after(self, step: int) -> None:
+        """Forget metrics lines logged after ``step``: a run resumed from a checkpoint
+        at ``step`` logs those steps again, and each should appear once."""
+        self._metrics.close()
+        path = self.path / "metrics.jsonl"
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by the crash
+                continue
+            if not (isinstance(record, dict) and isinstance(record.get("step"), (int, float))
+                    and record["step"] > step):
+                kept.append(line)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+        self._metrics = open(path, "a", buffering=1)
 
     def write_results(self, results: dict) -> Path:
         return write_json(self.path / "results.json", results)

@@ -48,3 +48,41 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def _photo(rng, h: int, w: int) -> np.ndarray:
+    """Photo-like pixels: smooth waves of colour plus mild noise (real JPEG structure)."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.empty((h, w, 3), np.float32)
+    for c in range(3):
+        a, b, p = rng.uniform(-1, 1, 3)
+        img[..., c] = 128 + 60 * np.sin(a * x / 37 + b * y / 29 + 6 * p) + 30 * np.cos((x + y * b) / (11 + 9 * abs(a)))
+    img += rng.normal(0, 6, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="session")
+def photo_jpeg():
+    """``photo_jpeg(rng, h, w, quality=90) -> bytes``: a photo-like JPEG."""
+    import io
+
+    def make(rng, h, w, quality=90):
+        buf = io.BytesIO()
+        Image.fromarray(_photo(rng, h, w)).save(buf, "JPEG", quality=quality)
+        return buf.getvalue()
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def photo_folder(tmp_path_factory, photo_jpeg):
+    """train/ and test/ folders of 3 classes of photo-like JPEGs of varied sizes (18 + 6 per class)."""
+    root = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(1)
+    for split, n in (("train", 18), ("test", 6)):
+        for name in ("ant", "bee", "cat"):
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                h, w = (int(v) for v in rng.integers(90, 200, 2))
+                (root / split / name / f"{name}{i:02d}.jpg").write_bytes(photo_jpeg(rng, h, w))
+    return root

@@ -1,10 +1,14 @@
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from hasten.cli import main
+from hasten.data import load_dataset
+from hasten.recipes.speedrun import build_recipe, flops_per_run
 
 
 def _image_folder(root: Path, per_class=12, classes=("a", "b", "c")) -> Path:
@@ -30,7 +34,16 @@ def test_cli_writes_run_directory_and_json(tmp_path, capsys):
     for key in ("runs", "mean_accuracy", "std_accuracy", "mean_time_s", "device", "preset", "flops_per_run"):
         assert key in summary
     assert len(summary["runs"]) == 2 and set(summary["runs"][0]) >= {"accuracy", "tta_accuracy", "time_s"}
-    assert summary["flops_per_run"] > 0 and summary["preset"] == "tiny"
+    assert summary["preset"] == "tiny"
+    # The numbers are the recipe's own: FLOPs of this recipe on this data, the mean
+    # and spread of the runs' times, and the rate they give.
+    recipe = build_recipe("tiny", epochs=1, batch_size=12)
+    assert summary["flops_per_run"] == flops_per_run(recipe, load_dataset(data)) > 0
+    times = [r["time_s"] for r in summary["runs"]]
+    assert summary["mean_time_s"] == pytest.approx(statistics.fmean(times))
+    assert summary["std_time_s"] == pytest.approx(statistics.stdev(times))
+    assert summary["achieved_tflops"] == pytest.approx(summary["flops_per_run"] / summary["mean_time_s"] / 1e12)
+    assert summary["mean_accuracy"] == pytest.approx(statistics.fmean(r["tta_accuracy"] for r in summary["runs"]))
     rundir = Path(summary["rundir"])
     for name in ("config.json", "environment.json", "metrics.jsonl", "results.json", "accuracy_vs_time.png"):
         assert (rundir / name).exists(), name

@@ -1,8 +1,11 @@
 """`hasten train` on the command line: bad input is one clear line, options become the config."""
 
+import json
 import re
+from pathlib import Path
 
 import pytest
+import torch
 
 from hasten.checkpoint import save_checkpoint
 from hasten.cli import main
@@ -62,3 +65,40 @@ def test_learning_rate_defaults_by_optimizer(args, lr, scaling, monkeypatch):
     monkeypatch.setattr(recipe, "train", fake_train)
     assert _cli("--data", "x", *args) == 130
     assert isinstance(seen[0], TrainConfig) and (seen[0].lr, seen[0].lr_scaling) == (lr, scaling)
+
+
+# --- --resume auto, --run-dir, and what a torchrun restart does ------------------------------
+
+TINY = ["--model", "resnet10", "--width", "4", "--batch-size", "32", "--warmup-epochs", "1", "--epochs", "2",
+        "--checkpoint-every", "5", "--deterministic"]
+
+
+def test_resume_auto_starts_fresh_then_continues_the_same_run(colours, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    args = ["--data", str(colours), *TINY, "--json", str(tmp_path / "r.json")]
+    assert _cli(*args, "--resume", "auto") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    run = Path(json.loads((tmp_path / "r.json").read_text())["run_dir"])
+    # The run directory is the one derived from the settings, under $HASTEN_RUNS.
+    assert run.parent == tmp_path / "runs" and run.name.startswith("train-")
+    assert err == [f"hasten train: no checkpoint in {run} yet; starting fresh"]
+    assert torch.load(run / "checkpoint.pt", weights_only=True)["step"] == 12
+    # The same command again without --resume would overwrite the run: refused in one line.
+    assert _cli(*args) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"hasten train: error: {run} already holds a checkpoint of this run (step 12); continue it with "
+        "--resume auto, or start a new run with --run-dir DIR")
+    # A worker restarted by torchrun resumes by itself, from the newest checkpoint.
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert _cli(*args) == 0
+    assert capsys.readouterr().err.strip() == f"hasten train: resuming from {run / 'checkpoint.pt'} (step 12)"
+    assert json.loads((tmp_path / "r.json").read_text())["resumed_from_step"] == 12
+    # --run-dir puts a run where asked, fresh.
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    assert _cli(*args, "--run-dir", str(tmp_path / "mine")) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["run_dir"] == str(tmp_path / "mine")
+
+
+def test_collective_timeout_must_be_positive(tmp_path, capsys):
+    assert _cli("--data", "x", "--collective-timeout", "0") == 2
+    assert "--collective-timeout must be > 0 seconds, got 0.0" in capsys.readouterr().err

@@ -24,12 +24,15 @@ def _encode(array, fmt="JPEG", **kwargs):
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("use_simplejpeg", [True, False])
+# The simplejpeg cases skip, rather than test Pillow twice, where simplejpeg is not installed.
+DECODERS = [pytest.param(True, id="simplejpeg", marks=pytest.mark.skipif(
+    decode.simplejpeg is None, reason="simplejpeg not installed")), pytest.param(False, id="pillow")]
+
+
+@pytest.mark.parametrize("use_simplejpeg", DECODERS)
 def test_jpeg_matches_pillow_within_decoder_tolerance(monkeypatch, use_simplejpeg):
     if not use_simplejpeg:
         monkeypatch.setattr(decode, "simplejpeg", None)
-    elif decode.simplejpeg is None:
-        pytest.skip("simplejpeg not installed")
     data = _encode(_photo(), quality=75)  # Pillow's defaults: q75, 4:2:0, like CIFAR-10-JPEG
     ours = decode_image(data, "photo.jpg")
     pillow = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
@@ -48,7 +51,7 @@ def test_png_is_lossless_and_converted_to_rgb():
     assert np.array_equal(decode_image(_encode(rgba, "PNG")), rgb)
 
 
-@pytest.mark.parametrize("use_simplejpeg", [True, False])
+@pytest.mark.parametrize("use_simplejpeg", DECODERS)
 def test_damaged_files_raise_bad_image_error_naming_the_file(monkeypatch, use_simplejpeg):
     if not use_simplejpeg:
         monkeypatch.setattr(decode, "simplejpeg", None)
@@ -79,7 +82,7 @@ def test_resize_center_crop_takes_the_middle():
     assert np.array_equal(out, expected)
 
 
-@pytest.mark.parametrize("use_simplejpeg", [True, False])
+@pytest.mark.parametrize("use_simplejpeg", DECODERS)
 def test_decompression_bombs_are_refused(monkeypatch, use_simplejpeg):
     if not use_simplejpeg:
         monkeypatch.setattr(decode, "simplejpeg", None)
@@ -88,13 +91,49 @@ def test_decompression_bombs_are_refused(monkeypatch, use_simplejpeg):
         decode_image(_encode(_photo()), "big.jpg")
 
 
-def test_fused_downscale_decode_matches_plain_decode():
-    rng = np.random.default_rng(1)
-    smooth = np.kron(rng.integers(0, 256, (16, 16, 3)), np.ones((16, 16, 1))).astype(np.uint8)  # 256x256
-    buf = io.BytesIO()
-    Image.fromarray(smooth).save(buf, format="JPEG", quality=95)
-    fused = decode_fitted(buf.getvalue(), "big.jpg", 64)
-    plain = decode_image(buf.getvalue(), "big.jpg", image_size=64)
-    assert fused.shape == plain.shape == (64, 64, 3)
-    assert np.abs(fused.astype(int) - plain.astype(int)).mean() < 8
+def _textured(n=256, seed=0):
+    """Smooth colour regions, a fine sine texture and noise: detail at every scale,
+    so a downscale that is not a block average (subsampling, an offset) shows."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (n // 32, n // 32, 3), dtype=np.uint8)
+    img = np.asarray(Image.fromarray(coarse).resize((n, n), Image.BICUBIC)).astype(float)
+    x = np.arange(n)
+    img += 20 * np.sin(x / 5.0)[None, :, None] + rng.normal(0, 6, (n, n, 3))
+    return np.clip(img, 0, 255).astype(np.uint8)
 
+
+def _block_average(array, f):
+    """The true f-times downscale: the mean of each f x f block, in float."""
+    h, w, c = array.shape
+    return array.reshape(h // f, f, w // f, f, c).astype(float).mean(axis=(1, 3))
+
+
+@pytest.mark.parametrize("use_simplejpeg", DECODERS)
+@pytest.mark.parametrize("factor", [2, 4, 8])
+def test_fitted_decode_is_the_block_average_within_dct_scaling_error(monkeypatch, use_simplejpeg, factor):
+    """With simplejpeg the image is decoded at 1/factor scale in the DCT domain; without
+    it, fully decoded and resized (Pillow bicubic with antialiasing). Either way the
+    result must be the true block average of what the decoder sees (its own full-size
+    decode), up to: rounding to uint8 (mean 0.25) and, for the DCT path, libjpeg's
+    reduced IDCT, which keeps only the lowest 8/factor frequencies of each 8x8 block
+    (exactly the block mean at 1/8; at 1/2 and 1/4 higher frequencies leak in, measured
+    at mean 0.5, max 4.3 on this image). Tolerance: mean 1.0, max 8. Pillow's bicubic
+    kernel is not a box (4 x factor taps, negative lobes): measured mean 1.09 at
+    factor 2, so 1.5 on that path. Subsampling instead of averaging is off by more
+    than 3 in the mean here."""
+    if not use_simplejpeg:
+        monkeypatch.setattr(decode, "simplejpeg", None)
+    original = _textured()
+    data = _encode(original, quality=95, subsampling=0)  # 4:4:4: no chroma upsampling on top
+    size = 256 // factor
+    fitted = decode_fitted(data, "big.jpg", size).astype(float)
+    assert fitted.shape == (size, size, 3)
+    full = decode_image(data, "big.jpg").astype(float)
+    error = np.abs(fitted - _block_average(full, factor))
+    tolerance = 1.0 if use_simplejpeg else 1.5
+    assert error.mean() < tolerance and error.max() <= 8, (error.mean(), error.max())
+    # Against the original pixels: JPEG's own error (the full decode, averaged) plus the above.
+    jpeg_error = np.abs(_block_average(full, factor) - _block_average(original, factor)).mean()
+    assert np.abs(fitted - _block_average(original, factor)).mean() < jpeg_error + tolerance
+    # The tolerance rejects plain subsampling, the error a downscale without averaging makes.
+    assert np.abs(full[::factor, ::factor] - _block_average(full, factor)).mean() > 3.0

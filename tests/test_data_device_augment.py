@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from augment_reference import cutout_mask, offsets, shifted_indices
 from hasten.data import device_augment as augment
 
 
@@ -76,3 +77,99 @@ def test_alternating_flip_negates_every_other_epoch():
     base = torch.rand(100, generator=torch.Generator().manual_seed(0)) < 0.5
     m0, m1, m2 = (augment.alternating_flip_mask(base, e) for e in range(3))
     assert torch.equal(m0, base) and torch.equal(m1, ~base) and torch.equal(m2, base)
+
+
+def _reference_views(image: torch.Tensor, pad: int) -> dict:
+    """Every crop of ``image`` (C, H, W) reflect-padded by ``pad``, plain and mirrored,
+    keyed by (dy, dx, mirrored), dy and dx in [-pad, pad]."""
+    _, h, w = image.shape
+    views = {}
+    for dy, dx in offsets(pad):
+        rows, cols = (torch.tensor(i) for i in shifted_indices(h, w, dy, dx))
+        crop = image[:, rows[:, None], cols[None, :]]
+        views[(dy, dx, False)], views[(dy, dx, True)] = crop, crop.flip(-1)
+    return views
+
+
+def test_crop_with_shifts_matches_explicit_indexing():
+    x = _images(n=6)
+    pad = 3
+    shifts = torch.tensor([[-3, 3], [3, -3], [0, 0], [-1, 2], [2, 1], [-3, -3]])
+    out = augment.crop_with_shifts(F.pad(x, (pad,) * 4, mode="reflect"), shifts, pad)
+    for i, (dy, dx) in enumerate(shifts.tolist()):
+        assert torch.equal(out[i], _reference_views(x[i], pad)[(dy, dx, False)])
+
+
+@pytest.mark.parametrize("pad", [1, 4])
+def test_random_crop_reflect_is_a_reference_crop_covering_every_shift(pad):
+    x = _images(n=600, c=2, h=10, w=11, seed=4)
+    out = augment.random_crop_reflect(x, pad, generator=torch.Generator().manual_seed(5))
+    found = []
+    for image, o in zip(x, out):
+        matches = [k for k, v in _reference_views(image, pad).items() if not k[2] and torch.equal(o, v)]
+        assert len(matches) == 1
+        found.append(matches[0][:2])
+    grid = set(offsets(pad))
+    assert set(found) == grid  # exactly [-pad, pad] in both directions
+    assert max(found.count(s) for s in grid) < 3 * len(found) / len(grid)  # roughly uniform
+    assert torch.equal(augment.random_crop_reflect(x, 0), x)
+
+
+def test_random_shifts_cover_exactly_the_range():
+    shifts = augment.random_shifts(4000, 3, generator=torch.Generator().manual_seed(0))
+    for column in shifts.T:
+        counts = torch.bincount(column + 3)
+        assert len(counts) == 7 and counts.min() > 4000 / 7 * 0.8  # each of -3..3, none beyond
+
+
+def _cutout_reference(x: torch.Tensor, size: int, centers) -> torch.Tensor:
+    out = x.clone()
+    for i, (cy, cx) in enumerate(centers):
+        out[i][:, torch.tensor(cutout_mask(*x.shape[-2:], size, cy, cx))] = 0
+    return out
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_cutout_zeroes_the_reference_square_at_every_centre(size):
+    x = _images(n=900, c=2, h=6, w=7, seed=6) + 10  # no pixel is 0 before cutout
+    out = augment.cutout(x, size, generator=torch.Generator().manual_seed(7))
+    # Each output equals the reference for exactly one centre; every centre occurs.
+    centres = [(cy, cx) for cy in range(6) for cx in range(7)]
+    masks = [torch.tensor(cutout_mask(6, 7, size, *c)) for c in centres]
+    found = []
+    for i in range(len(x)):
+        zero = (out[i] == 0).all(0)
+        assert torch.equal(out[i][:, ~zero], x[i][:, ~zero])  # the rest untouched
+        match = [c for c, m in zip(centres, masks) if torch.equal(m, zero)]
+        assert len(match) == 1
+        found.append(match[0])
+    assert set(found) == set(centres)
+    given = torch.tensor(found[:5])
+    assert torch.equal(augment.cutout(x[:5], size, centers=given), _cutout_reference(x[:5], size, found[:5]))
+
+
+def test_draws_come_from_the_given_generator():
+    """Same generator seed, same result, whatever the global RNG did in between; another
+    seed, another result: the functions draw from ``generator`` and nothing else."""
+    x = _images(n=64)
+
+    def twice(f):
+        torch.manual_seed(123)
+        a = f(torch.Generator().manual_seed(5))
+        torch.manual_seed(456)
+        b = f(torch.Generator().manual_seed(5))
+        c = f(torch.Generator().manual_seed(6))
+        assert torch.equal(a, b) and not torch.equal(a, c)
+
+    twice(lambda g: augment.random_shifts(64, 2, generator=g))
+    twice(lambda g: augment.random_crop_reflect(x, 2, generator=g))
+    twice(lambda g: augment.random_flip(x, generator=g))
+    twice(lambda g: augment.cutout(x, 3, generator=g))
+    assert augment.random_shifts(5, 2).shape == (5, 2) and augment.random_shifts(5, 2).dtype == torch.int64
+
+
+def test_cutout_of_size_one_zeroes_one_pixel():
+    x = _images(n=4) + 10
+    out = augment.cutout(x, 1, centers=torch.tensor([[0, 0], [3, 4], [9, 11], [5, 0]]))
+    assert [int((o == 0).all(0).sum()) for o in out] == [1, 1, 1, 1]
+    assert (out[1][:, 3, 4] == 0).all() and torch.equal(augment.cutout(x, 0), x)

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from augment_reference import identify, offsets
 from hasten.data.device_loader import Augmentation, GpuLoader
 from hasten.data.host_loader import HostLoader
+from hasten.data.normalize import normalize
 
 
 def _data(n=64, seed=0):
@@ -44,6 +46,18 @@ def test_augmented_batches_are_shifted_flipped_copies_and_reproducible():
     for x, p in zip(augmented, plain):
         windows = [p[:, dy:dy + 6, dx:dx + 6] for dy in range(3) for dx in range(3)]
         assert any(torch.equal(x[:, 1:7, 1:7], w) or torch.equal(x[:, 1:7, 1:7], w.flip(-1)) for w in windows)
+
+
+def test_host_batches_are_reference_translations_flips_and_cutouts():
+    g = torch.Generator().manual_seed(4)
+    images, labels = torch.randint(0, 256, (512, 2, 7, 9), dtype=torch.uint8, generator=g), torch.arange(512)
+    loader = HostLoader(images, labels, 64, augment=Augmentation(translate=2, flip="random", cutout=3), seed=1)
+    source = normalize(images, loader.mean, loader.std).numpy()
+    drawn = [identify(xi, source[yi], 2, 3) for x, y in loader for xi, yi in zip(x.numpy(), y.tolist())]
+    assert len(drawn) == 512
+    assert {(dy, dx) for dy, dx, _, _ in drawn} == set(offsets(2))  # exactly [-2, 2]^2
+    assert 0.4 < sum(m for _, _, m, _ in drawn) / len(drawn) < 0.6
+    assert len({c for *_, c in drawn}) > 0.9 * 7 * 9  # cutout centres all over the image
 
 
 def test_invalid_arguments_are_rejected():

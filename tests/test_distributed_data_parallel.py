@@ -78,6 +78,8 @@ def test_loss_trajectory_matches_single_process(world, reference):
     assert ref_losses[-1] < ref_losses[0] - 0.05, "the reference run must actually learn"
     results = spawn(_worker, world, timeout_s=60)
     for (hook, compress), (losses, grads) in results[0].items():
+        # bf16 compression is checked value by value in test_bf16_compression_gives_the_bf16_sum;
+        # here only that training with it follows the same trajectory.
         tol = 2e-2 if compress else 1e-5
         assert losses == pytest.approx(ref_losses, rel=tol, abs=tol), (hook, compress)
         for g, ref in zip(grads, ref_grads):
@@ -119,3 +121,46 @@ def test_batch_helpers_and_seeding():
     assert torch.equal(a, torch.rand(3))
     with pytest.raises(ValueError, match="seed"):
         dp.seed_everything(-1)
+
+
+def _bf16_worker(rank, world):
+    """Every rank's own local gradients (computed here for all ranks) and DDP's bf16-averaged ones."""
+    x, y = _data()
+    local = []
+    for r in range(world):
+        model = _model()
+        torch.nn.functional.cross_entropy(model(dp.shard(x[0], r, world)), dp.shard(y[0], r, world)).backward()
+        local.append([p.grad.clone() for p in model.parameters()])
+    averaged = {}
+    for hook in ("ring", "torus", "naive", "native"):
+        ddp = dp.wrap_ddp(_model(), hook=hook, compress="bf16", bucket_cap_mb=0.0005)
+        torch.nn.functional.cross_entropy(ddp(dp.shard(x[0], rank, world)),
+                                          dp.shard(y[0], rank, world)).backward()
+        averaged[hook] = [p.grad.clone() for p in ddp.parameters()]
+    return local, averaged
+
+
+def _bf16_ulp(v: torch.Tensor) -> torch.Tensor:
+    """Spacing of bfloat16 numbers (8 significant bits) at magnitude ``v`` (float64)."""
+    exponent = torch.floor(torch.log2(v.clamp_min(torch.finfo(torch.bfloat16).tiny)))
+    return torch.where(v > 0, torch.exp2(exponent - 7), torch.zeros_like(v))
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [2, 4])
+def test_bf16_compression_gives_the_bf16_sum(world):
+    """Reference: round each rank's gradient / world to bf16, sum those exactly (float64).
+    The hook sums in bf16, so each of its world - 1 additions may round once, by at most half
+    an ulp of the sum of magnitudes; rounding to fewer bits, or not communicating, is far off."""
+    results = spawn(_bf16_worker, world, timeout_s=60)
+    local = results[0][0]
+    for rank, (_, averaged) in enumerate(results):
+        for hook, grads in averaged.items():
+            for i, got in enumerate(grads):
+                terms = [local[r][i].div(world).to(torch.bfloat16).double() for r in range(world)]
+                exact = sum(terms)
+                bound = (world - 1) * 0.5 * _bf16_ulp(sum(t.abs() for t in terms))
+                err = (got.double() - exact).abs()
+                assert torch.all(err <= bound), (rank, hook, i, (err - bound).max().item())
+                # what comes back went over the wire in bf16: every value is a bf16 number
+                assert torch.equal(got, got.to(torch.bfloat16).float()), (rank, hook, i)

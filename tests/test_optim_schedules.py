@@ -82,3 +82,69 @@ def test_label_smoothing_matches_the_formula():
     torch.testing.assert_close(loss, expected)
     with pytest.raises(ValueError, match="label_smoothing: 1.0"):
         cross_entropy(logits, y, label_smoothing=1.0)
+
+
+def test_defaults_are_the_documented_ones():
+    # power 2 after warm-up (You et al.); one cycle peaks at a quarter of the run
+    lrs, _, _ = _lrs(lambda o: WarmupPolyDecay(o, warmup_steps=0, total_steps=4), 5, base=1.0)
+    assert lrs == pytest.approx([1.0, 0.75 ** 2, 0.5 ** 2, 0.25 ** 2, 0.0])  # no warm-up: full rate at 0
+    lrs, _, _ = _lrs(lambda o: one_cycle(o, total_steps=8), 9, base=1.0)
+    assert max(range(9), key=lrs.__getitem__) == 2
+
+
+def test_warmup_steps_zero_and_total_steps_one_are_valid():
+    lrs, _, _ = _lrs(lambda o: WarmupPolyDecay(o, 0, 1, power=1), 3, base=1.0)
+    assert lrs == pytest.approx([1.0, 0.0, 0.0])
+    lrs, _, _ = _lrs(lambda o: WarmupPolyDecay(o, 1, 2, power=1, warmup_start=1.0), 3, base=1.0)
+    assert lrs == pytest.approx([1.0, 1.0, 0.0])  # warmup_start = 1: no ramp
+
+
+def test_one_cycle_peak_is_kept_inside_the_run():
+    # a tiny or huge peak fraction still gives a peak strictly between 0 and total_steps
+    lrs, _, _ = _lrs(lambda o: one_cycle(o, total_steps=8, peak_fraction=0.05), 9, base=1.0)
+    assert lrs[:3] == pytest.approx([0.0, 1.0, 6 / 7])
+    lrs, _, _ = _lrs(lambda o: one_cycle(o, total_steps=8, peak_fraction=0.95), 9, base=1.0)
+    assert lrs[6:] == pytest.approx([6 / 7, 1.0, 0.0])
+    lrs, _, _ = _lrs(lambda o: one_cycle(o, total_steps=2, start=0.5, end=0.25), 3, base=1.0)
+    assert lrs == pytest.approx([0.5, 1.0, 0.25])
+
+
+def test_resume_through_last_epoch_continues_the_curve():
+    for factory in (lambda o, e: WarmupPolyDecay(o, 2, 10, last_epoch=e),
+                    lambda o, e: PiecewiseLinear(o, [0, 2, 10], [0.0, 1.0, 0.0], last_epoch=e)):
+        ref, _, _ = _lrs(lambda o: factory(o, -1), 6)
+        opt2 = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=2.0)
+        opt2.param_groups[0]["initial_lr"] = 2.0  # what torch needs to resume at last_epoch
+        factory(opt2, 4)  # steps 0..4 done: the scheduler moves on to step 5 at once
+        assert opt2.param_groups[0]["lr"] == pytest.approx(ref[5])
+
+
+@pytest.mark.parametrize(
+    "factory,match",
+    [
+        (lambda o: WarmupPolyDecay(o, 0, 0), r"^Invalid total_steps: 0 \(must be >= 1\)$"),
+        (lambda o: WarmupPolyDecay(o, -1, 10), r"warmup_steps: -1"),
+        (lambda o: WarmupPolyDecay(o, 1, 10, warmup_start=1.5),
+         r"^Invalid warmup_start: 1.5 \(must be in \[0, 1\]\)$"),
+        (lambda o: PiecewiseLinear(o, [], []), r"^milestones and factors must be non-empty and equally long, got 0 and 0$"),
+        (lambda o: PiecewiseLinear(o, [1, 2], [1.0]), r"got 2 and 1$"),
+        (lambda o: PiecewiseLinear(o, [2, 2], [1.0, 0.0]), r"milestones: \[2, 2\]"),
+        (lambda o: PiecewiseLinear(o, [1, 2], [1.0, -0.5]), r"^Invalid factors: \[1.0, -0.5\] \(must be >= 0\)$"),
+        (lambda o: one_cycle(o, 10, peak_fraction=0.0), "peak_fraction: 0.0"),
+        (lambda o: one_cycle(o, 10, peak_fraction=1.0), "peak_fraction: 1.0"),
+        (lambda o: one_cycle(o, 1), r"^Invalid total_steps: 1 \(must be >= 2\)$"),
+    ],
+)
+def test_schedule_argument_boundaries(factory, match):
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    with pytest.raises(ValueError, match=match):
+        factory(opt)
+
+
+def test_linear_scaling_rule_boundaries():
+    assert scaled_lr(0.1, 1) == pytest.approx(0.1 / 256)
+    assert scaled_lr(0.1, 3, base_batch=1) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match=r"^Invalid base_lr: 0 \(must be > 0\)$"):
+        scaled_lr(0, 256)
+    with pytest.raises(ValueError, match="base_batch=0"):
+        scaled_lr(0.1, 256, base_batch=0)

@@ -1,16 +1,36 @@
-"""hasten.recipes.echo (one run to a target) and hasten.recipes.echo_sweep (plans, statistics, report)."""
+"""hasten.recipes.echo (one run to a target) and hasten.recipes.echo_sweep (the paper-regime sweep, the comparison)."""
 
 import dataclasses
 import os
+import time
 
+import numpy as np
 import pytest
 import torch
 
+from hasten.echo import EchoCounters
 from hasten.errors import ConfigError
 from hasten.nn.tta import evaluate
 from hasten.recipes.echo import MEAN, STD, EchoRunConfig, EvalSet, train_to_target
-from hasten.recipes.echo_sweep import (EchoSweepConfig, comparison_jobs, format_table, run, stats, summarize,
-                                       sweep_a_jobs, sweep_b_jobs, write_plots)
+from hasten.recipes.echo_sweep import (
+    ComparisonConfig,
+    MemoryData,
+    RunSpec,
+    Source,
+    SweepConfig,
+    balanced_subset,
+    best_loader,
+    compare,
+    comparison_jobs,
+    format_table,
+    goals,
+    lr_at,
+    pipeline,
+    stats,
+    summarize,
+    train_budget,
+    write_plots,
+)
 from hasten.stream.records import open_records
 
 
@@ -55,7 +75,9 @@ def test_config_is_frozen_resolved_and_validated():
         with pytest.raises(ConfigError, match=match):
             EchoRunConfig(data="x", **bad)
     with pytest.raises(ConfigError, match="repeats"):
-        EchoSweepConfig(cpu, repeats=0)
+        ComparisonConfig(cpu, repeats=0)
+    with pytest.raises(ConfigError, match="seeds"):
+        SweepConfig(data="x", seeds=0)
 
 
 def test_stats_on_known_inputs():
@@ -64,33 +86,51 @@ def test_stats_on_known_inputs():
     assert stats([None, None]) == {"mean": None, "std": None, "n": 0}
 
 
-def _entry(group, echo, wall, fresh, variant="batch", seed=0):
+def _entry(group, echo, wall, fresh, variant="example-before", seed=0):
     return {"group": group, "variant": variant, "echo_factor": echo, "reached_target": wall is not None,
-            "storage_ratio": 1, "fresh_examples_to_target": fresh, "steps_to_target": 10,
-            "wall_time_to_target_s": wall, "final_accuracy": 0.5, "idle_fraction": 0.1, "upstream_ratio": 4.0,
-            "mean_echo_factor": echo if echo != "auto" else 3.0, "seed": seed}
+            "fresh_examples_to_target": fresh, "steps_to_target": 10, "wall_time_to_target_s": wall,
+            "end_accuracy": 0.5, "final_accuracy": 0.5, "idle_fraction": 0.1, "upstream_ratio": 4.0,
+            "mean_echo_factor": echo if echo != "auto" else 3.0, "seed": seed, "lr": 0.1, "budget_steps": 100,
+            "shuffle_buffer": 0, "duplicate_rate": 0.0, "step_time_s": 0.01}
 
 
-def test_summary_speedup_is_relative_to_same_group():
+def test_summary_speedup_is_relative_to_same_group_and_needs_every_seed():
     rows = summarize([_entry("R=4", 1.0, 8.0, 100), _entry("R=4", 4.0, 2.0, 50), _entry("R=2", 1.0, 4.0, 100),
-                      _entry("R=2", 4.0, 4.0, 50)])
+                      _entry("R=2", 4.0, 4.0, 50), _entry("R=2", 2.0, 2.0, 50), _entry("R=2", 2.0, None, None, seed=1)])
     speed = {(r["group"], r["echo_factor"]): r["speedup"] for r in rows}
     assert speed[("R=4", "4.0")] == pytest.approx(4.0) and speed[("R=2", "4.0")] == pytest.approx(1.0)
+    assert speed[("R=2", "2.0")] is None  # one seed missed the target: no mean time to compare
     assert "4.00x" in format_table(rows)
 
 
 def test_summary_pools_seeds_and_treats_no_echo_as_one_configuration():
     rows = summarize([_entry("a", 1.0, 10.0, 100, "batch"), _entry("a", 1.0, 14.0, 140, "example-after", seed=1),
-                      _entry("a", 2.0, 6.0, 150), _entry("a", 2.0, None, None, seed=1),
-                      _entry("a", "auto", 8.0, 120)])
-    assert [(r["variant"], r["echo_factor"], r["n"], r["reached"]) for r in rows] == [
-        ("none", "1.0", 2, 2), ("batch", "2.0", 2, 1), ("batch", "auto", 1, 1)]
+                      _entry("a", 2.0, 6.0, 150, "batch"), _entry("a", "auto", 8.0, 120, "batch")])
+    assert [(r["variant"], r["echo_factor"], r["n"]) for r in rows] == [
+        ("none", "1.0", 2), ("batch", "2.0", 1), ("batch", "auto", 1)]
     none, e2, auto = rows
     assert none["wall_time_to_target_s"] == {"mean": 12.0, "std": pytest.approx(2 ** 0.5 * 2), "n": 2}
     assert e2["speedup"] == pytest.approx(2.0) and e2["fresh_ratio"] == pytest.approx(1.25)
     assert auto["speedup"] == pytest.approx(1.5)
     table = format_table(rows)
     assert "12.0±2.8" in table and "a3.0" in table  # spread over seeds; AutoEcho's mean factor
+
+
+def test_goals_compare_autoecho_with_the_best_fixed_factor():
+    rows = summarize([_entry("R=6", 1.0, 12.0, 100), _entry("R=6", 4.0, 4.0, 50), _entry("R=6", 6.0, 3.0, 40),
+                      _entry("R=6", "auto", 3.3, 45), _entry("R<1", 1.0, 2.0, 100), _entry("R<1", "auto", 2.02, 100)])
+    g = goals(rows, (6.0,))
+    (r6,) = g["per_ratio"]
+    assert r6["best_fixed_e"] == "6.0" and r6["best_fixed_speedup"] == pytest.approx(4.0)
+    assert r6["autoecho_vs_best"] == pytest.approx(3.0 / 3.3)
+    assert g["not_input_bound_autoecho_slowdown"] == pytest.approx(0.01)
+    # Final accuracy at the full budget: within the spread = not below the baseline's mean - std.
+    low = dict(_entry("a", 4.0, None, None), final_accuracy=0.40)
+    rows = summarize([dict(_entry("a", 1.0, None, None), final_accuracy=0.50),
+                      dict(_entry("a", 1.0, None, None, seed=1), final_accuracy=0.52), low,
+                      dict(_entry("a", 2.0, None, None), final_accuracy=0.497)])
+    within = {r["echo_factor"]: r["within_spread"] for r in goals(rows, ())["final_accuracy"]}
+    assert within == {"4.0": False, "2.0": True}
 
 
 def test_sweep_plots_are_written(tmp_path):
@@ -101,38 +141,133 @@ def test_sweep_plots_are_written(tmp_path):
     assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
-def test_sweep_plan_covers_the_papers_two_findings():
-    base = EchoRunConfig(data="x")
-    a = sweep_a_jobs(base)
-    assert {(j.config.variant, j.config.echo) for j in a[1:]} == {
-        (v, e) for v in ("example-before", "example-after", "batch") for e in (2.0, 4.0, 6.0)}
-    assert all(j.config.upstream_delay_s == 0 for j in a)
-    b = sweep_b_jobs(base, step_s=0.064)  # batch 64: 1 ms per example = R 1
-    delays = {j.group: j.config.upstream_delay_s for j in b}
-    assert delays == pytest.approx({"R=2": 0.002, "R=4": 0.004, "R=6": 0.006, "R<1": 0.0})
-    assert {j.config.echo for j in b if j.group == "R=6"} == {1.0, 2.0, 4.0, 6.0, "auto"}
+def test_schedule_warms_up_then_decays_linearly_to_zero():
+    steps, peak = 100, 0.2
+    lrs = [lr_at(t, steps, peak, 0.05) for t in range(steps)]
+    assert lrs[:5] == pytest.approx([peak * (t + 1) / 5 for t in range(5)])  # warm-up over 5 steps
+    assert lrs[5:] == pytest.approx([peak * (steps - t) / 95 for t in range(5, steps)])
+    assert max(lrs) == pytest.approx(peak) and lr_at(steps, steps, peak, 0.05) == 0.0
+
+
+def test_balanced_subset_is_fixed_and_balanced():
+    labels = np.repeat(np.arange(10), 50)
+    a, b = balanced_subset(labels, 203), balanced_subset(labels, 203)
+    assert np.array_equal(a, b) and len(set(a.tolist())) == 203
+    counts = np.bincount(labels[a], minlength=10)
+    assert counts.max() - counts.min() <= 1
+
+
+def _spec(**kw):
+    return RunSpec(**{"steps": 10, "lr": 0.1, **kw})
+
+
+def test_pipeline_variants_number_and_repeat_copies():
+    c = EchoCounters()
+    before = list(pipeline(iter(range(64)), _spec(echo=2.0), 2.0, 0, 16, c))
+    keys = np.concatenate([b[0] for b in before])
+    copies = np.concatenate([b[1] for b in before])
+    assert keys.tolist() == [k for k in range(64) for _ in range(2)] and copies.tolist() == [0, 1] * 64
+    assert c.fresh_examples == 64
+    after = list(pipeline(iter(range(64)), _spec(echo=2.0, variant="example-after"), 2.0, 0, 16, EchoCounters()))
+    assert not np.concatenate([b[1] for b in after]).any()  # identical copies: one augmentation key
+    c = EchoCounters()
+    batches = list(pipeline(iter(range(64)), _spec(echo=3.0, variant="batch"), 3.0, 0, 16, c))
+    assert len(batches) == 12 and c.fresh_batches == 4
+    assert all(np.array_equal(batches[i][0], batches[i + 1][0]) for i in (0, 1, 3, 4))
+    # A shuffle buffer spreads the copies: fewer duplicates inside a batch.
+    c = EchoCounters()
+    for k, _ in pipeline(iter(range(4000)), _spec(echo=4.0), 4.0, 2000, 16, c):
+        c.record_batch(k.tolist())
+    assert c.duplicate_rate < 0.05
+
+
+def _memory_data(n=512, m=200, seed=0):
+    """Two classes a small net separates: reddish and bluish noise (as the colours fixture)."""
+    rng = np.random.default_rng(seed)
+
+    def images(k):
+        labels = rng.integers(0, 2, k)
+        x = rng.integers(0, 120, (k, 16, 16, 3), dtype=np.uint8)
+        x[labels == 0, :, :, 0] += 120
+        x[labels == 1, :, :, 2] += 120
+        return x, labels.astype(np.int64)
+
+    train, train_labels = images(n)
+    test, test_labels = images(m)
+    return MemoryData(train=train, train_labels=train_labels, wire_bytes=np.full(n, 900),
+                      test=torch.from_numpy(test).permute(0, 3, 1, 2).contiguous(),
+                      test_labels=torch.from_numpy(test_labels), eval_order=torch.randperm(m), classes=["r", "b"])
+
+
+def _sweep_cfg(**kw):
+    return SweepConfig(data="x", train_images=512, test_images=200, batch_size=32, **kw)
+
+
+def test_train_budget_learns_and_the_slow_source_changes_timing_not_math(one_thread):
+    cfg, data = _sweep_cfg(), _memory_data()
+    spec = _spec(steps=30, echo=2.0)
+    plain = train_budget(cfg, data, spec, target=0.9)
+    source = Source(latency_s=0.002, link_bytes_per_s=1e9, request_examples=32, in_flight=4)
+    slow = train_budget(cfg, data, spec, source=source, target=0.9)
+    assert plain["final_accuracy"] >= 0.9 and plain["reached_target"] and plain["steps"] == 30
+    assert [c[:3] for c in plain["curve"]] == [c[:3] for c in slow["curve"]]  # same steps, accuracy, fresh
+    # e = 2: each fresh example gives two items; the steps took 30 x 32 of them and the shuffle
+    # buffer (default size for e = 2, batch 32: 800) holds the rest of what was read.
+    assert plain["shuffle_buffer"] == 800
+    assert plain["fresh_examples"] == pytest.approx((30 * 32 + 800) / 2, abs=1)
+    assert plain["wall_time_to_target_s"] is None and slow["wall_time_to_target_s"] > 0
+
+
+def test_measured_ratio_follows_the_links_bandwidth(one_thread):
+    cfg, data = _sweep_cfg(eval_points=(1.0,)), _memory_data()
+    # 32 examples x 900 bytes at 288 kB/s: 0.1 s per batch, far above a step on 16x16 images.
+    source = Source(latency_s=0.01, link_bytes_per_s=288_000, request_examples=32, in_flight=4)
+    t0 = time.perf_counter()
+    r = train_budget(cfg, data, _spec(steps=8), source=source)
+    assert r["upstream_ratio"] > 3 and r["idle_fraction"] > 0.6
+    assert time.perf_counter() - t0 >= 8 * 0.1 - 0.05
+    echoed = train_budget(cfg, data, _spec(steps=8, echo=4.0, shuffle_buffer=0), source=source)
+    assert echoed["wall_time_s"] < 0.6 * r["wall_time_s"]  # a quarter of the reads
+
+
+def test_best_loader_finds_enough_requests_in_flight_to_hide_latency():
+    cfg, data = _sweep_cfg(in_flight_grid=(1, 8), prefetch_grid=(0,), latency_s=0.03), _memory_data()
+    chosen, trials = best_loader(cfg, data, Source(0.03, 1e9, 32), step_s=0.001, batches=4)
+    assert chosen.in_flight == 8 and len(trials) == 2
+    one = next(t for t in trials if t["in_flight"] == 1)
+    assert one["s_per_batch"] >= 0.03  # one 32-example request per batch, each paying the latency
 
 
 def test_comparison_sets_the_delay_from_the_ratio_or_keeps_it():
     base = EchoRunConfig(data="x", echo=3.0, upstream_delay_s=0.01)
     jobs = comparison_jobs(base, step_s=0.064, upstream_ratio=4.0)
-    assert [j.config.echo for j in jobs] == [1.0, 3.0]
-    assert [j.config.upstream_delay_s for j in jobs] == pytest.approx([0.004, 0.004])
-    assert {j.group for j in jobs} == {"delay=4.000ms"}
+    assert [j.echo for _, j in jobs] == [1.0, 3.0]
+    assert [j.upstream_delay_s for _, j in jobs] == pytest.approx([0.004, 0.004])
+    assert {g for g, _ in jobs} == {"delay=4.000ms"}
     kept = comparison_jobs(dataclasses.replace(base, echo=1.0), step_s=0.064, upstream_ratio=None)
-    assert len(kept) == 1 and kept[0].config.upstream_delay_s == 0.01
+    assert len(kept) == 1 and kept[0][1].upstream_delay_s == 0.01
 
 
-def test_run_reports_every_run_and_its_summary(colours, one_thread):
+def test_compare_reports_every_run_and_its_summary(colours, one_thread):
     events = []
     base = EchoRunConfig(data=str(colours), echo=2.0, target=0.9, upstream_delay_s=0.0002)
-    report = run(EchoSweepConfig(base, repeats=2, upstream_ratio=None), log=lambda **r: events.append(r))
-    assert [(e["echo_factor"], e["seed"]) for e in report["results"]] == [(1.0, 0), (2.0, 0), (1.0, 1), (2.0, 1)]
+    report = compare(ComparisonConfig(base, repeats=2, upstream_ratio=None), log=lambda **r: events.append(r))
+    assert sorted((e["echo_factor"], e["seed"]) for e in report["results"]) == [(1.0, 0), (1.0, 1), (2.0, 0),
+                                                                                 (2.0, 1)]
     assert len(report["baseline"]) == 2 and report["step_time_s"] > 0 and report["repeats"] == 2
-    assert [(r["echo_factor"], r["n"]) for r in report["summary"]] == [("1.0", 2), ("2.0", 2)]
-    # An echoed run reports the R measured by the run without echoing of its seed.
-    assert report["results"][1]["upstream_ratio"] == report["results"][0]["upstream_ratio"] >= 1
-    assert report["config"]["base"]["upstream_delay_s"] == 0.0002
+    assert sorted((r["echo_factor"], r["n"]) for r in report["summary"]) == [("1.0", 2), ("2.0", 2)]
+    for e in report["results"]:  # an echoed run reports the R measured without echoing, same seed
+        base_run = next(b for b in report["baseline"] if b["seed"] == e["seed"])
+        assert e["upstream_ratio"] == base_run["upstream_ratio"]
     kinds = [e.get("event") for e in events]
     assert kinds.count("run") == 4 and kinds.count("step_time") == 1
-    assert all(e["group"] == "delay=0.200ms" for e in events if "accuracy" in e)
+
+
+def test_default_shuffle_buffer_follows_e_and_a_small_one_warns():
+    from hasten.recipes.echo import shuffle_size
+
+    assert shuffle_size(EchoRunConfig(data="x", echo=5.0)) == 6400
+    assert shuffle_size(EchoRunConfig(data="x", echo="auto", e_max=8.0)) == 11200
+    assert shuffle_size(EchoRunConfig(data="x", echo=1.0)) == 0
+    with pytest.warns(UserWarning, match="repeated copies"):
+        assert shuffle_size(EchoRunConfig(data="x", echo=5.0, shuffle_buffer=256)) == 256

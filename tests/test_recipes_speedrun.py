@@ -1,17 +1,22 @@
 import dataclasses
 import json
 import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
+import hasten.recipes.speedrun as speedrun
+import hasten.timing
 from hasten.data import ImageDataset, Split, load_dataset
+from hasten.data.device_loader import Augmentation
 from hasten.data.normalize import channel_stats
 from hasten.errors import ConfigError
 from hasten.models.speedrun_net import NetConfig, SpeedrunNet
+from hasten.nn.ema import airbench_decay_schedule, warmup_decay
 from hasten.recipes.speedrun import (LADDER, PRESETS, SpeedrunConfig, build_recipe, choose_preset, default_target,
-                                     ladder_recipes, lr_factor, make_optimizer, run, train_run)
+                                     flops_per_run, ladder_recipes, lr_factor, make_optimizer, run, train_run)
 from hasten.rundir import RunDir
 
 CIFAR_JPEG = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg.tar.xz"
@@ -72,15 +77,27 @@ def _subset(data: ImageDataset, n_train: int, n_test: int) -> ImageDataset:
                         data.source)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CIFAR_JPEG.exists(), reason=f"{CIFAR_JPEG} not present")
 def test_tiny_run_on_cifar_subset_learns(tmp_path):
+    """Real data, 3 short epochs on 10,000 images. Measured (torch 2.13 CPU, seed 0):
+    0.4745 with flip TTA (0.461 without); chance is 0.10. The threshold, 0.40, leaves a
+    margin of 0.07 and fails a recipe that does not train (a broken optimizer step stays
+    near chance, see the synthetic test below).
+
+    It cannot catch ignored translation, and does not try: with translation off the same
+    run measured 0.4865, higher, because 3 epochs underfit and augmentation pays off only
+    once a network starts to overfit, which takes many more epochs than a CPU test can
+    afford. Ignored translation is caught where it happens: the loaders' batches are
+    compared with reference crops (tests/test_data_device_loader.py,
+    tests/test_data_host_loader.py), and the synthetic test below learns shifted
+    templates only with translation."""
     data = _subset(load_dataset(CIFAR_JPEG), 10_000, 2_000)
     t0 = time.perf_counter()
     result = train_run(PRESETS["tiny"].replace(epochs=3), data, torch.device("cpu"),
                        mean_std=channel_stats(data.train.images), seed=0)
     elapsed = time.perf_counter() - t0
-    # 10 classes: chance is 10%; a working recipe gets far above it in 3 short epochs.
-    assert result.tta_accuracy >= 0.45, result.epochs
+    assert result.tta_accuracy >= 0.40, result.epochs
     assert result.time_s <= elapsed
     assert [e["epoch"] for e in result.epochs] == [1, 2, 3]
 
@@ -112,7 +129,24 @@ def test_run_trains_n_runs_and_writes_the_run_directory(tmp_path):
     assert [(m["run"], m["epoch"]) for m in metrics] == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert json.loads((run_dir.path / "results.json").read_text())["runs"] == summary["runs"]
     assert (run_dir.path / "accuracy_vs_time.png").exists()
-    assert any("val_acc" in line for line in lines) and len(lines) >= 2 + 4
+    assert config == {"preset": "tiny", "recipe": json.loads(json.dumps(dataclasses.asdict(SMALL))), "runs": 2,
+                      "seed": 3, "data": "colours", "data_source": "memory", "device": "cpu", "train_subset": 0,
+                      "ablate": False, "target": 0.94}
+    # The log: the data, what is timed, the table header, then one row per run and epoch
+    # with the numbers the metrics file holds.
+    assert lines[0].startswith("data: ") and lines[2] == speedrun.TABLE_HEADER
+    assert lines[1] == ("timed: loader set-up, whitening set-up, training, final TTA evaluation; untimed: data "
+                        "loading and copy to the device, building the network, warm-up, per-epoch validation")
+    assert len(lines) == 3 + 4
+    for line, m in zip(lines[3:], metrics):
+        run_, epoch, loss, train_acc, val_acc, *rest = line.split()
+        assert (int(run_), int(epoch)) == (m["run"], m["epoch"])
+        assert float(loss) == pytest.approx(m["train_loss"], abs=1e-4)
+        assert float(train_acc) == pytest.approx(m["train_accuracy"], abs=1e-4)
+        assert float(val_acc) == pytest.approx(m["val_accuracy"], abs=1e-4)
+        assert float(rest[-1]) == pytest.approx(m["time_s"], abs=0.01)
+        assert (len(rest) == 2) == (m["tta_accuracy"] is not None)
+    assert summary["runs"][1]["tta_accuracy"] == metrics[-1]["tta_accuracy"]
 
 
 def test_building_the_network_is_outside_the_timed_span(monkeypatch):
@@ -143,3 +177,403 @@ def test_run_with_a_train_subset_and_too_small_a_set():
     assert run(config, dataset=TINY_DATA)["runs"][0]["time_s"] > 0
     with pytest.raises(ConfigError, match="fewer than one global batch of 32"):
         run(dataclasses.replace(config, train_subset=16), dataset=TINY_DATA)
+
+
+# ----------------------------------------------------------------------------
+# Timing scope, FLOP accounting and schedule switches, instrumented
+# ----------------------------------------------------------------------------
+
+# Fake seconds each instrumented piece costs: distinct powers of ten, so the timed
+# total says exactly which pieces were inside the clock.
+COPY, BUILD, LOADER, WHITEN, STEP, VALIDATE, FINAL = 1e10, 1e8, 1, 10, 100, 1e4, 1e6
+
+
+class _Instrumented:
+    """A fake clock for ``hasten.timing.Stopwatch`` and wrappers around the recipe's
+    pieces that advance it and record what the run did."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        self.steps, self.evaluations, self.models, self.averages = [], [], [], []
+        clock = types.SimpleNamespace(perf_counter=lambda: self.now, process_time=lambda: self.now)
+        monkeypatch.setattr(hasten.timing, "time", clock)
+        inst = self
+
+        class Net(SpeedrunNet):
+            def __init__(self, *args, **kwargs):
+                inst.now += BUILD
+                super().__init__(*args, **kwargs)
+                inst.models.append(self)
+
+        def loader(*args, **kwargs):
+            self.now += LOADER
+            return speedrun_loader(*args, **kwargs)
+
+        def whiten(*args, **kwargs):
+            self.now += WHITEN
+            return speedrun_whiten(*args, **kwargs)
+
+        def step(*args, **kwargs):
+            self.now += STEP
+            model = self.models[0]
+            speedrun_step(*args, **kwargs)
+            self.steps.append({"bias_trains": model.whiten.bias.requires_grad,
+                               "bias": model.whiten.bias.detach().clone()})
+
+        def evaluate(model, batches, level="none", **kwargs):
+            self.now += VALIDATE if level == "none" else FINAL
+            self.evaluations.append({"level": level, "state": {k: v.clone() for k, v in model.state_dict().items()},
+                                     "is_live_model": model is self.models[0], "step": len(self.steps)})
+            return speedrun_evaluate(model, batches, level, **kwargs)
+
+        def recording(cls):
+            class Recorded(cls):
+                def __init__(self, model):
+                    super().__init__(model)
+                    self.calls = []
+                    inst.averages.append(self)
+
+                def update(self, model, decay):
+                    self.calls.append((len(inst.steps), decay))
+                    super().update(model, decay)
+            return Recorded
+
+        speedrun_loader, speedrun_whiten = speedrun.GpuLoader, speedrun.init_whitening_conv
+        speedrun_step, speedrun_evaluate = speedrun.optimizer_step, speedrun.evaluate
+        for name, value in [("SpeedrunNet", Net), ("GpuLoader", loader), ("init_whitening_conv", whiten),
+                            ("optimizer_step", step), ("evaluate", evaluate),
+                            ("Lookahead", recording(speedrun.Lookahead)),
+                            ("WeightAverage", recording(speedrun.WeightAverage))]:
+            monkeypatch.setattr(speedrun, name, value)
+
+    def data(self, dataset: ImageDataset):
+        """``dataset`` whose copies to the device cost COPY each."""
+        def counted(tensor):
+            def to(*args, **kwargs):
+                self.now += COPY
+                return tensor.to(*args, **kwargs)
+            return types.SimpleNamespace(to=to)
+        return types.SimpleNamespace(train=types.SimpleNamespace(images=counted(dataset.train.images),
+                                                                 labels=counted(dataset.train.labels)),
+                                     test=types.SimpleNamespace(images=counted(dataset.test.images),
+                                                                labels=counted(dataset.test.labels)))
+
+
+# 96 training images, batch 32: 3 steps per epoch.
+TIMED = SMALL.replace(epochs=3, tta="flip", averaging="none", whiten_bias_epochs=1)
+
+
+def _run(monkeypatch, recipe, **kwargs):
+    inst = _Instrumented(monkeypatch)
+    result = train_run(recipe, inst.data(TINY_DATA), torch.device("cpu"),
+                       mean_std=channel_stats(TINY_DATA.train.images), **kwargs)
+    return inst, result
+
+
+def test_timed_span_holds_set_up_steps_and_final_evaluation_only(monkeypatch):
+    inst, result = _run(monkeypatch, TIMED)
+    assert len(inst.steps) == 9
+    # In: loader set-up, whitening set-up, 9 steps, the final TTA evaluation. Out: 4
+    # copies to the device, building the network, 3 per-epoch validations.
+    assert result.time_s == LOADER + WHITEN + 9 * STEP + FINAL
+    assert result.cpu_time_s == result.time_s
+    assert inst.now == 4 * COPY + BUILD + 3 * VALIDATE + result.time_s
+    assert [e["time_s"] for e in result.epochs] == [LOADER + WHITEN + k * STEP for k in (3, 6)] + [result.time_s]
+    assert [e["level"] for e in inst.evaluations] == ["none"] * 3 + ["flip"]
+
+
+def test_time_to_target_excludes_the_per_epoch_tta_evaluations(monkeypatch):
+    inst, result = _run(monkeypatch, TIMED, target=0.0)
+    assert result.epochs_to_target == 1 and result.time_to_target_s == LOADER + WHITEN + 3 * STEP
+    assert result.time_s == LOADER + WHITEN + 9 * STEP + FINAL  # the untimed TTA evaluation added nothing
+    assert [e["level"] for e in inst.evaluations] == ["none", "flip", "none", "none", "flip"]
+
+
+def test_warm_up_runs_but_is_not_timed(monkeypatch):
+    inst = _Instrumented(monkeypatch)
+    summary = run(SpeedrunConfig(recipe=TIMED, preset="tiny"), dataset=TINY_DATA)
+    assert len(inst.steps) == 3 + 9  # the warm-up's 3 steps, then the run
+    assert summary["runs"][0]["time_s"] == LOADER + WHITEN + 9 * STEP + FINAL
+    assert summary["achieved_tflops"] == pytest.approx(summary["flops_per_run"] / summary["mean_time_s"] / 1e12)
+    assert summary["flops_per_run"] == flops_per_run(TIMED, TINY_DATA)
+
+
+def test_whitening_bias_trains_for_its_epochs_then_freezes(monkeypatch):
+    inst, _ = _run(monkeypatch, TIMED.replace(whiten_bias_epochs=2))
+    assert [s["bias_trains"] for s in inst.steps] == [True] * 6 + [False] * 3
+    biases = [s["bias"] for s in inst.steps]
+    assert not torch.equal(biases[0], biases[5])  # it did train
+    assert all(torch.equal(b, biases[5]) for b in biases[6:])  # and then stayed put
+
+
+def test_lookahead_decays_on_schedule_and_copies_back_at_the_end(monkeypatch):
+    # 3.5 epochs of 3 steps: 11 steps, updates after steps 5 and 10, then the final copy-back
+    # (11 is no multiple of 5: without the copy-back the live model would not hold the average).
+    inst, _ = _run(monkeypatch, TIMED.replace(averaging="lookahead", epochs=3.5, ema_every=5))
+    (look,) = inst.averages
+    schedule = [0.95 ** 5 * (s / 11) ** 3 for s in range(12)]
+    assert [s for s, _ in look.calls] == [5, 10, 11]
+    assert [d for _, d in look.calls] == pytest.approx([schedule[5], schedule[10], 1.0])
+    assert torch.allclose(airbench_decay_schedule(11), torch.tensor(schedule, dtype=torch.float32))
+    final = inst.evaluations[-1]
+    assert final["is_live_model"]
+    for k, v in look.state.items():
+        assert torch.equal(final["state"][k], v), k  # the evaluated weights are the average
+
+
+def test_ema_is_evaluated_on_a_copy_and_leaves_the_live_model_alone(monkeypatch):
+    inst, _ = _run(monkeypatch, TIMED.replace(averaging="ema", ema_every=2, ema_decay=0.9))
+    (ema,) = inst.averages
+    assert ema.calls == [(s, warmup_decay(0.9, s // 2 - 1)) for s in (2, 4, 6, 8)]
+    assert [round(d, 4) for _, d in ema.calls] == [0.1, round(2 / 11, 4), 0.25, round(4 / 13, 4)]
+    live = inst.models[0]
+    for evaluation in inst.evaluations:
+        assert not evaluation["is_live_model"]
+    final = inst.evaluations[-1]
+    differs = False
+    for k, v in ema.state.items():
+        assert torch.equal(final["state"][k], v), k
+        differs |= not torch.equal(live.state_dict()[k], v)
+    assert differs  # the live model kept its own (trained) weights
+
+
+def _conv_flops(cin, cout, k, h, w):
+    return 2 * cin * cout * k * k * h * w
+
+
+def _hand_flops(widths, size, classes, whiten_frozen, bias_trains):
+    """Per-example forward and training FLOPs of SpeedrunNet, layer by layer: a
+    backward pass costs one forward for the input gradient (when something before
+    the layer trains) and one for the weight gradient (when the weight trains)."""
+    layers = []  # (forward flops, input gradient needed, weight gradient needed)
+    h = size - 1  # the 2x2 whitening conv, no padding, 2 * 3 * 2 * 2 filters (+v and -v)
+    layers.append((_conv_flops(3, 24, 2, h, h), False, not whiten_frozen))
+    upstream_trains = bias_trains or not whiten_frozen
+    cin = 24
+    for cout in widths:
+        layers.append((_conv_flops(cin, cout, 3, h, h), upstream_trains, True))
+        h //= 2
+        layers.append((_conv_flops(cout, cout, 3, h, h), True, True))
+        upstream_trains, cin = True, cout
+    layers.append((2 * widths[-1] * classes, True, True))
+    forward = sum(f for f, _, _ in layers)
+    train = forward + sum(f * needs_input + f * needs_weight for f, needs_input, needs_weight in layers)
+    return forward, train
+
+
+@pytest.mark.parametrize("whiten, tta", [(True, "flip_translate"), (False, "none"), (True, "flip")])
+def test_flops_per_run_matches_a_hand_count(whiten, tta):
+    # 96 images, batch 32: 3 steps per epoch, 2.5 epochs -> 8 steps, the bias trains in the first 3.
+    recipe = SMALL.replace(epochs=2.5, whiten=whiten, tta=tta, whiten_bias_epochs=1)
+    forward, train_bias = _hand_flops((8, 8, 8), 16, 10, whiten, True)
+    _, train_frozen = _hand_flops((8, 8, 8), 16, 10, whiten, False)
+    views = {"none": 1, "flip": 2, "flip_translate": 6}[tta]
+    expected = 32 * (3 * train_bias + 5 * train_frozen) + views * 30 * forward
+    assert flops_per_run(recipe, TINY_DATA) == expected
+
+
+# ----------------------------------------------------------------------------
+# Learning on synthetic data: always runs, needs no data set
+# ----------------------------------------------------------------------------
+
+
+def _shifted_templates(seed: int = 0) -> ImageDataset:
+    """10 classes, each a fixed 16x16 random-noise template. Training images are the
+    template, aligned, plus noise; test images are the template shifted by 2 pixels
+    in at least one direction (reflect padding), plus noise. Translation augmentation
+    is what teaches the network the shifted templates; noise templates have detail at
+    every scale, so a shift changes every feature the network can see."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(seed)
+    templates = torch.randint(0, 256, (10, 3, 16, 16), generator=g).float()
+
+    def noisy(x):
+        return (x + 10 * torch.randn(x.shape, generator=g)).round().clamp(0, 255).to(torch.uint8)
+
+    train_labels = torch.arange(300) % 10
+    test_labels = torch.arange(200) % 10
+    padded = F.pad(templates, (2,) * 4, mode="reflect")
+    edge = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3) if max(abs(dy), abs(dx)) == 2]
+    picks = torch.randint(0, len(edge), (200,), generator=g).tolist()
+    test = torch.stack([padded[c, :, 2 + edge[p][0]:18 + edge[p][0], 2 + edge[p][1]:18 + edge[p][1]]
+                        for c, p in zip(test_labels.tolist(), picks)])
+    return ImageDataset("shifted-templates", [str(c) for c in range(10)], Split(noisy(templates[train_labels]), train_labels),
+                        Split(noisy(test), test_labels), "memory")
+
+
+# Measured (torch 2.13 CPU, seed 0): 0.785 with the recipe; 0.585 when the loader ignores
+# translation; 0.225 without momentum; 0.04 when the optimizer never steps; 0.005 with
+# the gradient's sign flipped. The threshold sits about halfway between the first two.
+LEARNS = build_recipe("tiny", epochs=10, batch_size=50, tta="none", **{"net.widths": (16, 32, 32)})
+LEARNING_THRESHOLD = 0.68
+
+
+def test_recipe_learns_shifted_templates_with_its_translation_augmentation():
+    data = _shifted_templates()
+    result = train_run(LEARNS, data, torch.device("cpu"), mean_std=channel_stats(data.train.images), seed=0)
+    assert result.accuracy >= LEARNING_THRESHOLD, [e["val_accuracy"] for e in result.epochs]
+
+
+# ----------------------------------------------------------------------------
+# Configuration, optimizer, schedule and summaries against hand-written values
+# ----------------------------------------------------------------------------
+
+
+def test_airbench94_preset_is_airbenchs_hyperparameters():
+    """airbench94.py's hyp dict (Keller Jordan, 2024), written out."""
+    r = PRESETS["airbench94"]
+    assert (r.epochs, r.batch_size, r.lr, r.momentum, r.weight_decay) == (9.9, 1024, 11.5, 0.85, 0.0153)
+    assert (r.bias_scaler, r.label_smoothing, r.warmup_frac, r.whiten_bias_epochs) == (64.0, 0.2, 0.23, 3)
+    assert r.augment == Augmentation(translate=2, flip="alternating", cutout=0)
+    assert (r.averaging, r.ema_every, r.tta, r.whiten) == ("lookahead", 5, "flip_translate", True)
+    assert r.net == NetConfig(widths=(64, 256, 256), whiten_kernel=2, activation="gelu", bn_momentum=0.6,
+                              bn_eps=1e-12, logit_scale=1 / 9)
+    assert (r.device_loader, r.bf16, r.channels_last, r.compile) == (True, True, True, False)
+
+
+def test_recipe_validation_messages():
+    base = PRESETS["tiny"]
+    with pytest.raises(ValueError, match="Invalid averaging 'swa'; accepted: none, ema, lookahead"):
+        base.replace(averaging="swa")
+    with pytest.raises(ValueError, match="Invalid tta 'x'; accepted: none, flip, flip_translate"):
+        base.replace(tta="x")
+    for bad in (dict(epochs=0), dict(batch_size=0), dict(lr=0.0)):
+        with pytest.raises(ValueError, match="epochs, batch_size and lr must be positive"):
+            base.replace(**bad)
+    assert base.replace(epochs=0.1, batch_size=1, lr=1e-9).batch_size == 1
+    with pytest.raises(ValueError, match="the ghost batch norm size 32 must divide the batch size 48"):
+        base.replace(batch_size=48, **{"net.ghost_batch_size": 32})
+    assert base.replace(batch_size=64, **{"net.ghost_batch_size": 32}).net.ghost_batch_size == 32
+    with pytest.raises(ConfigError, match="--train-subset must be >= 0, got -1"):
+        SpeedrunConfig(recipe=base, preset="tiny", train_subset=-1)
+    with pytest.raises(ConfigError, match="--target"):
+        SpeedrunConfig(recipe=base, preset="tiny", target=0.0)
+    assert SpeedrunConfig(recipe=base, preset="tiny", target=1.0, runs=1).target == 1.0
+    with pytest.raises(ConfigError, match="Invalid activation"):
+        build_recipe("tiny", **{"net.activation": "swish"})
+
+
+def test_preset_choice_says_why():
+    assert choose_preset("tiny", torch.device("cpu")) == ("tiny", "asked for with --preset")
+    name, why = choose_preset("auto", torch.device("cpu"))
+    assert name == "cpu" and why.startswith("no CUDA device")
+    assert choose_preset("auto", torch.device("cuda")) == ("airbench94", "CUDA device present: the full recipe")
+
+
+def test_baseline_rung_is_the_plain_net_and_each_rung_adds_its_trick():
+    """The ladder's rung 0, as its comment describes it, written out field by field."""
+    top = PRESETS["airbench94"]
+    rungs = dict(ladder_recipes(top))
+    base = rungs["baseline"]
+    assert not base.device_loader and not base.net.pool_before_act and base.label_smoothing == 0.0
+    assert base.net.activation == "relu" and base.net.ghost_batch_size == 0 and not base.net.freeze_bn_scale
+    assert base.bias_scaler == 1.0 and not base.whiten and base.averaging == "none" and base.tta == "none"
+    assert base.augment == Augmentation(translate=2, flip="random") and not base.net.dirac_init
+    assert base.lr == top.lr and base.epochs == top.epochs  # the schedule is not part of the ladder
+    names = [name for name, _ in LADDER]
+    steps = {
+        "+ preprocessing on the device": dict(device_loader=True),
+        "+ max-pool before activation": {"net.pool_before_act": True},
+        "+ label smoothing 0.2": dict(label_smoothing=0.2),
+        "+ CELU": {"net.activation": "celu"},
+        "+ ghost batch norm (32/chunk)": {"net.ghost_batch_size": 32},
+        "+ frozen BN scale, bias lr x64": {"net.freeze_bn_scale": True, "bias_scaler": 64.0},
+        "+ patch whitening": dict(whiten=True),
+        "+ EMA of weights": dict(averaging="ema"),
+        "+ TTA: flip": dict(tta="flip"),
+        "+ alternating flip": dict(augment=Augmentation(translate=2, flip="alternating")),
+        "+ identity (dirac) init": {"net.dirac_init": True},
+        "+ GELU, Lookahead (airbench)": {"net.activation": "gelu", "net.ghost_batch_size": 0,
+                                         "averaging": "lookahead"},
+        "+ TTA: flip + translate": dict(tta="flip_translate"),
+    }
+    assert names == ["baseline", *steps]
+    for before, after in zip(names, names[1:]):
+        assert rungs[after] == rungs[before].replace(**steps[after]), after
+
+
+def test_optimizer_values_by_hand():
+    r = PRESETS["airbench94"]
+    model = SpeedrunNet(NetConfig(widths=(8, 8, 8)))
+    model.whiten.weight.requires_grad_(False)
+    opt = make_optimizer(model, r)
+    lr = 11.5 / (1024 * (1 + 1 / 0.15))  # airbench: lr per 1024 examples, summed loss, momentum 0.85
+    wd = 0.0153 * 1024 / (1024 * (1 + 1 / 0.15))
+    biases, others = opt.param_groups
+    assert biases["lr"] == pytest.approx(64 * lr) and others["lr"] == pytest.approx(lr)
+    assert biases["weight_decay"] == pytest.approx(wd / (64 * lr)) and others["weight_decay"] == pytest.approx(wd / lr)
+    assert others["momentum"] == 0.85 and others["nesterov"] and biases["nesterov"]
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(names[id(p)] for p in biases["params"]) == sorted(
+        n for n, p in model.named_parameters() if "norm" in n and n.endswith("bias"))
+    other_names = {names[id(p)] for p in others["params"]}
+    assert "whiten.bias" in other_names and "whiten.weight" not in other_names and "head.weight" in other_names
+
+
+def test_lr_factor_by_hand():
+    # 100 steps, warm-up 23: 0.2 -> 1.0 linearly, then 1.0 -> 0.07 over the remaining 77.
+    for step, expected in [(0, 0.2), (10, 0.2 + 0.8 * 10 / 23), (22, 0.2 + 0.8 * 22 / 23), (23, 1.0),
+                           (50, 1.0 - 0.93 * 27 / 77), (99, 1.0 - 0.93 * 76 / 77), (100, 0.07)]:
+        assert lr_factor(step, 100, 0.23) == pytest.approx(expected)
+    assert lr_factor(0, 1, 0.0) == pytest.approx(1.0) and lr_factor(1, 1, 0.0) == pytest.approx(0.07)
+    assert lr_factor(1, 1, 1.0) == pytest.approx(1.0)  # all warm-up: no division by zero after it
+
+
+def _result(tta, time_s, accuracy=0.5, cpu=1.0, epochs_to_target=None, time_to_target_s=None):
+    return speedrun.RunResult(accuracy=accuracy, tta_accuracy=tta, time_s=time_s, cpu_time_s=cpu,
+                              epochs_to_target=epochs_to_target, time_to_target_s=time_to_target_s)
+
+
+def test_summarize_by_hand():
+    results = [_result(0.90, 10.0, 0.80, 4.0), _result(0.94, 14.0, 0.86, 6.0)]
+    s = speedrun.summarize(results, preset="p", device=torch.device("cpu"), flops=24 * 10**12, data="d")
+    assert s["mean_accuracy"] == pytest.approx(0.92) and s["std_accuracy"] == pytest.approx(0.02 * 2 ** 0.5)
+    assert s["mean_accuracy_no_tta"] == pytest.approx(0.83)
+    assert s["mean_time_s"] == 12.0 and s["std_time_s"] == pytest.approx(8 ** 0.5) and s["mean_cpu_time_s"] == 5.0
+    assert s["achieved_tflops"] == pytest.approx(2.0) and s["flops_per_run"] == 24 * 10**12
+    assert (s["device"], s["preset"], s["data"]) == ("cpu", "p", "d")
+    assert s["runs"][1] == {"accuracy": 0.86, "tta_accuracy": 0.94, "time_s": 14.0, "cpu_time_s": 6.0}
+    one = speedrun.summarize(results[:1], preset="p", device=torch.device("cpu"), flops=1)
+    assert one["std_accuracy"] == 0.0 and one["std_time_s"] == 0.0
+
+
+def test_ladder_rows_average_the_runs_that_reached_the_target(monkeypatch):
+    outcomes = iter([_result(0.9, 10.0, epochs_to_target=2.0, time_to_target_s=4.0),
+                     _result(0.7, 20.0),
+                     _result(0.8, 30.0, epochs_to_target=3.0, time_to_target_s=8.0),
+                     _result(0.6, 50.0, epochs_to_target=5.0, time_to_target_s=12.0)])
+    seeds = []
+
+    def fake_train_run(recipe, data, device, *, mean_std, seed, target):
+        seeds.append((seed, target))
+        return next(outcomes)
+
+    monkeypatch.setattr(speedrun, "train_run", fake_train_run)
+    lines = []
+    config = SpeedrunConfig(recipe=SMALL, preset="tiny", runs=2, seed=7, target=0.75, ablate=True)
+    rungs = ladder_recipes(SMALL)[:2]
+    summary = speedrun._ladder(config, rungs, TINY_DATA, torch.device("cpu"), None, None, lines.append)
+    assert seeds == [(7, 0.75), (8, 0.75)] * 2
+    first, second = summary["rungs"]
+    assert first == {"rung": "baseline", "runs": 2, "reached": 1, "epochs_to_target": 2.0, "time_to_target_s": 4.0,
+                     "final_accuracy": pytest.approx(0.8), "time_s": 15.0}
+    assert second["reached"] == 2 and second["epochs_to_target"] == 4.0 and second["time_to_target_s"] == 10.0
+    assert second["final_accuracy"] == pytest.approx(0.7) and second["time_s"] == 40.0
+    assert summary["target"] == 0.75 and summary["epochs_budget"] == SMALL.epochs and summary["data"] == "colours"
+    assert lines[1] == speedrun.LADDER_HEADER and "75.00%" in lines[0]
+    assert lines[2].split()[-4:] == ["2.0", "4.0", "0.8000", "15.0"]
+
+
+def test_on_epoch_sees_every_record_once_and_targets_in_fractional_epochs(monkeypatch):
+    seen = []
+    inst, result = _run(monkeypatch, TIMED.replace(epochs=2.5), on_epoch=seen.append, target=1.01)
+    assert len(inst.steps) == 8  # ceil(3 * 2.5)
+    assert [r["epoch"] for r in seen] == [1, 2, 3] and seen == result.epochs
+    assert seen[-1]["tta_accuracy"] == result.tta_accuracy and seen[-1]["time_s"] == result.time_s
+    assert result.accuracy == seen[-1]["val_accuracy"] and result.epochs_to_target is None  # 1.01: unreachable
+    _, reached = _run(monkeypatch, TIMED.replace(epochs=2.5), target=0.0)
+    assert reached.epochs_to_target == 1
+    # A target first reached in the last, partial epoch counts the epochs actually trained.
+    _, short = _run(monkeypatch, TIMED.replace(epochs=0.5), target=0.0)
+    assert short.epochs_to_target == 0.5 and short.time_to_target_s == LOADER + WHITEN + 2 * STEP

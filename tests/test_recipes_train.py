@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,109 @@ def test_streaming_loader_trains_from_the_image_folder(image_folder, tmp_path):
     report = json.loads(out.read_text())
     assert report["loader"] == "stream" and report["steps"] == 24  # 96 images / 16 x 4 epochs
     assert report["accuracy"] >= 0.8
+
+
+# --- the same run, found again: stable run directory, resume plan, the lost-peer line --------
+
+def test_run_path_is_derived_from_the_training_math_and_data(tmp_path, image_folder):
+    import dataclasses
+
+    from hasten.recipes.train import default_run_path
+
+    cfg = TrainConfig(data=str(image_folder), model="resnet10", width=4)
+    path = default_run_path(cfg, root=tmp_path)
+    assert path.parent == tmp_path and path.name.startswith("train-")
+    # Options that do not change the math (or name the same data differently) find the same run ...
+    for same in (dict(checkpoint_every=50, collective_timeout=5.0, hook="ring", workers=3),
+                 dict(data=str(image_folder) + "/")):
+        assert default_run_path(dataclasses.replace(cfg, **same), root=tmp_path) == path, same
+    # ... any that do, another one.
+    for other in (dict(seed=1), dict(lr=0.2), dict(epochs=11.0), dict(data=str(tmp_path))):
+        assert default_run_path(dataclasses.replace(cfg, **other), root=tmp_path) != path, other
+
+
+def _saved(run: Path, cfg: TrainConfig, step: int):
+    from hasten.checkpoint import save_checkpoint
+
+    return save_checkpoint(run / "checkpoint.pt", {"config": asdict(cfg), "model": {}, "step": step},
+                           keep_previous=True)
+
+
+def test_plan_resume_fresh_auto_explicit_and_restarted(tmp_path):
+    from hasten.errors import ConfigError
+    from hasten.recipes.train import plan_resume
+
+    cfg, run = TrainConfig(batch_size=64), tmp_path / "run"
+    plan = plan_resume(cfg, run, None)
+    assert (plan.state, plan.source, plan.note) == (None, None, None)
+    plan = plan_resume(cfg, run, "auto")
+    assert plan.state is None and plan.note == f"no checkpoint in {run} yet; starting fresh"
+    _saved(run, cfg, 10)
+    _saved(run, cfg, 20)
+    (run / "checkpoint.pt").write_bytes(b"PK\x03\x04 cut short")  # the newest is damaged
+    for resume, restarted in (("auto", False), (None, True)):
+        plan = plan_resume(cfg, run, resume, restarted=restarted)
+        assert plan.state["step"] == 10 and plan.source == run / "checkpoint-previous.pt"
+        assert plan.note == f"resuming from {run / 'checkpoint-previous.pt'} (step 10)"
+    # A fresh start must not overwrite the run's checkpoints.
+    with pytest.raises(ConfigError, match="already holds a checkpoint of this run \\(step 10\\); continue it "
+                       "with --resume auto"):
+        plan_resume(cfg, run, None)
+    # An explicit older checkpoint from elsewhere: refused here too; from this directory: fine.
+    other = tmp_path / "other"
+    _saved(other, cfg, 5)
+    with pytest.raises(ConfigError, match="--run-dir DIR"):
+        plan_resume(cfg, run, str(other))
+    assert plan_resume(cfg, tmp_path / "new", str(other)).state["step"] == 5
+    # A restarted worker prefers the run's own newer checkpoint to the one it was started from.
+    assert plan_resume(cfg, run, str(run / "checkpoint-previous.pt"), restarted=True).state["step"] == 10
+    with pytest.raises(ConfigError, match="batch_size: checkpoint 64, now 128"):
+        plan_resume(TrainConfig(batch_size=128), run, "auto")
+
+
+def test_lost_peer_message_names_step_checkpoint_and_what_to_do(tmp_path, monkeypatch):
+    from hasten.distributed.faults import Terminated
+    from hasten.recipes.train import _lost_peer_message
+
+    cfg, run = TrainConfig(checkpoint_every=100), tmp_path / "run"
+    gloo = RuntimeError("[/x/gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:4: Connection reset by peer. "
+                        "This is typically caused by a remote worker hanging. GLHF!")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    assert _lost_peer_message(gloo, 4, 417, cfg, run) == (
+        f"lost contact with a peer rank at step 417 (torch.distributed: Connection reset by peer); no checkpoint "
+        f"in {run} yet (saved every 100 steps; --checkpoint-every N); rerun with --resume auto")
+    _saved(run, cfg, 400)
+    assert _lost_peer_message(gloo, 4, 417, cfg, run) == (
+        f"lost contact with a peer rank at step 417 (torch.distributed: Connection reset by peer); newest "
+        f"checkpoint: {run / 'checkpoint.pt'} (step 400); rerun with --resume auto")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    assert _lost_peer_message(Terminated(), 4, 417, cfg, run).startswith(
+        "stopped by SIGTERM at step 417 (torchrun sends it when another rank fails)")
+    assert _lost_peer_message(Terminated(), 4, 417, cfg, run).endswith(
+        "torchrun restarts the workers (restart 1 of 3), which resume from it")
+    assert _lost_peer_message(gloo, 1, 417, cfg, run) is None  # one process has no peers
+    assert _lost_peer_message(RuntimeError("shapes cannot be multiplied"), 4, 417, cfg, run) is None
+
+
+def test_resume_mid_epoch_restores_the_shard_loaders_own_position(image_folder, tmp_path):
+    """A loader with state_dict() (the shard loader) is checkpointed per rank and resumes
+    itself mid-epoch; the loop must then not skip batches again."""
+    from hasten.rundir import RunDir
+    from hasten.stream.pack import pack
+
+    pack(image_folder, tmp_path / "shards", shard_bytes=65536)
+    cfg = TrainConfig(data=str(tmp_path / "shards"), loader="stream", model="resnet10", width=4, image_size=8,
+                      batch_size=16, epochs=2, warmup_epochs=1, deterministic=True, checkpoint_every=4)
+    with RunDir("train", path=tmp_path / "straight") as rd:
+        assert train(cfg, run_dir=rd)["steps"] == 12  # 96 images / 16 = 6 steps per epoch
+    previous = torch.load(tmp_path / "straight" / "checkpoint-previous.pt", weights_only=True)
+    # Step 8 is 2 batches into epoch 1: the loader says so itself.
+    assert previous["step"] == 8 and previous["data"] == {"world_size": 1, "ranks": [{"epoch": 1, "position": 32}]}
+    with RunDir("train", path=tmp_path / "resumed") as rd:
+        assert train(cfg, run_dir=rd, resume=tmp_path / "straight" / "checkpoint-previous.pt")["steps"] == 12
+    a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

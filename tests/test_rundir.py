@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 
 import hasten
 from hasten.environment import source_revision
-from hasten.rundir import RunDir, write_json
+from hasten.rundir import RunDir, stable_run_path, write_json
 
 
 def test_run_directory_records_version_commit_and_command(tmp_path, monkeypatch):
@@ -66,3 +67,49 @@ def test_write_json_is_atomic_and_leaves_no_temp_file(tmp_path):
     write_json(tmp_path / "a" / "r.json", {"x": (1, 2), "inf": math.inf})
     assert json.loads((tmp_path / "a" / "r.json").read_text()) == {"x": [1, 2], "inf": None}
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["r.json"]
+
+
+# --- stable run directories: the same settings find the same directory -------------
+
+def test_stable_run_path_depends_only_on_the_settings(tmp_path, monkeypatch):
+    a = {"model": "resnet18", "seed": 0, "lr": 0.1}
+    same = stable_run_path("train", dict(reversed(list(a.items()))), root=tmp_path)  # key order is irrelevant
+    assert stable_run_path("train", a, root=tmp_path) == same
+    assert same.parent == tmp_path and same.name.startswith("train-") and len(same.name) == len("train-") + 10
+    assert stable_run_path("train", {**a, "seed": 1}, root=tmp_path) != same
+    assert stable_run_path("train", {**a, "lr": 0.1000001}, root=tmp_path) != same
+    monkeypatch.setenv("HASTEN_RUNS", str(tmp_path / "elsewhere"))
+    assert stable_run_path("train", a).parent == tmp_path / "elsewhere"
+
+
+def test_stable_run_path_is_the_same_in_another_process(tmp_path):
+    """Restarted workers are fresh interpreters: no per-process salt (as str hash() has) may enter."""
+    config = {"model": "resnet18", "data": "/data/x", "epochs": 2.5}
+    code = ("import sys, json; from hasten.rundir import stable_run_path; "
+            "print(stable_run_path('train', json.loads(sys.argv[1]), root=sys.argv[2]))")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(config), str(tmp_path)],
+                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert out.stdout.strip() == str(stable_run_path("train", config, root=tmp_path))
+
+
+def test_run_dir_at_a_given_path_is_reused_and_appends(tmp_path):
+    with RunDir("train", path=tmp_path / "run") as rd:
+        rd.log(step=1, loss=1.0)
+    with RunDir("train", path=tmp_path / "run") as rd:
+        rd.log(step=2, loss=0.5)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2]
+
+
+def test_drop_metrics_after_keeps_each_step_once_after_a_resume(tmp_path):
+    with RunDir("train", path=tmp_path / "run") as rd:
+        for step in (3, 6, 9, 12):
+            rd.log(step=step, loss=float(step))
+        rd.log(note="no step")
+    (tmp_path / "run" / "metrics.jsonl").open("a").write('{"step": 15, "lo')  # cut short by SIGKILL
+    with RunDir("train", path=tmp_path / "run") as rd:
+        rd.drop_metrics_after(6)  # resumed from the checkpoint at step 6
+        rd.log(step=9, loss=-9.0)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 3, "loss": 3.0}, {"step": 6, "loss": 6.0}, {"note": "no step"},
+                     {"step": 9, "loss": -9.0}]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from augment_reference import identify, offsets
 from hasten.data.normalize import normalize
 from hasten.data.workers import DecodeWorkerError
 from hasten.echo.auto import AutoEcho
@@ -72,7 +73,8 @@ def collect(loader):
 def test_example_before_copies_differ_after_copies_identical(folder):
     records = open_records(folder)
     for variant, expect_equal in (("example-before", False), ("example-after", True)):
-        loader = StreamLoader(records, batch_size=60, echo=2, variant=variant, with_keys=True)
+        with pytest.warns(UserWarning, match="repeated copies"):  # deliberately unmixed
+            loader = StreamLoader(records, batch_size=60, echo=2, variant=variant, with_keys=True, shuffle_buffer=0)
         pairs = same = 0
         for images, keys in collect(loader):
             for i in range(0, len(keys) - 1, 2):
@@ -84,6 +86,24 @@ def test_example_before_copies_differ_after_copies_identical(folder):
             assert same == pairs
         else:
             assert same <= 0.1 * pairs  # a random crop and flip coincide rarely (1 in 162)
+
+
+@pytest.mark.parametrize("echo", [1, 2])
+def test_stream_augmentation_is_a_reference_crop_flip_covering_pad_4(folder, echo):
+    """Every streamed image is its decoded example translated by (dy, dx) in
+    [-4, 4]^2 with reflect padding and mirrored or not: every shift occurs, none
+    beyond, on the direct path (echo 1) and the late one (example-before echoing)."""
+    records = open_records(folder)
+    plain = {}
+    for x, _, keys in StreamLoader(records, batch_size=60, augment=False, with_keys=True, shuffle=False):
+        plain.update({k: xi.numpy() for k, xi in zip(keys.tolist(), x)})
+    loader = StreamLoader(records, batch_size=60, echo=echo, with_keys=True)
+    drawn = []
+    for _ in range(14):
+        for x, _, keys in loader:
+            drawn += [identify(xi.numpy(), plain[k], 4) for xi, k in zip(x, keys.tolist())]
+    assert {(dy, dx) for dy, dx, _, _ in drawn} == set(offsets(4))
+    assert 0.4 < np.mean([m for _, _, m, _ in drawn]) < 0.6
 
 
 def test_batch_echo_and_counters(folder):

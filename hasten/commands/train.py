@@ -4,12 +4,16 @@ One process:      hasten train --data cifar10-jpeg.tar.xz --model resnet18 --bat
 Several, CPU:     torchrun --nproc-per-node 4 -m hasten train ... --bn-group 2
 Several nodes:    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
                       --rdzv-endpoint HOST:29400 -m hasten train ...
+Survive a lost worker: torchrun --max-restarts 3 ... -m hasten train ... --checkpoint-every 200
+                  (restarted workers resume from the newest checkpoint of the same run directory)
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import sys
 
 from hasten.distributed.hooks import HOOKS
 from hasten.recipes.train import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, LOADERS, LR_SCALINGS, OPTIMIZERS,
@@ -20,8 +24,9 @@ _D = TrainConfig()
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    p.add_argument("--data", help="dataset: image folder or archive (ImageNet layout too), or CIFAR-10 "
-                   "binary; default $HASTEN_DATA or the CIFAR-10 download")
+    p.add_argument("--data", help="dataset: image folder or archive (ImageNet layout too), CIFAR-10 binary, or "
+                   "with --loader stream a directory of tar shards (hasten data pack); default $HASTEN_DATA or "
+                   "the CIFAR-10 download")
     p.add_argument("--model", default=_D.model, help="resnet10|resnet18|resnet34|resnet50")
     p.add_argument("--width", type=int, default=_D.width, help="channels of the first stage")
     p.add_argument("--image-size", type=int, default=None, help="resize image folders to SxS")
@@ -52,7 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hook", choices=HOOKS, default=_D.hook, help="gradient all-reduce (hasten.distributed)")
     p.add_argument("--compress", choices=["bf16"], default=None, help="compress gradients on the wire")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end)")
-    p.add_argument("--resume", help="checkpoint file, or a run directory holding checkpoint.pt")
+    p.add_argument("--resume", help="checkpoint file, a run directory holding checkpoint.pt, or 'auto': the "
+                   "newest complete checkpoint in this run's directory (fresh if none); workers that "
+                   "torchrun restarts always resume as 'auto'")
+    p.add_argument("--run-dir", help="run directory (default: $HASTEN_RUNS/train-<digest of the data and "
+                   "training settings>, the same for every rank and restart)")
+    p.add_argument("--collective-timeout", type=float, default=_D.collective_timeout,
+                   help="seconds a collective waits for a dead or hung peer rank before stopping")
     p.add_argument("--seed", type=int, default=_D.seed)
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms only")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -60,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hasten.recipes.train import load_resume, train
+    from hasten.distributed.faults import PeerLostError
+    from hasten.recipes.train import default_run_path, plan_resume, train
     from hasten.rundir import RunDir, write_json
 
     fields = {k: getattr(args, k) for k in TrainConfig.__dataclass_fields__}
@@ -72,11 +84,23 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**fields)
     # Validate before making a run directory or starting any process group.
     cfg.validate(int(os.environ.get("WORLD_SIZE", "1")))
-    resume = load_resume(args.resume, cfg) if args.resume else None
     main = int(os.environ.get("RANK", "0")) == 0
-    run_dir = RunDir("train") if main else None
+    run_path = args.run_dir or default_run_path(cfg)
+    # A worker that torchrun restarted continues the run its predecessor left.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    plan = plan_resume(cfg, run_path, args.resume, restarted=restarted)
+    if main and plan.note:
+        print(f"hasten train: {plan.note}", file=sys.stderr, flush=True)
+    run_dir = RunDir("train", path=run_path) if main else None
     try:
-        report = train(cfg, run_dir=run_dir, resume=resume)
+        report = train(cfg, run_dir=run_dir, resume=plan.state, run_path=run_path)
+    except PeerLostError as exc:
+        # The survivors' last words: one line, no traceback.
+        print(f"hasten train: {exc}", file=sys.stderr, flush=True)
+        # Interpreter teardown garbage-collects every object torch made (seconds on a
+        # busy machine) while torchrun waits to restart the job: skip that work.
+        gc.freeze()
+        return 1
     finally:
         if run_dir is not None:
             run_dir.close()

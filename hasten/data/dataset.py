@@ -108,9 +108,22 @@ class ImageDataset:
         h, w = self.image_size
         text = (
             f"{self.name}: {len(self.train)} train / {len(self.test)} test images, "
-            f"{self.num_classes} classes, {h}x{w} (from {self.source}"
+            f"{self.num_classes} classes, {h}x{w} (from {_shown_path(self.source)}"
             f"{'; decode cache hit' if self.cached else ''})"
         )
         if self.skipped:
             text += f"; skipped {len(self.skipped)} bad file(s)"
         return text
+
+
+def _shown_path(path) -> str:
+    """``path`` as results may record it: relative to the working directory when that
+    is short (``../shared/data/x.tar.xz``), else the file name alone, never a
+    machine's absolute path."""
+    import os
+
+    text = str(path)
+    if not os.path.isabs(text):
+        return text
+    rel = os.path.relpath(text)
+    return rel if not rel.startswith("../..") else Path(text).name

@@ -28,7 +28,7 @@ from hasten.errors import DataError
 
 try:
     import simplejpeg
-except ImportError:  # optional: `pip install hasten[fast]`
+except ImportError:  # a default dependency; Pillow decodes where no simplejpeg wheel exists
     simplejpeg = None
 
 JPEG_MAGIC = b"\xff\xd8\xff"

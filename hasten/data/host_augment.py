@@ -39,7 +39,9 @@ def keyed_crop_flip(
     extra copies.
     """
     n = _check(images, pad)
-    h = _mix(np.full(n, seed & _MASK, dtype=np.uint64) ^ np.asarray(keys, dtype=np.uint64))
+    # The seed is mixed before the key joins: with seed ^ key, epoch e (seed e) would
+    # reuse epoch 0's augmentations, handed to example key ^ e instead of key.
+    h = _mix(_mix(np.full(n, seed & _MASK, dtype=np.uint64)) ^ np.asarray(keys, dtype=np.uint64))
     h = _mix(h ^ (np.asarray(copies, dtype=np.uint64) if copies is not None else np.uint64(0)))
     span = np.uint64(2 * pad + 1)
     dy = (h % span).astype(np.int64)

@@ -85,9 +85,24 @@ def init_distributed(backend: str | None = None, device: str = "auto",
         raise ValueError("backend 'nccl' needs CUDA; use 'gloo' on CPU")
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s),
+                                timeout=timedelta(seconds=timeout_s), store=_restart_store(timeout_s),
                                 **({"device_id": dev} if use_cuda else {}))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, dist.get_backend())
+
+
+def _restart_store(timeout_s: float) -> dist.Store | None:
+    """Under torchrun, the store its agent hosts, with keys prefixed by the restart count; else
+    None (init_process_group makes its own).
+
+    torchrun's agent keeps one store for the whole job, and after a restart the new
+    workers would find the addresses the dead ones published there: gloo then connects
+    to ports nobody listens on ("Gloo connectFullMesh failed ... Connection refused",
+    torch 2.13, 3 ranks). A prefix per restart keeps each attempt's keys apart."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), _env_int("WORLD_SIZE", 1),
+                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"hasten/restart_{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}", store)
 
 
 def shutdown() -> None:

@@ -28,13 +28,17 @@ from hasten.distributed.p2p import (DEFAULT_SEGMENT_BYTES, check_same_tensor, ex
 
 
 def _send_index(t: int, me: int, n: int) -> int:
-    """Chunk sent at step t: steps 0..n-2 reduce-scatter, n-1..2n-3 all-gather."""
-    return (me - t) % n if t < n - 1 else (me + 1 - (t - n + 1)) % n
+    """Chunk sent at step t: steps 0..n-2 reduce-scatter, n-1..2n-3 all-gather.
+
+    One formula serves both phases: at all-gather step k = t - n + 1 a rank sends the
+    chunk it finished last, (me + 1 - k) mod n, which is (me - t) mod n again.
+    """
+    return (me - t) % n
 
 
 def _recv_index(t: int, me: int, n: int) -> int:
     # Always the chunk sent at step t+1: what arrives is forwarded next.
-    return (me - t - 1) % n if t < n - 1 else (me - (t - n + 1)) % n
+    return (me - t - 1) % n
 
 
 def _ring_steps(chunks: list[torch.Tensor], ranks: list[int], group, first: int, last: int,

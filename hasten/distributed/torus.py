@@ -75,10 +75,12 @@ def default_grid(world_size: int) -> tuple[int, int]:
 
 
 def torus_groups(grid, group=None, timeout_s: float | None = None) -> TorusGroups:
-    """Create (once, then cached) the row and column subgroups of ``grid``.
+    """Create (once, then cached) this rank's row and column subgroups of ``grid``.
 
-    torch.distributed requires every rank of the parent to create every subgroup
-    in the same order, so all ranks must call this with the same grid.
+    Every rank of ``group`` must call this with the same grid. Only the members of a
+    row or column take part in creating it (``use_local_synchronization``): without
+    that, torch.distributed makes every rank of the whole job create every subgroup,
+    and tori on disjoint subgroups, each creating its own rows, would hang.
     """
     ranks = group_ranks(group)
     rows, cols = parse_grid(grid, len(ranks))
@@ -87,17 +89,14 @@ def torus_groups(grid, group=None, timeout_s: float | None = None) -> TorusGroup
     key = (rows, cols, tuple(ranks), group if group is not None else dist.group.WORLD)
     if key not in _GROUPS:
         kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s is not None else {}
-        me = dist.get_rank()
-        row_lists = [ranks[r * cols:(r + 1) * cols] for r in range(rows)]
-        col_lists = [ranks[c::cols] for c in range(cols)]
-        mine = {}
-        for kind, lists in (("row", row_lists), ("col", col_lists)):
-            for members in lists:
-                g = dist.new_group(members, **kwargs)
-                if me in members:
-                    mine[kind] = (members, g)
-        _GROUPS[key] = TorusGroups((rows, cols), mine["row"][0], mine["col"][0],
-                                   mine["row"][1], mine["col"][1])
+        me = ranks.index(dist.get_rank())
+        row = ranks[me // cols * cols:(me // cols + 1) * cols]
+        col = ranks[me % cols::cols]
+        # Row first, then column, on every rank: a row's members all create it before
+        # any of them moves on, so no rank waits on a group its peers have not reached.
+        _GROUPS[key] = TorusGroups((rows, cols), row, col,
+                                   dist.new_group(row, use_local_synchronization=True, **kwargs),
+                                   dist.new_group(col, use_local_synchronization=True, **kwargs))
     return _GROUPS[key]
 
 

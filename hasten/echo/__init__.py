@@ -1,7 +1,7 @@
 """Data echoing (Choi et al., 2019): reuse prepared data when input is the bottleneck.
 
 - ``echo_examples`` / ``echo_batches``: echo stages for any iterable or DataLoader;
-- ``shuffle_buffer``: spread echoed copies apart;
+- ``shuffle_buffer``: spread echoed copies apart; ``default_shuffle_buffer`` sizes it;
 - ``AutoEcho``: an echo factor that follows the measured upstream/downstream ratio;
 - ``EchoCounters`` / ``timed_loader``: fresh examples, waits, idle fraction.
 """
@@ -13,10 +13,13 @@ from hasten.echo.stages import (
     check_buffer_size,
     check_factor,
     check_variant,
+    default_shuffle_buffer,
     echo_batches,
     echo_copies,
     echo_examples,
+    expected_duplicate_rate,
     shuffle_buffer,
+    warn_if_small_buffer,
 )
 
 __all__ = [
@@ -26,9 +29,12 @@ __all__ = [
     "check_buffer_size",
     "check_factor",
     "check_variant",
+    "default_shuffle_buffer",
     "echo_batches",
     "echo_copies",
     "echo_examples",
+    "expected_duplicate_rate",
     "shuffle_buffer",
     "timed_loader",
+    "warn_if_small_buffer",
 ]

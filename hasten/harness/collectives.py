@@ -16,7 +16,7 @@ import torch.distributed as dist
 from hasten.distributed.hooks import HOOKS, allreduce
 from hasten.distributed.torus import torus_allreduce
 from hasten.progress import progress, progress_enabled
-from hasten.timing import Stopwatch
+from hasten.timing import Stopwatch, interleaved
 
 # Message sizes (bytes) of the rank 0 <-> peer ping-pong that calibrates a link's beta.
 CALIBRATION_SIZES = (4, 64 << 10, 1 << 20, 8 << 20)
@@ -134,7 +134,8 @@ def gamma_per_byte(nbytes: int = 32 << 20, iters: int = 5) -> float:
 
 
 def bench_worker(rank: int, world: int, cfg: BenchConfig) -> RankTimings:
-    """Calibrate, then time every algorithm at every size; rank 0's timings are the result."""
+    """Calibrate, warm up every case, then time ``cfg.iters`` rounds of every algorithm
+    at every size, each round in a shuffled order; rank 0's timings are the result."""
     pingpong = {}
     if world > 1:
         for name, peer in cfg.calibrate_peers.items():
@@ -143,8 +144,14 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig) -> RankTimings:
     gamma = gamma_per_byte()
     if "torus" in cfg.algos:
         torus_allreduce(torch.ones(world), cfg.grid)  # creates the subgroups outside the timing
-    times = {}
     cases = [(algo, nbytes) for algo in cfg.algos for nbytes in cfg.sizes]
-    for algo, nbytes in progress(cases, desc="all-reduce", disable=rank != 0 or not progress_enabled()):
-        times[(algo, nbytes)] = time_allreduce(algo, nbytes, cfg.iters, cfg.warmup, cfg.grid)
+    for algo, nbytes in cases:
+        time_allreduce(algo, nbytes, 0, cfg.warmup, cfg.grid)
+    # One iteration of every case per round, in a shuffled order: load that drifts
+    # during the run spreads over all cases instead of landing on whichever ran last.
+    # The seed is fixed, so every rank draws the same order (a must: they run in step).
+    times = {case: [] for case in cases}
+    schedule = list(interleaved(cases, cfg.iters, seed=0))
+    for _, (algo, nbytes) in progress(schedule, desc="all-reduce", disable=rank != 0 or not progress_enabled()):
+        times[(algo, nbytes)] += time_allreduce(algo, nbytes, 1, 0, cfg.grid)
     return RankTimings(cfg.calibrate_sizes, pingpong, alpha, gamma, times)

@@ -20,6 +20,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Callable
 
 from hasten.distributed.p2p import CollectiveError
@@ -152,3 +153,20 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, backend: str = "gl
                 raise CollectiveError(f"rank {rank} exited with code {res[1]} without a result")
         return [res[1] for res in results]
     return [res[1] if res[0] == "ok" else res[:2] for res in results]
+
+
+def torchrun_worker_pids(parent: int) -> dict[int, int]:
+    """RANK -> pid of the worker processes that torchrun (pid ``parent``) started, read
+    from /proc (Linux): how fault tests and benchmarks pick the rank to kill."""
+    pids = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = dict(v.split(b"=", 1) for v in (d / "environ").read_bytes().split(b"\0") if b"=" in v)
+        except (OSError, ValueError, IndexError):  # the process ended meanwhile, or is not ours to read
+            continue
+        if ppid == parent and b"RANK" in env:
+            pids[int(env[b"RANK"])] = int(d.name)
+    return pids

@@ -14,7 +14,7 @@ group with ``adapt=False`` skip the ratio, i.e. r = 1, which makes them plain SG
     d = g + weight_decay * w
     r = trust_coefficient * ||w|| / (||g|| + weight_decay * ||w|| + eps)
     r = 1                       if ||w|| == 0 or ||g|| == 0
-    r = min(r / lr, 1)          if clip (LARC: the effective rate lr * r <= lr)
+    r = min(r / lr, 1)          if clip (LARC: the effective rate lr * r <= lr; r = 1 at lr = 0)
     buf = momentum * buf + r * d            (buf = r * d at the first step)
     w  -= lr * (r * d + momentum * buf)     if nesterov
     w  -= lr * buf                          otherwise
@@ -170,8 +170,10 @@ def _trust_ratio(w_norm: Tensor, g_norm: Tensor, *, lr, weight_decay, trust_coef
     ratio = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
     # torch.where keeps this on the device: no .item(), no sync.
     ratio = torch.where((w_norm > 0) & (g_norm > 0), ratio, torch.ones_like(ratio))
-    if clip and lr > 0:
-        ratio = torch.clamp(ratio / lr, max=1.0)
+    if clip:
+        # At lr = 0, min(r / lr, 1) is 1 (its limit, and what NVIDIA's LARC computes): a
+        # warm-up from 0 then seeds the momentum buffer with the unscaled step, not r times it.
+        ratio = torch.clamp(ratio / lr, max=1.0) if lr > 0 else torch.ones_like(ratio)
     return ratio
 
 

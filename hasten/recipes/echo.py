@@ -12,7 +12,8 @@ test images.
 Timing: the training loop's clock (two ``hasten.timing.Stopwatch``: waiting for
 input, and the steps) stops during evaluations, and so does the slow storage
 (``SlowStorage.paused``), so an evaluation gives no run free upstream time.
-Sweeps over echo factors and upstream ratios are ``hasten.recipes.echo_sweep``.
+The comparison with no echoing (``compare``) and the sweeps in the paper's regime
+are ``hasten.recipes.echo_sweep``.
 
 Changes the training math: yes with echoing (repeated examples); e = 1 is plain
 streaming training.
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hasten.data.normalize import normalize
-from hasten.echo import AutoEcho, check_factor, check_variant
+from hasten.echo import AutoEcho, check_factor, check_variant, default_shuffle_buffer, warn_if_small_buffer
 from hasten.errors import ConfigError
 from hasten.nn.tta import evaluate
 from hasten.recipes.common import optimizer_step
@@ -74,7 +75,9 @@ class EchoRunConfig:
     eval_every: int = 10  # steps between evaluations
     eval_images: int = 1000  # test images used to detect the target (the full test set at the end)
     max_fresh: int = 40_000  # give up after this many fresh examples
-    shuffle_buffer: int = 256  # examples (or batches, for batch echoing) mixed after the echo stage
+    # Examples (batches, for batch echoing) mixed after the echo stage; None: sized from e
+    # (e_max for AutoEcho) and the batch by hasten.echo.default_shuffle_buffer, ~1% duplicates.
+    shuffle_buffer: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -100,7 +103,7 @@ class EchoRunConfig:
 # GPU: the speedrun network on 32x32 images, to a CIFAR-10 accuracy worth reaching.
 GPU_PRESET = {
     "image_size": 32, "width": 0, "batch_size": 512, "lr": 0.2, "weight_decay": 5e-4, "label_smoothing": 0.2,
-    "target": 0.85, "eval_every": 20, "eval_images": 10_000, "max_fresh": 500_000, "shuffle_buffer": 2048,
+    "target": 0.85, "eval_every": 20, "eval_images": 10_000, "max_fresh": 500_000,
 }
 
 
@@ -170,6 +173,20 @@ def measure_step_time(cfg: EchoRunConfig, steps: int = 40, *, eval_set: EvalSet 
     return train_to_target(probe, eval_set=eval_set)["step_time_s"]
 
 
+def shuffle_size(cfg: EchoRunConfig) -> int:
+    """The shuffle buffer after the echo stage: ``cfg.shuffle_buffer``, by default sized
+    for e (e_max for AutoEcho) so that ~1% of a batch are repeated copies; a warning
+    when a given size leaves many more. Batch echoing mixes whole batches (copies
+    never share a batch): its buffer counts batches, 0 by default."""
+    e = cfg.e_max if cfg.echo == "auto" else float(cfg.echo)
+    if cfg.variant == "batch":
+        return cfg.shuffle_buffer // cfg.batch_size if cfg.shuffle_buffer else 0
+    if cfg.shuffle_buffer is None:
+        return default_shuffle_buffer(e, cfg.batch_size) if e > 1 else 0
+    warn_if_small_buffer(cfg.shuffle_buffer, e, cfg.batch_size)
+    return cfg.shuffle_buffer
+
+
 def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=None) -> dict:
     """Train until the test accuracy reaches the target; return the run's measurements."""
     dev = torch.device(cfg.device)
@@ -183,9 +200,7 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     loader = StreamLoader(
         storage, batch_size=cfg.batch_size, seed=cfg.seed, workers=cfg.workers, image_size=cfg.image_size,
         echo=auto if auto is not None else cfg.echo, variant=cfg.variant,
-        # For batch echoing the buffer mixes batches: the same number of examples, in batches.
-        shuffle_buffer=cfg.shuffle_buffer // cfg.batch_size if cfg.variant == "batch" else cfg.shuffle_buffer,
-        chunk_size=cfg.batch_size, device=dev,
+        shuffle_buffer=shuffle_size(cfg), chunk_size=cfg.batch_size, device=dev,
     )
     torch.manual_seed(cfg.seed)
     model = make_model(cfg, len(records.classes)).to(dev)

@@ -1,164 +1,454 @@
-"""Data echoing experiments (Choi et al., 2019): one comparison, or the paper's two sweeps.
+"""Data echoing in the paper's regime (Choi et al., 2019, arXiv:1907.05550).
 
-Every run is ``hasten.recipes.echo.train_to_target``: real training through the
-streaming pipeline behind simulated slow storage, to a target accuracy.
+The paper trains to completion: a fixed budget with a learning-rate schedule, a
+target that the baseline reliably reaches (here: the mean minus one standard
+deviation of its accuracy over seeds at the end of its budget), hyperparameters
+tuned per setting, and data read over a network. This module stages that on a
+CPU:
 
-- Comparison (default): no echoing against the requested factor and variant, both
-  behind the same storage delay (given, or R step times per batch with R measured
-  from this machine's step time).
-- Sweep: the paper's two findings. (a) Fresh examples to the target against e for
-  each variant (no storage delay: counts do not depend on speed). (b) Wall-time
-  speedup against e at R about 2, 4 and 6, with AutoEcho beside the fixed factors,
-  and AutoEcho against no echoing where the step outlasts the pipeline (R < 1: it
-  should switch itself off and cost nothing).
+- **Data.** A fixed class-balanced subset of CIFAR-10-JPEG, decoded once at the
+  training resolution into host memory: what the paper's pipeline holds after
+  reading and decoding. The echo stage sits after that point, so nothing of the
+  math is missing; the upstream's *time* comes from the slow source.
+- **A slow source.** ``hasten.stream.slow_storage.SlowStorage``: per-request
+  latency (a request is a byte-range read of ``request_examples`` JPEGs), many
+  requests in flight, one shared link whose bandwidth sets R. Sleep-based, so any
+  R costs no CPU. R is measured as the baseline's (wait + step) / step.
+- **A tuned baseline.** No echoing, with the loader configuration (requests in
+  flight, records read ahead) that trains fastest under that source, found by a
+  search; the learning rate tuned on a grid.
+- **Echoing tuned as the paper did.** The learning rate (and, when no grid value
+  reaches the target, a longer budget in steps) tuned per variant and factor.
+- **The comparisons.** (a) Fresh examples to the target against e for
+  example-before, example-after and batch echoing (no delay: counts do not depend
+  on speed); the shuffle-buffer size against the within-batch duplicate share and
+  its cost in steps; (b) wall time to the target at R of about 2, 4, 6 and 8 for
+  fixed factors and AutoEcho, interleaved over seeds (``hasten.timing.interleaved``);
+  AutoEcho against no echoing where the source is faster than the step (R < 1);
+  final accuracy on the full test set at the full budget with and without echoing.
 
-Runs are interleaved over ``repeats`` seeds so that a slow spell of a shared
-machine hits every configuration alike. ``run(config)`` returns the JSON-able
-report: every run's measurements and, per configuration, their mean and spread
-with the speedup over no echoing in the same group.
+Every run is ``train_budget``. Evaluations (a fixed set of ``test_images`` test
+images at ``eval_points`` fractions of the budget) stop the run's clock, the slow
+source's clock and AutoEcho's measurement.
 
-Changes the training math: yes with echoing, as hasten.recipes.echo says.
+Changes the training math: yes with echoing (repeated examples); e = 1 is plain
+training.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, replace
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from hasten.echo import VARIANTS
+from hasten.data.host_augment import keyed_crop_flip
+from hasten.data.normalize import normalize
+from hasten.echo import (AutoEcho, EchoCounters, default_shuffle_buffer, echo_batches, echo_examples,
+                         expected_duplicate_rate, shuffle_buffer)
+from hasten.echo.stages import check_variant
 from hasten.errors import ConfigError
+from hasten.nn.tta import evaluate
 from hasten.progress import progress
-from hasten.recipes.echo import EchoRunConfig, EvalSet, measure_step_time, train_to_target
+from hasten.recipes.echo import MEAN, STD, EchoRunConfig, EvalSet, SmallNet, measure_step_time, train_to_target
+from hasten.stream.decode_pool import decode_records, read_records
 from hasten.stream.records import open_records
+from hasten.stream.slow_storage import SlowStorage, concurrent_reads
+from hasten.timing import Stopwatch, interleaved
 
-SWEEP_FACTORS = (2.0, 4.0, 6.0)
-SWEEP_RATIOS = (2.0, 4.0, 6.0)
-NOT_INPUT_BOUND_WIDTH = 48  # R < 1 group: a 3x wider SmallNet, whose step outlasts decoding a batch
-SUMMARY_FIELDS = ("fresh_examples_to_target", "steps_to_target", "wall_time_to_target_s", "final_accuracy",
-                  "idle_fraction", "upstream_ratio", "storage_ratio", "mean_echo_factor")
+SUMMARY_FIELDS = ("fresh_examples_to_target", "steps_to_target", "wall_time_to_target_s", "end_accuracy",
+                  "final_accuracy", "idle_fraction", "upstream_ratio", "mean_echo_factor", "duplicate_rate",
+                  "step_time_s")
 
 
+# ----------------------------------------------------------------------------- Hyperparameters
 @dataclass(frozen=True)
-class EchoSweepConfig:
-    """``base``: the run every configuration starts from (data, device, hyperparameters,
-    and for the comparison the echo factor, variant and storage delay).
-    ``upstream_ratio``: for the comparison, set the delay to R step times per batch;
-    None keeps ``base.upstream_delay_s``. The sweep sets its own delays."""
-    base: EchoRunConfig
-    sweep: bool = False
-    repeats: int = 1  # runs (seeds 0 .. repeats-1) per configuration
-    upstream_ratio: float | None = 4.0
+class SweepConfig:
+    """The whole benchmark. Defaults: sized so that every run and the whole sweep fit a
+    shared 2-core CPU (about half an hour), while the baseline still reads every
+    example of its subset several times, as in the paper."""
+    data: str
+    train_images: int = 10_000  # fixed class-balanced subset of the training set
+    test_images: int = 5_000  # fixed test images that detect the target (final accuracy: all 10,000)
+    image_size: int = 16  # decoded at 1/2 DCT scale
+    width: int = 16  # SmallNet: conv widths 16, 32, 64
+    batch_size: int = 64
+    epochs: float = 3.0  # the baseline's budget: passes over the subset
+    lr: float = 0.1  # SGD-Nesterov peak learning rate at the centre of the grid
+    lr_grid: tuple[float, ...] = (0.5, 1.0, 2.0)  # multipliers of lr tried for every setting
+    warmup: float = 0.05  # share of the budget with a linear warm-up; then linear decay to 0
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.1
+    pad: int = 2  # random-crop padding at 16x16 (4 at 32x32)
+    eval_points: tuple[float, ...] = (0.6, 0.8, 0.9, 0.95, 1.0)  # budget fractions evaluated
+    extra_budget: float = 1.5  # budget multiplier tried when no learning rate reaches the target
+    seeds: int = 3
+    factors: tuple[float, ...] = (2.0, 4.0, 6.0, 8.0)  # example-before, also timed
+    other_factors: tuple[float, ...] = (2.0, 4.0)  # example-after and batch, counts only
+    ratios: tuple[float, ...] = (2.0, 4.0, 6.0, 8.0)  # upstream ratios R of the timed comparison
+    not_bound_ratio: float = 0.5  # R of the "not input-bound" AutoEcho check
+    buffer_factor: float = 4.0  # the shuffle-buffer study's echo factor
+    buffer_sizes: tuple[int, ...] = (0, 256, 1024)  # studied beside the default size
+    latency_s: float = 0.02  # per request, as to object storage
+    request_examples: int = 32  # JPEGs per request (a byte range of a record file)
+    in_flight_grid: tuple[int, ...] = (1, 2, 4, 8, 16)  # the baseline's loader search
+    prefetch_grid: tuple[int, ...] = (0, 8)  # requests read ahead of the consumer
+    e_max: float = 8.0  # AutoEcho's largest factor
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ConfigError(f"repeats must be >= 1; got {self.repeats}")
-        if self.upstream_ratio is not None and not (math.isfinite(self.upstream_ratio) and self.upstream_ratio >= 0):
-            raise ConfigError(f"upstream ratio must be >= 0; got {self.upstream_ratio}")
+        if self.seeds < 1:
+            raise ConfigError(f"seeds must be >= 1; got {self.seeds}")
+        if self.train_images < 10 * self.batch_size or self.batch_size < 1:
+            raise ConfigError(f"train_images must be >= 10 batches; got {self.train_images} with batch "
+                              f"{self.batch_size}")
+        if not 0 < self.test_images <= 10_000:
+            raise ConfigError(f"test_images must be in 1..10000; got {self.test_images}")
+        if self.epochs <= 0 or not self.lr > 0 or not self.lr_grid:
+            raise ConfigError(f"epochs and lr must be > 0 and lr_grid non-empty; got {self.epochs}, {self.lr}, "
+                              f"{self.lr_grid}")
+        if any(e < 1 for e in (*self.factors, *self.other_factors)) or any(r <= 0 for r in self.ratios):
+            raise ConfigError("echo factors must be >= 1 and upstream ratios > 0")
+
+    @property
+    def steps(self) -> int:
+        """The baseline's budget in steps."""
+        return round(self.epochs * self.train_images / self.batch_size)
 
 
 @dataclass(frozen=True)
-class EchoJob:
-    group: str  # runs compared with each other: the same storage delay and network
-    config: EchoRunConfig
+class Source:
+    """The slow source: per-request latency, concurrent requests, one shared link."""
+    latency_s: float
+    link_bytes_per_s: float
+    request_examples: int = 32
+    in_flight: int = 1  # requests at once: the loader configuration ...
+    prefetch: int = 0  # ... and finished requests held ahead of the consumer
 
 
-# ----------------------------------------------------------------------------- Plans
-def comparison_jobs(base: EchoRunConfig, step_s: float, upstream_ratio: float | None) -> list[EchoJob]:
-    """No echoing, then ``base``'s echoing (unless it is none), behind one storage delay."""
-    if upstream_ratio is not None:
-        base = replace(base, upstream_delay_s=upstream_ratio * step_s / base.batch_size)
-    group = f"delay={base.upstream_delay_s * 1e3:.3f}ms"
-    jobs = [EchoJob(group, replace(base, echo=1.0))]
-    if base.echo != 1.0:
-        jobs.append(EchoJob(group, base))
-    return jobs
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: echo setting, learning rate, budget in steps, seed."""
+    variant: str = "example-before"
+    echo: float | str = 1.0  # a factor >= 1, or "auto"
+    lr: float = 0.1
+    steps: int = 625
+    seed: int = 0
+    shuffle_buffer: int | None = None  # None: default_shuffle_buffer(e or e_max, batch)
+    e_max: float = 8.0
+
+    @property
+    def label(self) -> str:
+        return "none" if self.echo == 1.0 else self.variant
 
 
-def sweep_a_jobs(base: EchoRunConfig) -> list[EchoJob]:
-    """(a): e = 1 and each variant at each factor, without storage delay."""
-    jobs = [EchoJob("a", replace(base, echo=1.0, upstream_delay_s=0.0))]
-    for variant in VARIANTS:
-        jobs += [EchoJob("a", replace(base, variant=variant, echo=e, upstream_delay_s=0.0)) for e in SWEEP_FACTORS]
-    return jobs
+# ----------------------------------------------------------------------------- Data
+@dataclass
+class MemoryData:
+    """Decoded images in host memory: the fixed training subset and the test set."""
+    train: np.ndarray  # (N, H, W, 3) uint8
+    train_labels: np.ndarray  # (N,) int64
+    wire_bytes: np.ndarray  # (N,) JPEG bytes of each training image: what a read transfers
+    test: torch.Tensor  # (M, 3, H, W) uint8
+    test_labels: torch.Tensor
+    eval_order: torch.Tensor  # a fixed permutation of the test set; its head detects the target
+    classes: list[str] = field(default_factory=list)
 
 
-def sweep_b_jobs(base: EchoRunConfig, step_s: float) -> list[EchoJob]:
-    """(b): e = 1, each factor and AutoEcho at each R (the delay is R step times per
-    batch); e = 1 and AutoEcho at R < 1 (no delay, a network whose step outlasts decoding)."""
-    jobs = []
-    for ratio in SWEEP_RATIOS:
-        delay = ratio * step_s / base.batch_size
-        jobs += [EchoJob(f"R={ratio:g}", replace(base, variant="example-before", echo=e, upstream_delay_s=delay))
-                 for e in (1.0, *SWEEP_FACTORS, "auto")]
-    jobs += [EchoJob("R<1", replace(base, variant="example-before", echo=e, upstream_delay_s=0.0,
-                                    width=NOT_INPUT_BOUND_WIDTH))
-             for e in (1.0, "auto")]
-    return jobs
+def balanced_subset(labels: np.ndarray, n: int, seed: int = 2019) -> np.ndarray:
+    """``n`` indices, as equal a share of each class as possible, fixed by ``seed``."""
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    per = [n // len(classes) + (1 if i < n % len(classes) else 0) for i in range(len(classes))]
+    picks = [rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, per)]
+    return np.sort(np.concatenate(picks))
 
 
-# ----------------------------------------------------------------------------- Running
-def run(cfg: EchoSweepConfig, *, log: Callable[..., None] | None = None) -> dict:
-    """Every job of the comparison or the sweep, ``cfg.repeats`` times interleaved; the report.
+def load_data(cfg: SweepConfig) -> MemoryData:
+    train_records, test_records = open_records(cfg.data, "train"), open_records(cfg.data, "test")
+    if len(train_records) < cfg.train_images:
+        raise ConfigError(f"{cfg.data} has {len(train_records)} training images; the sweep's subset needs "
+                          f"{cfg.train_images}")
+    idx = balanced_subset(np.asarray(train_records.labels), cfg.train_images)
+    train = decode_records(read_records(train_records, idx), cfg.image_size)
+    test = decode_records(read_records(test_records, np.arange(len(test_records))), cfg.image_size)
+    if len(train.bad) or len(test.bad):
+        raise ConfigError(f"unreadable images in {cfg.data}: {(train.bad + test.bad)[:3]}")
+    offsets = np.asarray(train_records.offsets)
+    return MemoryData(
+        train=train.images, train_labels=train.labels, wire_bytes=(offsets[idx + 1] - offsets[idx]),
+        test=torch.from_numpy(test.images).permute(0, 3, 1, 2).contiguous(), test_labels=torch.from_numpy(test.labels),
+        eval_order=torch.from_numpy(np.random.default_rng(12345).permutation(len(test.labels))),
+        classes=list(train_records.classes))
 
-    ``log(**record)`` receives each evaluation (with its group and echo factor), each
-    finished run (``event="run"``) and the step time the delays derive from
-    (``event="step_time"``).
+
+def test_batches(data: MemoryData, n: int | None, device, batch_size: int = 1000):
+    """Normalised test batches: the first ``n`` of the fixed order (None: all)."""
+    mean, std = torch.tensor(MEAN, device=device), torch.tensor(STD, device=device)
+    idx = data.eval_order[:n] if n else data.eval_order
+    for part in idx.split(batch_size):
+        yield normalize(data.test[part].to(device), mean, std), data.test_labels[part].to(device)
+
+
+# ----------------------------------------------------------------------------- The input pipeline
+# The stream runs on across epochs, as a repeated tf.data pipeline does: epoch k's item
+# with training-set index i has the key k * N + i. Keys identify a (example, epoch) pair
+# for the augmentation, and a shuffle buffer is filled once per run, not once per epoch.
+class _Identity:
+    """A store whose record for key k is k itself (a request names its byte range)."""
+
+    def __getitem__(self, part):
+        return part
+
+
+def fresh_keys(n: int, seed: int, storage: SlowStorage | None, source: Source | None) -> Iterator[int]:
+    """Keys of fresh examples, a new permutation of the ``n`` examples each epoch, read
+    through the slow source if any (requests of ``source.request_examples``)."""
+    def epochs():
+        epoch = 0
+        while True:
+            yield np.random.default_rng([seed, 7919, epoch]).permutation(n) + epoch * n
+            epoch += 1
+
+    if storage is None:
+        for keys in epochs():
+            yield from keys.tolist()
+        return
+    parts = (keys[i : i + source.request_examples] for keys in epochs()
+             for i in range(0, n, source.request_examples))
+    for part in concurrent_reads(storage, parts, in_flight=source.in_flight, prefetch=source.prefetch):
+        yield from part.tolist()
+
+
+def _number_copies(items: Iterator[int]) -> Iterator[tuple[int, int]]:
+    """(key, copy number): a key repeats only as an echoed copy."""
+    previous, copy = None, 0
+    for k in items:
+        copy = copy + 1 if k == previous else 0
+        previous = k
+        yield k, copy
+
+
+def _batches(items, batch_size: int) -> Iterator[np.ndarray]:
+    """(2, B) int64 arrays: keys and copy numbers."""
+    group = []
+    for item in items:
+        group.append(item)
+        if len(group) == batch_size:
+            yield np.array(group, dtype=np.int64).T
+            group = []
+
+
+def _counted(items, counters: EchoCounters):
+    for k in items:
+        counters.fresh_examples += 1
+        yield k
+
+
+def pipeline(fresh: Iterator[int], spec: RunSpec, factor, buffer, batch_size: int,
+             counters: EchoCounters) -> Iterator[np.ndarray]:
+    """(keys, copy numbers) batches: echo stage, shuffle buffer and batching as in
+    ``hasten.stream.loader``. The copy numbers key the augmentation: example-before
+    augments every copy afresh, example-after and batch echoing repeat identical copies."""
+    echoing = isinstance(factor, AutoEcho) or factor != 1.0
+    if not echoing:
+        return _batches(((k, 0) for k in _counted(fresh, counters)), batch_size)
+    if spec.variant == "batch":
+        batches = _batches(((k, 0) for k in _counted(fresh, counters)), batch_size)
+        return echo_batches(batches, factor, seed=spec.seed, counters=counters)
+    copies = _number_copies(echo_examples(fresh, factor, seed=spec.seed, counters=counters))
+    if spec.variant == "example-after":
+        copies = ((k, 0) for k, _ in copies)  # identical copies: one augmentation per example
+    return _batches(shuffle_buffer(copies, buffer, seed=spec.seed), batch_size)
+
+
+# ----------------------------------------------------------------------------- One run
+def lr_at(step: int, steps: int, peak: float, warmup: float) -> float:
+    """Linear warm-up over ``warmup`` of the budget, then linear decay to 0 at ``steps``."""
+    w = max(1, round(warmup * steps))
+    return peak * (step + 1) / w if step < w else peak * max(0.0, (steps - step) / max(1, steps - w))
+
+
+def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: Source | None = None,
+                 target: float | None = None, stop_at_target: bool = False, final_eval: bool = True,
+                 log=None) -> dict:
+    """Train ``spec.steps`` steps with the schedule; evaluate at ``cfg.eval_points``.
+
+    With ``target``: the first evaluation at or above it gives the fresh examples,
+    steps and wall seconds to the target; ``stop_at_target`` ends the run there
+    (timed runs), otherwise it runs the full budget and reports the final accuracy
+    on the whole test set.
     """
-    log = log or (lambda **record: None)
-    base = cfg.base
-    eval_set = EvalSet(open_records(base.data, "test"), base.image_size, base.device)
-    entries: list[dict] = []
-
-    def run_jobs(jobs: list[EchoJob], seed: int) -> None:
-        for job in jobs:
-            run_cfg = replace(job.config, seed=seed)
-            result = train_to_target(run_cfg, eval_set=eval_set,
-                                     log=lambda **r: log(group=job.group, echo_cfg=str(run_cfg.echo), **r))
-            result["group"] = job.group
-            if run_cfg.echo != 1.0:
-                # R is measured by the run without echoing of the same group and seed (run first).
-                base_run = next((e for e in reversed(entries) if e["group"] == job.group and e["seed"] == seed
-                                 and e["echo_factor"] == 1.0), None)
-                result["upstream_ratio"] = base_run["upstream_ratio"] if base_run else None
-            entries.append(result)
-            log(event="run", **{k: v for k, v in result.items() if k != "config"})
-            bar.update(1)
-
-    if cfg.sweep:
-        jobs_a = sweep_a_jobs(base)
-        bar = progress(total=(len(jobs_a) + len(sweep_b_jobs(base, 0.0))) * cfg.repeats, desc="echo runs")
-        for seed in range(cfg.repeats):
-            run_jobs(jobs_a, seed)
-            if seed == 0:
-                # The delay for R comes from the step times of the (a) runs just made: hundreds
-                # of steps under the same load, steadier than a separate short measurement.
-                step_s = float(np.median([e["step_time_s"] for e in entries]))
-                jobs_b = sweep_b_jobs(base, step_s)
-                log(event="step_time", step_time_s=step_s, source="median of the (a) runs")
-            run_jobs(jobs_b, seed)
+    check_variant(spec.variant)
+    dev = torch.device(cfg.device)
+    n = len(data.train)
+    auto = None
+    if spec.echo == "auto":
+        auto = AutoEcho(e_max=spec.e_max, interval=4 * cfg.batch_size if spec.variant != "batch" else 4)
+    factor = auto if auto is not None else float(spec.echo)
+    if spec.variant == "batch" or (auto is None and factor == 1.0):
+        buffer = 0  # no copies inside a batch to spread apart
+    elif spec.shuffle_buffer is not None:
+        buffer = spec.shuffle_buffer
+    elif auto is not None:
+        buffer = lambda: default_shuffle_buffer(auto.factor, cfg.batch_size)  # noqa: E731 - grows with e
     else:
-        step_s = measure_step_time(base, eval_set=eval_set)
-        log(event="step_time", step_time_s=step_s, source="a 40-step run without delay")
-        jobs = comparison_jobs(base, step_s, cfg.upstream_ratio)
-        bar = progress(total=len(jobs) * cfg.repeats, desc="echo runs")
-        for seed in range(cfg.repeats):
-            run_jobs(jobs, seed)
-    bar.close()
+        buffer = default_shuffle_buffer(factor, cfg.batch_size)
+    storage = None
+    if source is not None:
+        storage = SlowStorage(_Identity(), latency_s=source.latency_s, link_bytes_per_s=source.link_bytes_per_s,
+                              size_of=lambda part: int(data.wire_bytes[part % n].sum()))
+    torch.manual_seed(spec.seed)
+    model = SmallNet(cfg.width, len(data.classes) or 10).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9, nesterov=True,
+                          weight_decay=cfg.weight_decay)
+    mean, std = torch.tensor(MEAN, device=dev), torch.tensor(STD, device=dev)
+    labels = torch.from_numpy(data.train_labels)
+    eval_steps = sorted({min(spec.steps, max(1, round(f * spec.steps))) for f in cfg.eval_points})
+    counters = EchoCounters()
+    waiting, stepping = Stopwatch(), Stopwatch()
+    steps, factors, reached, curve = 0, [], None, []
+    batches = pipeline(fresh_keys(n, spec.seed, storage, source), spec, factor, buffer, cfg.batch_size, counters)
+    try:
+        while steps < spec.steps:
+            waiting.start()
+            keys, copies = next(batches)
+            waited = waiting.stop()
+            stepping.start()
+            counters.record_batch(keys.tolist())
+            idx = keys % n
+            images = keyed_crop_flip(data.train[idx], keys, seed=spec.seed, copies=copies, pad=cfg.pad)
+            x = normalize(torch.from_numpy(images).permute(0, 3, 1, 2).to(dev), mean, std)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(steps, spec.steps, spec.lr, cfg.warmup)
+            losses = F.cross_entropy(model(x), labels[torch.from_numpy(idx)].to(dev),
+                                     label_smoothing=cfg.label_smoothing, reduction="none")
+            opt.zero_grad(set_to_none=True)
+            losses.mean().backward()
+            opt.step()
+            if auto is not None and spec.variant != "batch":
+                repeat = torch.from_numpy(copies > 0)
+                if 0 < int(repeat.sum()) < len(copies):  # the value of repeats (hasten.echo.auto)
+                    per = losses.detach()
+                    auto.observe_loss(float(per[~repeat].mean()), float(per[repeat].mean()))
+            stepped = stepping.stop()
+            if auto is not None:
+                auto.record_step(waited, stepped, len(keys))
+            steps += 1
+            factors.append(auto.factor if auto is not None else float(spec.echo))
+            if steps in eval_steps:
+                with (storage.paused() if storage is not None else nullcontext()), \
+                        (auto.paused() if auto is not None else nullcontext()):
+                    accuracy = evaluate(model, test_batches(data, cfg.test_images, dev))
+                wall = waiting.elapsed + stepping.elapsed
+                curve.append((steps, accuracy, counters.fresh_examples, wall))
+                if log is not None:
+                    log(step=steps, fresh=counters.fresh_examples, accuracy=accuracy, wall_s=wall, echo=factors[-1])
+                if target is not None and reached is None and accuracy >= target:
+                    reached = (counters.fresh_examples, steps, wall)
+                    if stop_at_target:
+                        break
+    finally:
+        batches.close()  # ends the reads in flight (outside the clocks)
+    wait_s, step_s = waiting.elapsed, stepping.elapsed
+    full = steps >= spec.steps
     return {
-        "torch": torch.__version__,
-        "dataset": "CIFAR-10-JPEG" if "cifar10-jpeg" in os.path.basename(base.data) else base.data,
-        "step_time_s": step_s,
-        "repeats": cfg.repeats,
-        "config": asdict(cfg),
-        "baseline": [e for e in entries if e["echo_factor"] == 1.0],
-        "results": entries,
-        "summary": summarize(entries),
+        "variant": spec.variant, "echo_factor": spec.echo, "lr": spec.lr, "budget_steps": spec.steps,
+        "seed": spec.seed, "shuffle_buffer": buffer if isinstance(buffer, int) else "auto",
+        "mean_echo_factor": float(np.mean(factors)) if factors else 1.0,
+        "source": asdict(source) if source is not None else None,
+        # Without echoing an input-bound loop runs at the upstream's pace: (wait + step) / step is R.
+        "upstream_ratio": (wait_s + step_s) / step_s if spec.echo == 1.0 and source is not None else None,
+        "reached_target": reached is not None, "target": target,
+        "fresh_examples_to_target": reached[0] if reached else None,
+        "steps_to_target": reached[1] if reached else None,
+        "wall_time_to_target_s": reached[2] if reached and source is not None else None,
+        "fresh_examples": counters.fresh_examples, "steps": steps, "wall_time_s": wait_s + step_s,
+        "end_accuracy": curve[-1][1] if full and curve else None,
+        "final_accuracy": evaluate(model, test_batches(data, None, dev)) if full and final_eval else None,
+        "curve": curve, "idle_fraction": wait_s / (wait_s + step_s) if steps else 0.0,
+        "step_time_s": step_s / max(steps, 1), "duplicate_rate": counters.duplicate_rate,
+        "autoecho_cap": auto.cap if auto is not None else None,
     }
+
+
+# ----------------------------------------------------------------------------- The slow source and its best loader
+def current_step_time(cfg: SweepConfig, data: MemoryData, steps: int = 16) -> float:
+    """Seconds per training step now: a short run of the real loop without evaluation.
+    On a shared machine the step time drifts with other jobs' load; each timed run
+    sets its link from this, so that its R is about the one asked for."""
+    probe = train_budget(replace(cfg, eval_points=()), data, RunSpec(steps=steps), final_eval=False)
+    return probe["step_time_s"]
+
+
+def source_for(cfg: SweepConfig, data: MemoryData, ratio: float, step_s: float) -> Source:
+    """The link bandwidth that makes reading one batch take ``ratio`` step times."""
+    batch_bytes = cfg.batch_size * float(np.mean(data.wire_bytes))
+    return Source(cfg.latency_s, batch_bytes / (ratio * step_s), cfg.request_examples)
+
+
+def best_loader(cfg: SweepConfig, data: MemoryData, source: Source, step_s: float, batches: int = 8,
+                seed: int = 0) -> tuple[Source, list[dict]]:
+    """The fastest (in_flight, prefetch) for training without echoing under ``source``:
+    each candidate reads ``batches`` batches while a consumer spends ``step_s`` per
+    batch (a sleep: no CPU taken from the other candidates). Ties within 2% go to
+    the smaller configuration. Returns the chosen source and every measurement."""
+    n = len(data.train)
+    wire = np.concatenate([data.wire_bytes] * (1 + batches * cfg.batch_size // n + 1))  # keys of later epochs
+    trials = []
+    grid = [(k, p) for k in cfg.in_flight_grid for p in cfg.prefetch_grid]
+    for _, (k, p) in interleaved(grid, 1, seed):
+        candidate = replace(source, in_flight=k, prefetch=p)
+        storage = SlowStorage(_Identity(), latency_s=candidate.latency_s,
+                              link_bytes_per_s=candidate.link_bytes_per_s, size_of=lambda part: int(wire[part].sum()))
+        keys = fresh_keys(n, seed, storage, candidate)
+        t0 = time.perf_counter()
+        for i in range(1, batches * cfg.batch_size + 1):
+            next(keys)
+            if i % cfg.batch_size == 0:
+                time.sleep(step_s)
+        elapsed = time.perf_counter() - t0
+        keys.close()
+        trials.append({"in_flight": k, "prefetch": p, "s_per_batch": elapsed / batches})
+    fastest = min(t["s_per_batch"] for t in trials)
+    good = [t for t in trials if t["s_per_batch"] <= 1.02 * fastest]
+    pick = min(good, key=lambda t: (t["in_flight"] + t["prefetch"], t["s_per_batch"]))
+    return replace(source, in_flight=pick["in_flight"], prefetch=pick["prefetch"]), trials
+
+
+# ----------------------------------------------------------------------------- Tuning
+def _rank(result: dict) -> tuple:
+    """Tuning order: reached the target, then fewest fresh examples, fewest steps, best end accuracy."""
+    return (not result["reached_target"], result["fresh_examples_to_target"] or math.inf,
+            result["steps_to_target"] or math.inf, -(result["end_accuracy"] or 0.0))
+
+
+def tune(cfg: SweepConfig, data: MemoryData, spec: RunSpec, target: float, log) -> tuple[RunSpec, list[dict]]:
+    """The learning rate (and if needed a longer budget) for ``spec`` on seed 0: the grid
+    value that reaches ``target`` with the fewest fresh examples."""
+    trials = [train_budget(cfg, data, replace(spec, lr=cfg.lr * m, seed=0), target=target)
+              for m in cfg.lr_grid]
+    for t in trials:
+        log(event="tune", **_brief(t))
+    best = min(trials, key=_rank)
+    if not best["reached_target"] and cfg.extra_budget > 1:
+        longer = train_budget(cfg, data, replace(spec, lr=best["lr"], seed=0,
+                                                 steps=round(spec.steps * cfg.extra_budget)), target=target)
+        log(event="tune", **_brief(longer))
+        trials.append(longer)
+        best = min(trials, key=_rank)
+    return replace(spec, lr=best["lr"], steps=best["budget_steps"]), trials
+
+
+def _brief(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k != "curve"}
 
 
 # ----------------------------------------------------------------------------- Statistics
@@ -171,28 +461,29 @@ def stats(values) -> dict:
             "n": len(vals)}
 
 
-def _config_key(entry: dict) -> tuple[str, str, str]:
-    """(group, variant, echo factor); no echoing is one configuration whatever its variant."""
-    echo = entry["echo_factor"]
-    return entry["group"], entry["variant"] if echo != 1.0 else "none", str(echo)
-
-
 def summarize(entries: list[dict]) -> list[dict]:
-    """Mean and spread per (group, variant, echo), with speedups over e = 1 of the same group."""
-    runs_by_key: dict[tuple[str, str, str], list[dict]] = {}
+    """Mean and spread per (group, variant, echo) with the speedup (mean wall time of
+    e = 1 over the row's) and the fresh-example ratio against e = 1 of the same group."""
+    keyed: dict[tuple, list[dict]] = {}
     for e in entries:
-        runs_by_key.setdefault(_config_key(e), []).append(e)
+        key = (e["group"], "none" if e["echo_factor"] == 1.0 else e["variant"], str(e["echo_factor"]))
+        keyed.setdefault(key, []).append(e)
     rows = []
-    for (group, variant, echo), runs in runs_by_key.items():
+    for (group, variant, echo), runs in keyed.items():
         row = {"group": group, "variant": variant, "echo_factor": echo, "n": len(runs),
-               "reached": sum(r["reached_target"] for r in runs)}
-        row.update({field: stats([r[field] for r in runs]) for field in SUMMARY_FIELDS})
+               "reached": sum(r["reached_target"] for r in runs), "lr": runs[0].get("lr"),
+               "budget_steps": runs[0].get("budget_steps"), "shuffle_buffer": runs[0].get("shuffle_buffer")}
+        row.update({f: stats([r.get(f) for r in runs]) for f in SUMMARY_FIELDS})
         rows.append(row)
     for row in rows:
-        base = next(r for r in rows if r["group"] == row["group"] and r["echo_factor"] == "1.0")
-        b, w = base["wall_time_to_target_s"]["mean"], row["wall_time_to_target_s"]["mean"]
-        row["speedup"] = b / w if b and w else None
-        bf, f = base["fresh_examples_to_target"]["mean"], row["fresh_examples_to_target"]["mean"]
+        base = next((r for r in rows if r["group"] == row["group"] and r["echo_factor"] == "1.0"), None)
+        b = base["wall_time_to_target_s"]["mean"] if base else None
+        w = row["wall_time_to_target_s"]["mean"]
+        # A configuration that missed the target on some seed has no honest mean time.
+        complete = row["reached"] == row["n"] and base is not None and base["reached"] == base["n"]
+        row["speedup"] = b / w if b and w and complete else None
+        bf = base["fresh_examples_to_target"]["mean"] if base else None
+        f = row["fresh_examples_to_target"]["mean"]
         row["fresh_ratio"] = f / bf if bf and f else None
     return rows
 
@@ -208,19 +499,175 @@ def _fmt(stat: dict, scale: float = 1.0, digits: int = 0) -> str:
 
 def format_table(rows: list[dict]) -> str:
     g = max([5] + [len(r["group"]) for r in rows])
-    head = (f"{'group':{g}} {'variant':15} {'e':>5} {'n':>2} {'R meas':>8} {'fresh':>12} {'steps':>10} "
-            f"{'wall s':>11} {'speedup':>7} {'final acc':>11} {'idle':>5}")
+    head = (f"{'group':{g}} {'variant':15} {'e':>5} {'n':>2} {'lr':>5} {'R meas':>8} {'fresh to tgt':>13} "
+            f"{'steps':>9} {'wall s':>10} {'speedup':>7} {'end acc':>9} {'final acc':>9} {'dup %':>5} {'idle':>4}")
     lines = [head, "-" * len(head)]
     for r in rows:
         e = r["echo_factor"] if r["echo_factor"] != "auto" else f"a{r['mean_echo_factor']['mean']:.1f}"
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         lines.append(
-            f"{r['group']:{g}} {r['variant']:15} {e:>5} {r['n']:>2} {_fmt(r['upstream_ratio'], 1, 1):>8} "
-            f"{_fmt(r['fresh_examples_to_target']):>12} {_fmt(r['steps_to_target']):>10} "
-            f"{_fmt(r['wall_time_to_target_s'], 1, 1):>11} {speedup:>7} "
-            f"{_fmt(r['final_accuracy'], 100, 1):>11} {_fmt(r['idle_fraction'], 100, 0):>5}"
-        )
+            f"{r['group']:{g}} {r['variant']:15} {e:>5} {r['n']:>2} {r['lr'] or 0:>5.3g} {_fmt(r['upstream_ratio'], 1, 1):>8} "
+            f"{_fmt(r['fresh_examples_to_target']):>13} {_fmt(r['steps_to_target']):>9} "
+            f"{_fmt(r['wall_time_to_target_s'], 1, 1):>10} {speedup:>7} {_fmt(r['end_accuracy'], 100, 1):>9} "
+            f"{_fmt(r['final_accuracy'], 100, 1):>9} {_fmt(r['duplicate_rate'], 100, 1):>5} "
+            f"{_fmt(r['idle_fraction'], 100, 0):>4}")
     return "\n".join(lines)
+
+
+def goals(rows: list[dict], ratios) -> dict:
+    """The benchmark's goals, read off the summary rows."""
+    out = {"per_ratio": []}
+    for ratio in ratios:
+        group = f"R={ratio:g}"
+        fixed = [r for r in rows if r["group"] == group and r["echo_factor"] not in ("1.0", "auto") and r["speedup"]]
+        auto = next((r for r in rows if r["group"] == group and r["echo_factor"] == "auto"), None)
+        best = max(fixed, key=lambda r: r["speedup"], default=None)
+        out["per_ratio"].append({
+            "group": group, "best_fixed_e": best["echo_factor"] if best else None,
+            "best_fixed_speedup": best["speedup"] if best else None,
+            "autoecho_speedup": auto["speedup"] if auto else None,
+            "autoecho_mean_e": auto["mean_echo_factor"]["mean"] if auto else None,
+            "autoecho_vs_best": auto["speedup"] / best["speedup"] if auto and best and auto["speedup"] else None})
+    base = next((r for r in rows if r["group"] == "a" and r["echo_factor"] == "1.0"), None)
+    if base and base["final_accuracy"]["mean"] is not None:
+        b = base["final_accuracy"]
+        out["final_accuracy"] = [
+            {"variant": r["variant"], "echo_factor": r["echo_factor"], "budget_steps": r["budget_steps"],
+             "mean": r["final_accuracy"]["mean"], "std": r["final_accuracy"]["std"],
+             "baseline_mean": b["mean"], "baseline_std": b["std"],
+             # "within the seeds' spread": not below the baseline's mean minus its std
+             "within_spread": r["final_accuracy"]["mean"] >= b["mean"] - b["std"]}
+            for r in rows if r["group"] == "a" and r is not base and r["final_accuracy"]["mean"] is not None]
+    nb_base = next((r for r in rows if r["group"] == "R<1" and r["echo_factor"] == "1.0"), None)
+    nb_auto = next((r for r in rows if r["group"] == "R<1" and r["echo_factor"] == "auto"), None)
+    if nb_base and nb_auto and nb_base["wall_time_to_target_s"]["mean"] and nb_auto["wall_time_to_target_s"]["mean"]:
+        out["not_input_bound_autoecho_slowdown"] = (nb_auto["wall_time_to_target_s"]["mean"]
+                                                   / nb_base["wall_time_to_target_s"]["mean"] - 1)
+    return out
+
+
+# ----------------------------------------------------------------------------- The sweep
+def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
+    """Everything in the module docstring; the JSON-able report."""
+    log = log or (lambda **record: None)
+    t_start = time.perf_counter()
+    data = load_data(cfg)
+    entries: list[dict] = []
+    timed_jobs = _timed_jobs(cfg)
+    other = [(v, e) for v in ("example-after", "batch") for e in cfg.other_factors]
+    total = (len(cfg.lr_grid) + cfg.seeds - 1 + (len(cfg.factors) + len(other)) * (len(cfg.lr_grid) + cfg.seeds - 1)
+             + len(cfg.buffer_sizes) + 1 + len(timed_jobs) * cfg.seeds)
+    bar = progress(total=total, desc="echo sweep runs")
+
+    def record(result: dict, group: str) -> dict:
+        result["group"] = group
+        entries.append(result)
+        log(event="run", **_brief(result))
+        bar.update(1)
+        return result
+
+    # (1) The baseline: learning rate tuned on seed 0 by end accuracy, then every seed.
+    base_spec = RunSpec(lr=cfg.lr, steps=cfg.steps, e_max=cfg.e_max)
+    trials = [train_budget(cfg, data, replace(base_spec, lr=cfg.lr * m)) for m in cfg.lr_grid]
+    for t in trials:
+        bar.update(1)
+        log(event="tune", **_brief(t))
+    best = max(trials, key=lambda t: t["end_accuracy"])
+    base_spec = replace(base_spec, lr=best["lr"])
+    record(best, "a")
+    for seed in range(1, cfg.seeds):
+        record(train_budget(cfg, data, replace(base_spec, seed=seed)), "a")
+    ends = [e["end_accuracy"] for e in entries]
+    target = float(np.mean(ends) - (np.std(ends, ddof=1) if len(ends) > 1 else 0.0))
+    for e in entries:  # the baseline's own crossings, now that the target is known
+        _cross(e, target)
+    step_s = float(np.median([t["step_time_s"] for t in trials + entries]))
+    log(event="target", target=target, step_time_s=step_s, baseline_lr=base_spec.lr)
+    tuning = {"baseline": {"lr": base_spec.lr, "steps": base_spec.steps,
+                           "trials": [_trial(t) for t in trials]}}
+
+    # (2) Echo settings, tuned on seed 0 (the tuning run counts as that seed), then every seed.
+    tuned: dict[tuple[str, float], RunSpec] = {}
+    for variant, e in [("example-before", e) for e in cfg.factors] + other:
+        spec, trials = tune(cfg, data, replace(base_spec, variant=variant, echo=e), target, log)
+        bar.update(len(cfg.lr_grid) - 1)
+        tuned[(variant, e)] = spec
+        tuning[f"{variant} e={e:g}"] = {"lr": spec.lr, "steps": spec.steps, "trials": [_trial(t) for t in trials]}
+        record(next(t for t in trials if t["lr"] == spec.lr and t["budget_steps"] == spec.steps), "a")
+        for seed in range(1, cfg.seeds):
+            record(train_budget(cfg, data, replace(spec, seed=seed), target=target), "a")
+
+    # (3) The shuffle buffer: duplicates and their cost at one factor, seed 0.
+    spec = tuned.get(("example-before", cfg.buffer_factor)) or replace(base_spec, echo=cfg.buffer_factor)
+    for size in (*cfg.buffer_sizes, None):
+        result = train_budget(cfg, data, replace(spec, shuffle_buffer=size, seed=0), target=target)
+        result["predicted_duplicate_rate"] = expected_duplicate_rate(result["shuffle_buffer"], spec.echo,
+                                                                     cfg.batch_size)
+        record(result, "buffer")
+
+    # (4) The slow source at each R, with the best loader without echoing; timed runs interleaved.
+    loaders, loader_report = {}, {}
+    for ratio in (*cfg.ratios, cfg.not_bound_ratio):
+        # The loader search runs once per R; each timed run then sets the link from its
+        # own step-time measurement (current_step_time), keeping the chosen loader.
+        src, trials = best_loader(cfg, data, source_for(cfg, data, ratio, step_s), step_s)
+        loaders[ratio] = src
+        loader_report[f"R={ratio:g}"] = {"chosen": asdict(src), "trials": trials}
+        log(event="loader", ratio=ratio, chosen=asdict(src), trials=trials)
+    for seed_idx, (ratio, echo) in interleaved(timed_jobs, cfg.seeds, seed=0):
+        if echo == 1.0:
+            spec = base_spec
+        elif echo == "auto":
+            spec = replace(base_spec, echo="auto")  # AutoEcho: the baseline's settings, no tuning of its own
+        else:
+            spec = tuned[("example-before", echo)]
+        group = f"R={ratio:g}" if ratio >= 1 else "R<1"
+        now = current_step_time(cfg, data)
+        source = replace(loaders[ratio], link_bytes_per_s=source_for(cfg, data, ratio, now).link_bytes_per_s)
+        result = train_budget(cfg, data, replace(spec, seed=seed_idx), source=source, target=target,
+                              stop_at_target=True)
+        result.update(nominal_ratio=ratio, calibration_step_s=now)
+        record(result, group)
+    bar.close()
+    # R of an echoed run is the one measured without echoing at the same R and seed.
+    for e in entries:
+        if e["group"].startswith("R") and e["echo_factor"] != 1.0:
+            base_run = next((b for b in entries if b["group"] == e["group"] and b["seed"] == e["seed"]
+                             and b["echo_factor"] == 1.0), None)
+            e["upstream_ratio"] = base_run["upstream_ratio"] if base_run else None
+    rows = summarize(entries)
+    return {
+        "dataset": "CIFAR-10-JPEG" if "cifar10-jpeg" in os.path.basename(cfg.data) else cfg.data,
+        "torch": torch.__version__, "config": asdict(cfg), "budget_steps": cfg.steps, "target": target,
+        "step_time_s": step_s, "tuning": tuning, "loader": loader_report,
+        "baseline": [e for e in entries if e["echo_factor"] == 1.0],
+        "results": entries, "summary": rows, "goals": goals(rows, cfg.ratios),
+        "sweep_wall_s": time.perf_counter() - t_start,
+    }
+
+
+def _timed_jobs(cfg: SweepConfig) -> list[tuple[float, float | str]]:
+    """(R, e) pairs: e = 1, the fixed factors from R/2 to 2R, AutoEcho; and e = 1 vs AutoEcho at R < 1."""
+    jobs = []
+    for ratio in cfg.ratios:
+        # Fixed factors from R / 2 to 2R: far below R they leave most of the waiting, far above
+        # they only add steps (e = 2 at R = 8 would be the slowest run of the sweep).
+        jobs += [(ratio, 1.0)] + [(ratio, e) for e in cfg.factors if ratio / 2 <= e <= 2 * ratio] + [(ratio, "auto")]
+    return jobs + [(cfg.not_bound_ratio, 1.0), (cfg.not_bound_ratio, "auto")]
+
+
+def _cross(entry: dict, target: float) -> None:
+    """Fill a run's to-target counts from its evaluation curve once the target is known."""
+    hit = next((point for point in entry["curve"] if point[1] >= target), None)
+    entry["target"] = target
+    entry["reached_target"] = hit is not None
+    if hit is not None:
+        entry["steps_to_target"], entry["fresh_examples_to_target"] = hit[0], hit[2]
+
+
+def _trial(t: dict) -> dict:
+    return {k: t[k] for k in ("lr", "budget_steps", "reached_target", "fresh_examples_to_target",
+                              "steps_to_target", "end_accuracy")}
 
 
 def write_plots(rows: list[dict], directory: str | os.PathLike) -> list[str]:
@@ -229,3 +676,102 @@ def write_plots(rows: list[dict], directory: str | os.PathLike) -> list[str]:
 
     return [str(plot_echo_fresh_examples(rows, os.path.join(directory, "echo_fresh_examples.png"))),
             str(plot_echo_speedup(rows, os.path.join(directory, "echo_speedup.png")))]
+
+
+# ----------------------------------------------------------------------------- One comparison (hasten echo)
+@dataclass(frozen=True)
+class ComparisonConfig:
+    """No echoing against ``base``'s echoing, both behind one storage delay, each run to
+    ``base.target`` through the streaming pipeline (``hasten.recipes.echo``).
+    ``upstream_ratio``: set the delay to R step times per batch (the step time measured
+    first); None keeps ``base.upstream_delay_s``."""
+    base: EchoRunConfig
+    repeats: int = 1  # runs (seeds 0 .. repeats-1) per configuration
+    upstream_ratio: float | None = 4.0
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1; got {self.repeats}")
+        if self.upstream_ratio is not None and not (math.isfinite(self.upstream_ratio) and self.upstream_ratio >= 0):
+            raise ConfigError(f"upstream ratio must be >= 0; got {self.upstream_ratio}")
+
+
+def comparison_jobs(base: EchoRunConfig, step_s: float, upstream_ratio: float | None) -> list[tuple[str, EchoRunConfig]]:
+    """(group, config): no echoing, then ``base``'s echoing (unless it is none), behind one storage delay."""
+    if upstream_ratio is not None:
+        base = replace(base, upstream_delay_s=upstream_ratio * step_s / base.batch_size)
+    group = f"delay={base.upstream_delay_s * 1e3:.3f}ms"
+    jobs = [(group, replace(base, echo=1.0))]
+    if base.echo != 1.0:
+        jobs.append((group, base))
+    return jobs
+
+
+def compare(cfg: ComparisonConfig, *, log: Callable[..., None] | None = None) -> dict:
+    """Every comparison job ``cfg.repeats`` times, interleaved; the JSON-able report.
+
+    ``log(**record)`` receives each evaluation, each finished run (``event="run"``)
+    and the step time the delay derives from (``event="step_time"``).
+    """
+    log = log or (lambda **record: None)
+    base = cfg.base
+    eval_set = EvalSet(open_records(base.data, "test"), base.image_size, base.device)
+    step_s = measure_step_time(base, eval_set=eval_set)
+    log(event="step_time", step_time_s=step_s, source="a 40-step run without delay")
+    jobs = comparison_jobs(base, step_s, cfg.upstream_ratio)
+    entries = []
+    for seed, (group, job) in progress(list(interleaved(jobs, cfg.repeats, seed=0)), desc="echo runs"):
+        run_cfg = replace(job, seed=seed)
+        result = train_to_target(run_cfg, eval_set=eval_set,
+                                 log=lambda **r: log(group=group, echo_cfg=str(run_cfg.echo), **r))
+        result["group"] = group
+        entries.append(result)
+        log(event="run", **{k: v for k, v in result.items() if k != "config"})
+    for e in entries:  # R is measured by the run without echoing of the same seed
+        if e["echo_factor"] != 1.0:
+            b = next((x for x in entries if x["seed"] == e["seed"] and x["echo_factor"] == 1.0), None)
+            e["upstream_ratio"] = b["upstream_ratio"] if b else None
+    return {"torch": torch.__version__, "step_time_s": step_s, "repeats": cfg.repeats, "config": asdict(cfg),
+            "baseline": [e for e in entries if e["echo_factor"] == 1.0], "results": entries,
+            "summary": summarize(entries)}
+
+
+# ----------------------------------------------------------------------------- Markdown for docs/results
+def _md(stat: dict, scale: float = 1.0, digits: int = 0) -> str:
+    return _fmt(stat, scale, digits).replace("±", " ± ")
+
+
+def markdown_tables(report: dict) -> str:
+    """The results page's tables, from a report of ``run``: counts per variant and factor,
+    the shuffle-buffer study, wall time to the target per R."""
+    rows = report["summary"]
+    out = ["| variant | e | n | lr | budget steps | reached | fresh examples to target | steps to target | "
+           "end acc % (5k) | final acc % (10k) | duplicates % |", "| --- " * 11 + "|"]
+    for r in rows:
+        if r["group"] != "a":
+            continue
+        out.append(f"| {r['variant']} | {r['echo_factor']} | {r['n']} | {r['lr']:g} | {r['budget_steps']} | "
+                   f"{r['reached']}/{r['n']} | {_md(r['fresh_examples_to_target'])} | {_md(r['steps_to_target'])} | "
+                   f"{_md(r['end_accuracy'], 100, 1)} | {_md(r['final_accuracy'], 100, 1)} | "
+                   f"{_md(r['duplicate_rate'], 100, 1)} |")
+    out += ["", "| shuffle buffer (items) | predicted duplicates % | measured duplicates % | reached | "
+            "fresh examples to target | steps to target | end acc % |", "| --- " * 7 + "|"]
+    for e in report["results"]:
+        if e["group"] != "buffer":
+            continue
+        out.append(f"| {e['shuffle_buffer']} | {100 * e['predicted_duplicate_rate']:.1f} | "
+                   f"{100 * e['duplicate_rate']:.1f} | {'yes' if e['reached_target'] else 'no'} | "
+                   f"{e['fresh_examples_to_target'] or '-'} | {e['steps_to_target'] or '-'} | "
+                   f"{100 * e['end_accuracy']:.1f} |")
+    out += ["", "| R (asked) | measured R | e | n | reached | wall s to target | speedup | fresh examples | "
+            "steps | idle % |", "| --- " * 10 + "|"]
+    for r in sorted((r for r in rows if r["group"].startswith("R")),
+                    key=lambda r: (r["group"] != "R<1", r["group"], r["echo_factor"] == "auto",
+                                   r["echo_factor"])):
+        e = r["echo_factor"] if r["echo_factor"] != "auto" else f"auto (mean {r['mean_echo_factor']['mean']:.1f})"
+        speed = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+        out.append(f"| {r['group'][2:] if r['group'] != 'R<1' else '0.5'} | {_md(r['upstream_ratio'], 1, 1)} | {e} | "
+                   f"{r['n']} | {r['reached']}/{r['n']} | {_md(r['wall_time_to_target_s'], 1, 1)} | {speed} | "
+                   f"{_md(r['fresh_examples_to_target'])} | {_md(r['steps_to_target'])} | "
+                   f"{_md(r['idle_fraction'], 100, 0)} |")
+    return "\n".join(out)

@@ -357,21 +357,34 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
 
 def flops_per_run(recipe: Recipe, data: ImageDataset) -> int:
     """Training plus final-evaluation FLOPs of one run (torch.utils.flop_counter),
-    counted on a 2-image batch and scaled: convolution and matmul FLOPs only."""
+    counted on a 2-image batch and scaled: convolution and matmul FLOPs only.
+
+    Counted as the run trains: a whitened first layer's frozen weight gets no
+    gradient, and once its bias freezes (after ``whiten_bias_epochs``) nothing
+    before the first conv group trains, so that group's input gradient is skipped."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = SpeedrunNet(recipe.net)
+    model.whiten.weight.requires_grad_(not recipe.whiten)
     x = torch.zeros(2, 3, *data.train.images.shape[-2:])
-    with FlopCounterMode(display=False) as counter:
-        model(x).sum().backward()
-    train_per_example = counter.get_total_flops() / 2
+
+    def train_flops_per_example(bias_trains: bool) -> float:
+        model.whiten.bias.requires_grad_(bias_trains)
+        with FlopCounterMode(display=False) as counter:
+            model(x).sum().backward()
+        return counter.get_total_flops() / 2
+
     model.eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(x)
     forward_per_example = counter.get_total_flops() / 2
-    steps = math.ceil(len(data.train.labels) // recipe.batch_size * recipe.epochs)
+    model.train()
+    steps_per_epoch = len(data.train.labels) // recipe.batch_size  # the loader drops the last partial batch
+    steps = math.ceil(steps_per_epoch * recipe.epochs)
+    bias_steps = min(steps, steps_per_epoch * recipe.whiten_bias_epochs)
+    train = (train_flops_per_example(True) * bias_steps + train_flops_per_example(False) * (steps - bias_steps))
     views = {"none": 1, "flip": 2, "flip_translate": 6}[recipe.tta]
-    return int(train_per_example * steps * recipe.batch_size + forward_per_example * views * len(data.test.labels))
+    return int(train * recipe.batch_size + forward_per_example * views * len(data.test.labels))
 
 
 # ----------------------------------------------------------------------------

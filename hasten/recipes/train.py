@@ -14,8 +14,13 @@ Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
 - the dataset resident on the device (``GpuLoader``) or streamed from a record
   store (``StreamLoader``, for data larger than memory), sharded by rank, in an
   order that depends only on (seed, epoch), so a run can resume at any step;
-- atomic checkpoints every N steps; ``resume`` restores model, optimizer,
-  scheduler, step, random state and data position.
+- atomic checkpoints every N steps in a run directory derived from the
+  configuration (``run_path``); ``resume`` restores model, optimizer, scheduler,
+  step, random state and data position, and :func:`plan_resume` finds the newest
+  complete checkpoint of the same run (``--resume auto``, and every torchrun restart);
+- a lost peer rank (killed, or hung past the collective timeout) or torchrun's
+  SIGTERM stops every surviving rank with one line naming the step and the
+  checkpoint to resume from (``PeerLostError``, ``hasten.distributed.faults``).
 
 Changes the training math: yes (it is a training recipe).
 """
@@ -24,17 +29,19 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
-from hasten.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from hasten.checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, newest_checkpoint, rng_state,
+                               save_checkpoint, set_rng_state)
 from hasten.data.device_loader import Augmentation, GpuLoader
 from hasten.data.normalize import channel_stats, normalize
-from hasten.distributed.data_parallel import init_distributed, seed_everything, shutdown, wrap_ddp
+from hasten.distributed.data_parallel import DEFAULT_TIMEOUT_S, init_distributed, seed_everything, shutdown, wrap_ddp
+from hasten.distributed.faults import PeerLostError, peer_failure, stop_on_sigterm, terminated
 from hasten.distributed.hooks import HOOKS
 from hasten.errors import ConfigError
 from hasten.models.resnet import MODELS, build_model
@@ -45,6 +52,7 @@ from hasten.nn.tta import evaluate
 from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups, scaled_lr
 from hasten.progress import progress
 from hasten.recipes.common import TrainMeter, load_training_data, optimizer_step
+from hasten.rundir import stable_run_path
 from hasten.timing import Stopwatch
 
 # ----------------------------------------------------------------------------
@@ -95,6 +103,7 @@ class TrainConfig:
     hook: str = "native"
     compress: str | None = None
     checkpoint_every: int = 0    # steps; 0 = only at the end
+    collective_timeout: float = DEFAULT_TIMEOUT_S  # seconds a collective waits for a dead or hung peer
     seed: int = 0
     deterministic: bool = False
     device: str = "auto"
@@ -132,6 +141,8 @@ class TrainConfig:
             bad(f"--warmup-epochs must be in [0, epochs={self.epochs}), got {self.warmup_epochs}")
         if not self.lr > 0:
             bad(f"--lr must be > 0, got {self.lr}")
+        if not self.collective_timeout > 0:
+            bad(f"--collective-timeout must be > 0 seconds, got {self.collective_timeout}")
         if not 0 <= self.label_smoothing < 1:
             bad(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.batch_size % world_size:
@@ -187,6 +198,9 @@ class TrainInput:
     num_classes: int
     image_size: int
     name: str
+    # This rank's position in the data, when the loader keeps one beyond (seed, epoch, step):
+    # an object with state_dict() / load_state_dict(), stored in checkpoints per rank.
+    position: object | None = field(default=None)
 
 
 def device_input(cfg, dataset, device, rank, world, local_batch) -> TrainInput:
@@ -219,10 +233,14 @@ def device_input(cfg, dataset, device, rank, world, local_batch) -> TrainInput:
 def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
     """The same, streamed (``hasten.stream.loader.StreamLoader``): records read from
     the folder or archive, sharded by rank, decoded in ``cfg.workers`` processes:
-    for datasets that do not fit in memory (ImageNet)."""
+    for datasets that do not fit in memory (ImageNet). A directory of tar shards
+    (``hasten data pack``) goes to ``shard_input``."""
     from hasten.stream.records import open_records
     from hasten.stream.loader import StreamLoader
+    from hasten.stream.shards import is_shard_dir
 
+    if is_shard_dir(cfg.data):
+        return shard_input(cfg, device, rank, world, local_batch)
     train_rec, test_rec = open_records(cfg.data, "train"), open_records(cfg.data, "test")
     # Every rank must take the same number of steps: shards differ by up to one image.
     steps_per_epoch = len(train_rec) // world // local_batch
@@ -254,16 +272,60 @@ def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
                       Path(cfg.data).name)
 
 
+def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
+    """Streamed from tar shards (``hasten.stream.shards.ShardLoader``): each rank reads
+    its own shards, never the whole set; fused JPEG decode + random-resized crop to
+    ``cfg.image_size`` (default 224) and flip in ``cfg.workers`` processes; evaluation
+    on the centre crop. The loader is the ``position`` kept in checkpoints: after
+    ``load_state_dict`` the next epoch's batches are the rest of the saved epoch."""
+    from hasten.stream.shards import ShardLoader, open_shards
+
+    size = cfg.image_size or 224
+    train_shards, test_shards = open_shards(cfg.data, "train"), open_shards(cfg.data, "test")
+    if not train_shards.classes:
+        raise ConfigError(f"{cfg.data}: no class names (index.json); pack the data with `hasten data pack`")
+    # Every rank must take the same number of steps: ranks' ranges differ by up to one image.
+    steps_per_epoch = train_shards.total // world // local_batch
+    if steps_per_epoch < 1:
+        raise ConfigError(f"the training set has {train_shards.total} images, fewer than one global batch "
+                          f"of {cfg.batch_size}")
+    common = dict(image_size=size, rank=rank, world_size=world, seed=cfg.seed, workers=cfg.workers, device=device)
+    loader = ShardLoader(train_shards, batch_size=local_batch, train=True, drop_last=True, **common)
+
+    def epoch_batches(epoch):
+        loader.set_epoch(epoch)
+        done = loader.position // local_batch  # batches of this epoch delivered before a resume
+        for i, (x, y) in enumerate(loader, start=done):
+            if i >= steps_per_epoch:
+                break
+            yield normalize(x.to(device, non_blocking=True), STREAM_MEAN, STREAM_STD,
+                            channels_last=cfg.channels_last), y
+
+    def test_batches():
+        for x, y in ShardLoader(test_shards, batch_size=250, train=False, **common):
+            yield normalize(x.to(device, non_blocking=True), STREAM_MEAN, STREAM_STD,
+                            channels_last=cfg.channels_last), y
+
+    return TrainInput(epoch_batches, steps_per_epoch, test_batches, len(train_shards.classes), size,
+                      Path(cfg.data).name, position=loader)
+
+
 # ----------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------
 
 def train(cfg: TrainConfig, *, run_dir=None, resume: str | os.PathLike | dict | None = None,
-          dataset=None) -> dict:
+          dataset=None, run_path: str | os.PathLike | None = None) -> dict:
     """Train per ``cfg``; returns the final report. ``run_dir``: a ``RunDir`` (rank 0)
     for config, metrics and checkpoints. ``resume``: a checkpoint path, a run
     directory, or the dict :func:`load_resume` returned. ``dataset``: an
-    ``ImageDataset`` to use instead of loading ``cfg.data``."""
+    ``ImageDataset`` to use instead of loading ``cfg.data``. ``run_path``: the run
+    directory, on ranks that hold no ``run_dir`` (named in the message if a peer is lost).
+
+    When a peer rank is lost (a collective fails or times out after
+    ``cfg.collective_timeout`` seconds) or SIGTERM arrives (torchrun stopping the
+    survivors of a failed worker), raises :class:`PeerLostError` with one line:
+    what was lost, at which step, the newest checkpoint and how to resume."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cfg.validate(world_size)
     state = resume if isinstance(resume, dict) or resume is None else load_resume(resume, cfg)
@@ -274,11 +336,124 @@ def train(cfg: TrainConfig, *, run_dir=None, resume: str | os.PathLike | dict | 
         torch.backends.cudnn.benchmark = False
     else:
         torch.backends.cudnn.benchmark = True
-    info = init_distributed(device=cfg.device)
-    try:
-        return _train(cfg, info, run_dir, state, dataset)
-    finally:
+    if run_path is None and run_dir is not None:
+        run_path = run_dir.path
+    where = _Where(step=state["step"] if state is not None else 0)
+    failure, world = None, world_size
+    with stop_on_sigterm() as guard:
+        try:
+            info = init_distributed(device=cfg.device, timeout_s=cfg.collective_timeout)
+            world = info.world_size
+            return _train(cfg, info, run_dir, state, dataset, where)
+        except BaseException as exc:
+            # An attribute store: no pending signal handler runs before it, so a
+            # SIGTERM arriving from here on cannot cut the report short.
+            guard.stopping = True
+            failure = exc
+        finally:
+            if failure is None:
+                shutdown()
+    lost = _lost_peer_message(failure, world, where.step, cfg, run_path)
+    if lost is None:
         shutdown()
+        raise failure
+    # No shutdown: tearing down a group whose peer is gone can block or log; the
+    # process is about to exit, which frees it.
+    raise PeerLostError(lost) from None
+
+
+@dataclass
+class _Where:
+    """How far training got: read by the fault report after the loop is gone."""
+    step: int
+
+
+def _lost_peer_message(exc: BaseException, world: int, step: int, cfg: TrainConfig, run_path) -> str | None:
+    """The one line for a lost peer or a SIGTERM, or None for any other exception."""
+    what = peer_failure(exc) if world > 1 else None
+    if what is not None:
+        head = f"lost contact with a peer rank at step {step} ({what})"
+    elif terminated(exc) is not None:
+        sig = terminated(exc).args[0]
+        head = (f"stopped by {sig} at step {step} (torchrun sends it when another rank fails)"
+                if world > 1 else f"stopped by {sig} at step {step}")
+    else:
+        return None
+    newest = newest_checkpoint(run_path) if run_path is not None else None
+    if newest is not None:
+        where = f"newest checkpoint: {newest.path} (step {newest.step})"
+    elif run_path is None:
+        where = "no checkpoint (no run directory)"
+    else:
+        every = f"every {cfg.checkpoint_every} steps" if cfg.checkpoint_every else "only at the end"
+        where = f"no checkpoint in {run_path} yet (saved {every}; --checkpoint-every N)"
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if restarts < max_restarts:
+        how = f"torchrun restarts the workers (restart {restarts + 1} of {max_restarts}), which resume from it"
+    else:
+        how = "rerun with --resume auto"
+    return f"{head}; {where}; {how}"
+
+
+def run_identity(cfg: TrainConfig) -> dict:
+    """What makes two runs the same run: the fields of the training math and the data
+    (resolved to an absolute path when it is one). Its digest names the run directory."""
+    data = cfg.data or os.environ.get("HASTEN_DATA") or "cifar10-download"
+    if Path(data).exists():
+        data = str(Path(data).resolve())
+    return {"data": data, **{k: getattr(cfg, k) for k in MATH_FIELDS}}
+
+
+def default_run_path(cfg: TrainConfig, root: str | os.PathLike | None = None) -> Path:
+    """``<root>/train-<digest of run_identity(cfg)>``: the directory every rank and every
+    restart of this run derives alone (``root``: ``$HASTEN_RUNS``, else ``runs``)."""
+    return stable_run_path("train", run_identity(cfg), root)
+
+
+RESUME_AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a run starts: the checkpoint state to resume (None: fresh), the file it
+    came from, and a line to tell the user (None: nothing to say)."""
+    state: dict | None
+    source: Path | None
+    note: str | None
+
+
+def plan_resume(cfg: TrainConfig, run_path: str | os.PathLike, resume: str | None = None, *,
+                restarted: bool = False) -> ResumePlan:
+    """Decide where a run in ``run_path`` starts.
+
+    - ``resume="auto"``, or ``restarted`` (a worker torchrun restarted): the newest
+      complete checkpoint in ``run_path``; with none, a given ``resume`` path, else a
+      fresh start (said in the note).
+    - ``resume=PATH``: that checkpoint (file, or run directory holding one).
+    - ``resume=None``: fresh; refused when ``run_path`` already holds a checkpoint,
+      so that a second run never overwrites the first one's.
+    Every checkpoint must have been written with the same training configuration."""
+    run_path = Path(run_path)
+    newest = newest_checkpoint(run_path)
+    if resume == RESUME_AUTO or restarted:
+        if newest is not None:
+            return ResumePlan(load_resume(newest.path, cfg), newest.path,
+                              f"resuming from {newest.path} (step {newest.step})")
+        if resume in (None, RESUME_AUTO):
+            return ResumePlan(None, None, f"no checkpoint in {run_path} yet; starting fresh")
+    if resume is not None:
+        path = Path(resume)
+        path = path / CHECKPOINT_NAME if path.is_dir() else path
+        if newest is not None and path.resolve().parent != run_path.resolve():
+            raise ConfigError(f"{run_path} already holds a checkpoint of this configuration (step "
+                              f"{newest.step}); resume it with --resume auto, or pass --run-dir DIR to "
+                              f"continue {path} elsewhere")
+        return ResumePlan(load_resume(path, cfg), path, None)
+    if newest is not None:
+        raise ConfigError(f"{run_path} already holds a checkpoint of this run (step {newest.step}); "
+                          "continue it with --resume auto, or start a new run with --run-dir DIR")
+    return ResumePlan(None, None, None)
 
 
 def load_resume(resume: str | os.PathLike, cfg: TrainConfig) -> dict:
@@ -286,7 +461,7 @@ def load_resume(resume: str | os.PathLike, cfg: TrainConfig) -> dict:
     was written with a different training configuration."""
     path = Path(resume)
     if path.is_dir():
-        path = path / "checkpoint.pt"
+        path = path / CHECKPOINT_NAME
     state = load_checkpoint(path)
     if "config" not in state or "model" not in state:
         raise CheckpointError(f"{path} is not a hasten train checkpoint (no config/model entries)")
@@ -299,7 +474,7 @@ def load_resume(resume: str | os.PathLike, cfg: TrainConfig) -> dict:
     return state
 
 
-def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict:
+def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: _Where) -> dict:
     device, rank, world = info.device, info.rank, info.world_size
     main = rank == 0
     seed_everything(cfg.seed)
@@ -326,31 +501,65 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
     optimizer = build_optimizer(cfg, model, lr)
     scheduler = WarmupPolyDecay(optimizer, warmup_steps, total_steps, power=cfg.decay_power)
     step = 0
+    positioned = False  # the loader itself resumes mid-epoch (else: skip the steps done)
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = state["step"]
         set_rng_state(state["rng"])
+        saved = state.get("data")
+        if data.position is not None and saved is not None and saved["world_size"] == world:
+            data.position.load_state_dict(saved["ranks"][rank])
+            positioned = True
+    if world > 1:
+        # Every rank must start at the same step, or the first collective pairs different steps.
+        steps = torch.tensor([step, -step], device=device)
+        torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MAX)
+        if int(steps[0]) != -int(steps[1]):
+            raise ConfigError(f"the ranks resume from different steps ({-int(steps[1])} to {int(steps[0])}): "
+                              "every rank must see the same run directory (shared storage across nodes)")
     # Group BN after loading: it shares the very same parameters and buffers.
     model = convert_batchnorm(model, group_size=cfg.bn_group)
     if cfg.bf16:
         batchnorm_in_float32(model)
-    ddp = wrap_ddp(model, hook=cfg.hook, compress=cfg.compress)
+    # DDP regroups its gradient buckets after the first step, which moves gradients between
+    # the chunks of gloo's ring and so changes the order 3 or more ranks' values are summed
+    # in: a run resumed at step k would sum step k differently from one that never stopped.
+    # Deterministic runs keep the first layout (find_unused_parameters turns the regrouping
+    # off; it costs a graph traversal per step and one C++ warning line per rank).
+    keep_buckets = cfg.deterministic and world > 2
+    ddp = wrap_ddp(model, hook=cfg.hook, compress=cfg.compress,
+                   **({"find_unused_parameters": True} if keep_buckets else {}))
+
+    saved_at = [None]  # the step this run last saved a checkpoint at
 
     def checkpoint():
+        if saved_at[0] == step:
+            return  # saved at this step already: keep the one before as checkpoint-previous.pt
+        saved_at[0] = step
+        positions = None
+        if data.position is not None:
+            # Each rank's loader has its own position: rank 0 stores them all.
+            positions = [data.position.state_dict()]
+            if world > 1:
+                positions = [None] * world
+                torch.distributed.all_gather_object(positions, data.position.state_dict())
         if main and run_dir is not None:
-            save_checkpoint(run_dir.path / "checkpoint.pt", {
+            save_checkpoint(run_dir.path / CHECKPOINT_NAME, {
                 "config": asdict(cfg), "step": step, "epoch": step // steps_per_epoch,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "rng": rng_state(),
-            })
+                **({"data": {"world_size": world, "ranks": positions}} if positions is not None else {}),
+            }, keep_previous=True)
 
     if main and run_dir is not None:
         run_dir.write_config({**asdict(cfg), "world_size": world, "local_batch": local_batch,
                               "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
                               "warmup_steps": warmup_steps, "peak_lr": lr, "dataset": data.name,
                               "resumed_from_step": step})
+        if step:
+            run_dir.drop_metrics_after(step)
 
     # --- loop ---------------------------------------------------------------
     start_step = step
@@ -359,7 +568,9 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
     clock.start()
     meter = TrainMeter(device)
     while step < total_steps:
-        skip = step % steps_per_epoch  # resume mid-epoch: same order, skip what was done
+        # Resume mid-epoch: the same order, skipping what was done (unless the loader resumed itself).
+        skip = 0 if positioned else step % steps_per_epoch
+        positioned = False
         for i, (x, y) in enumerate(data.epoch_batches(step // steps_per_epoch)):
             if i < skip:
                 continue
@@ -368,6 +579,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset) -> dict
             loss = cross_entropy(logits, y, cfg.label_smoothing)
             optimizer_step(loss, optimizer, scheduler)
             step += 1
+            where.step = step
             meter.update(loss * len(y), logits, y)
             bar.update(1)
             if main and run_dir is not None and (step % steps_per_epoch == 0 or step == total_steps):

@@ -49,9 +49,11 @@ from hasten.echo.stages import (
     check_buffer_size,
     check_factor,
     check_variant,
+    default_shuffle_buffer,
     echo_batches,
     echo_examples,
     shuffle_buffer,
+    warn_if_small_buffer,
 )
 from hasten.stream.decode_pool import decode_stream
 from hasten.stream.sharding import shard_indices
@@ -153,7 +155,11 @@ class StreamLoader(torch.utils.data.IterableDataset):
     ``hasten.stream.records.open_records(path)``, possibly wrapped in ``SlowStorage``.
     ``echo``: a factor >= 1 or an ``AutoEcho``; ``variant``: where it applies.
     ``shuffle_buffer``: items (examples, or batches for batch echoing) mixed after
-    echoing. ``augment``: random crop (reflect pad 4) and flip. ``counters``
+    echoing; by default (None) sized for example echoing by
+    ``hasten.echo.default_shuffle_buffer(e, batch_size)`` so that about 1% of a batch
+    are repeated copies (with ``AutoEcho`` it follows the current e), and 0 without
+    echoing or for batch echoing (the indices are already shuffled per epoch). A
+    given size too small for a fixed e warns. ``augment``: random crop (reflect pad 4) and flip. ``counters``
     accumulate over epochs. Call ``set_epoch(e)`` before each epoch, as with
     DistributedSampler (iterating also advances it by one). ``with_keys``: yield
     (images, labels, dataset indices) to trace examples. ``mean``, ``std`` (both
@@ -178,7 +184,7 @@ class StreamLoader(torch.utils.data.IterableDataset):
         augment: bool = True,
         echo: float | AutoEcho = 1,
         variant: str = "example-before",
-        shuffle_buffer: int = 0,
+        shuffle_buffer: int | None = None,
         device: torch.device | str = "cpu",
         max_bad_fraction: float = 0.01,
         poll_s: float = 0.2,
@@ -200,7 +206,7 @@ class StreamLoader(torch.utils.data.IterableDataset):
         self.image_size, self.augment = image_size, augment
         self.echo = check_factor(echo)
         self.variant = check_variant(variant)
-        self.buffer = check_buffer_size(shuffle_buffer)
+        self.buffer = self._buffer_size(shuffle_buffer)
         self.device = torch.device(device)
         self.max_bad_fraction, self.poll_s = max_bad_fraction, poll_s
         self.with_keys = with_keys
@@ -212,6 +218,23 @@ class StreamLoader(torch.utils.data.IterableDataset):
         self.counters = EchoCounters()
         self.skipped: list[tuple[str, str]] = []
         self.epoch = 0
+
+    def _buffer_size(self, size: int | None):
+        """The shuffle buffer after echoing: an int, or a function of AutoEcho's current e."""
+        example_echo = self.variant != "batch"
+        if size is not None:
+            size = check_buffer_size(size)
+            if example_echo and not isinstance(self.echo, AutoEcho):
+                warn_if_small_buffer(size, self.echo, self.batch_size, stacklevel=4)
+            return size
+        if not example_echo:
+            return 0
+        if isinstance(self.echo, AutoEcho):
+            auto, batch = self.echo, self.batch_size
+            # Follows e: a buffer sized for e_max while e is still 1 would hold back
+            # thousands of fresh examples before the first step.
+            return lambda: default_shuffle_buffer(auto.factor, batch)
+        return default_shuffle_buffer(self.echo, self.batch_size) if self.echo > 1 else 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

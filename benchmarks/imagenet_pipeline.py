@@ -1,0 +1,433 @@
+"""ImageNet-like input pipeline: hasten's shards + fused decode/crop against a plain torch DataLoader.
+
+The benchmark makes its own data set (once, cached outside the repository in
+``$HASTEN_CACHE/imagenet-like/`` or ``~/.cache/hasten/imagenet-like/``): 20,000
+training JPEGs (plus 10 per class for a test split) in 100 classes, of varied
+sizes around 500x375 (landscape, portrait and square), quality 90, about 90 KB
+each: synthetic pixels (smooth gradients, coarse and fine texture, pixel noise)
+so that the files have the structure and size of photographs. They are written
+as an image folder and packed into 64 MiB tar shards with ``hasten data pack``'s
+function.
+
+Measured, at equal output (224x224 uint8 crops, the random-resized-crop
+distribution, random flips, batches of 256, the same number of worker processes):
+
+- ``hasten fused``: ``ShardLoader`` over the shards (fused decode + crop,
+  simplejpeg when installed, as it is by default);
+- ``torch DataLoader``: what a careful user writes: a map-style Dataset over the
+  image files that opens each with Pillow, decodes it in full, draws the crop
+  (torchvision's algorithm, one numpy generator per worker), crops and resizes
+  (bilinear), flips and makes a uint8 tensor; ``DataLoader(shuffle=True,
+  num_workers=k)``;
+- ``decode only``: full-size decode of each file in one process, no crop (the
+  floor under any pipeline that decodes whole images), with simplejpeg and Pillow.
+
+Throughput is images per CPU-second (user + system time of the process and its
+workers): images per second per busy core, which a shared machine distorts much
+less than wall time (reported too). Configurations run in a freshly shuffled
+order in every repeat (``hasten.timing.interleaved``). Then: resident memory of
+``ShardLoader`` sampled over two full epochs (the main process's RSS and the
+proportional set size of the process with its workers), and the local shard
+cache (``ShardCache``) behind ``SlowStorage`` (latency and bandwidth per request):
+the wall time of epoch 1 (every shard from slow storage) against epoch 2 (from
+the cache), over the first ``--cache-shards`` shards.
+
+    python benchmarks/imagenet_pipeline.py [--images 20000] [--classes 100] [--workers 2] [--repeats 3]
+        [--measure-images 3000] [--image-sizes 224,128] [--cache-shards 4] [--smoke]
+
+Writes ``benchmarks/results/imagenet_pipeline.json`` (``--out``); ``--smoke``: a
+tiny set and one repeat, written under the cache directory unless ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from hasten.data import decode
+from hasten.environment import MeasuredConditions, hardware_label
+from hasten.progress import progress
+from hasten.rundir import write_json
+from hasten.stream.fused_crop import random_resized_box
+from hasten.stream.pack import pack
+from hasten.stream.shard_cache import ShardCache
+from hasten.stream.shards import ShardFiles, ShardLoader, open_shards
+from hasten.stream.slow_storage import SlowStorage
+from hasten.timing import interleaved
+
+RESULTS = Path(__file__).parent / "results"
+GOAL_SPEEDUP, GOAL_CACHE = 2.5, 3.0
+FORMAT = 1  # bump when the generated images change
+
+
+# ----------------------------------------------------------------------------
+# The data set
+# ----------------------------------------------------------------------------
+
+def _texture(rng, side: int = 1024) -> np.ndarray:
+    """Coarse + mid + fine texture, float32 (side, side, 3), centred on 0."""
+    def upsampled(div, spread, mode):
+        small = rng.normal(0, 1, (side // div + 2, side // div + 2, 3)).astype(np.float32)
+        img = Image.fromarray(np.clip(small * spread + 128, 0, 255).astype(np.uint8)).resize((side, side), mode)
+        return np.asarray(img, np.float32) - 128
+
+    return upsampled(16, 60, Image.BICUBIC) * 0.8 + upsampled(4, 40, Image.BILINEAR) * 0.6 + \
+        rng.normal(0, 14, (side, side, 3)).astype(np.float32)
+
+
+def _size(rng) -> tuple[int, int]:
+    u = rng.random()
+    if u < 0.75:  # landscape, like most ImageNet photos
+        w = int(rng.integers(400, 601))
+        return int(round(w * rng.uniform(0.66, 0.8))), w
+    if u < 0.95:
+        h = int(rng.integers(400, 601))
+        return h, int(round(h * rng.uniform(0.66, 0.8)))
+    s = int(rng.integers(375, 501))
+    return s, s
+
+
+def _write_images(job) -> int:
+    root, seed, items = job
+    os.nice(10)
+    rng = np.random.default_rng(seed)
+    tex = _texture(rng)
+    for path, label in items:
+        h, w = _size(rng)
+        y0, x0 = int(rng.integers(0, tex.shape[0] - h)), int(rng.integers(0, tex.shape[1] - w))
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        # A class-dependent base colour, so that labels are learnable.
+        base = 70 + 110 * np.array([(label * 37 % 100) / 100, (label * 61 % 100) / 100, (label * 83 % 100) / 100])
+        tilt = rng.uniform(-0.15, 0.15, (2, 3)).astype(np.float32)
+        img = base.astype(np.float32) + xx[..., None] * tilt[0] + yy[..., None] * tilt[1] + tex[y0:y0 + h, x0:x0 + w]
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+        target = Path(root) / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(buf.getvalue())
+    return len(items)
+
+
+def make_dataset(cache: Path, images: int, classes: int, test_per_class: int, seed: int, procs: int) -> tuple[Path, Path]:
+    """(image folder, shard directory), generated and packed once per parameter set."""
+    name = f"v{FORMAT}-{images}x{classes}-t{test_per_class}-s{seed}"
+    root = cache / "imagenet-like" / name
+    folder, shards = root / "folder", root / "shards"
+    if (shards / "index.json").is_file():
+        return folder, shards
+    shutil.rmtree(root, ignore_errors=True)
+    items = [(f"train/c{k % classes:03d}/{k:06d}.jpg", k % classes) for k in range(images)]
+    items += [(f"test/c{c:03d}/t{c:03d}{j:02d}.jpg", c) for c in range(classes) for j in range(test_per_class)]
+    jobs = [(str(folder), seed * 100_003 + i, items[i:i + 500]) for i in range(0, len(items), 500)]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(procs) as pool, progress(total=len(items), desc="generating JPEGs", unit="img") as bar:
+        for n in pool.map(_write_images, jobs):
+            bar.update(n)
+    print(f"generated {len(items)} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    pack(folder, shards, shard_bytes=64 << 20, seed=seed)
+    return folder, shards
+
+
+# ----------------------------------------------------------------------------
+# The baseline: what a careful plain PyTorch user writes
+# ----------------------------------------------------------------------------
+
+class PillowRRC(torch.utils.data.Dataset):
+    """Image files -> Pillow open, full decode, random-resized crop, flip, uint8 tensor."""
+
+    def __init__(self, files: list[tuple[str, int]], size: int):
+        self.files, self.size = files, size
+        self._rng, self._pid = None, None
+
+    def __len__(self):
+        return len(self.files)
+
+    def rng(self) -> np.random.Generator:
+        # One generator per worker process, seeded from torch's per-worker seed.
+        if self._pid != os.getpid():
+            self._rng, self._pid = np.random.default_rng(torch.initial_seed()), os.getpid()
+        return self._rng
+
+    def __getitem__(self, i):
+        path, label = self.files[i]
+        rng = self.rng()
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+        b = random_resized_box(img.height, img.width, rng)  # torchvision's RandomResizedCrop.get_params
+        img = img.crop((b.left, b.top, b.left + b.width, b.top + b.height)).resize((self.size, self.size),
+                                                                                  Image.BILINEAR)
+        if rng.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1), label
+
+
+def image_files(folder: Path, split: str = "train") -> list[tuple[str, int]]:
+    classes = sorted(p.name for p in (folder / split).iterdir())
+    return [(str(f), c) for c, name in enumerate(classes) for f in sorted((folder / split / name).iterdir())]
+
+
+# ----------------------------------------------------------------------------
+# Measurements
+# ----------------------------------------------------------------------------
+
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def measure(make_iter, images: int, size: int) -> tuple[float, float, int]:
+    """(images per wall second, images per CPU-second, images) over at least ``images``."""
+    wall0, cpu0 = time.perf_counter(), cpu_seconds()
+    it = make_iter()
+    n = 0
+    for x, _ in it:
+        assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, size, size)
+        n += len(x)
+        if n >= images:
+            break
+    wall = time.perf_counter() - wall0
+    if hasattr(it, "close"):
+        it.close()
+    del it  # workers are joined here, so that their CPU time is counted
+    time.sleep(0.3)
+    return n / wall, n / max(cpu_seconds() - cpu0, 1e-9), n
+
+
+def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int]:
+    """Full-size decodes in this process: (images per wall second, per CPU-second, images)."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for p in paths:
+        data = Path(p).read_bytes()
+        if decoder == "simplejpeg":
+            decode.simplejpeg.decode_jpeg(data, colorspace="RGB")
+        else:
+            with Image.open(io.BytesIO(data)) as img:
+                np.asarray(img.convert("RGB"))
+    return len(paths) / (time.perf_counter() - wall0), len(paths) / (time.process_time() - cpu0), len(paths)
+
+
+def _memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS of pid, PSS of pid and its children), MB, from /proc."""
+    def field(path, key):
+        try:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith(key):
+                    return float(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+
+    rss = field(f"/proc/{pid}/status", "VmRSS:")
+    pids = [pid]
+    try:
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    pss = sum(field(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
+    return rss, pss
+
+
+def rss_over_epochs(shards: ShardFiles, workers: int, epochs: int, size: int) -> list[dict]:
+    """Peak and mean memory per epoch while streaming whole epochs with ``ShardLoader``."""
+    loader = ShardLoader(shards, batch_size=256, image_size=size, workers=workers, seed=1)
+    out = []
+    for epoch in range(epochs):
+        samples, stop = [], threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                samples.append(_memory_mb(os.getpid()))
+                stop.wait(0.25)
+
+        thread = threading.Thread(target=sample, daemon=True)
+        loader.set_epoch(epoch)
+        t0 = time.perf_counter()
+        thread.start()
+        n = 0
+        for x, _ in progress(loader, desc=f"memory, epoch {epoch + 1}", unit="batch"):
+            n += len(x)
+        stop.set()
+        thread.join()
+        rss, pss = np.array([s[0] for s in samples]), np.array([s[1] for s in samples])
+        out.append({"epoch": epoch + 1, "images": n, "wall_s": round(time.perf_counter() - t0, 2),
+                    "rss_mb_peak": round(float(rss.max()), 1), "rss_mb_mean": round(float(rss.mean()), 1),
+                    "pss_mb_with_workers_peak": round(float(pss.max()), 1), "samples": len(samples)})
+    return out
+
+
+def cache_epochs(shards: ShardFiles, n_shards: int, workers: int, size: int, latency_s: float,
+                 bandwidth: float) -> dict:
+    """Wall time of two epochs over the first ``n_shards`` shards behind SlowStorage + ShardCache."""
+    subset = ShardFiles(shards.paths[:n_shards], shards.names[:n_shards], shards.examples[:n_shards],
+                        shards.sizes[:n_shards], shards.classes)
+    with tempfile.TemporaryDirectory(prefix="hasten-shard-cache-") as tmp:
+        slow = SlowStorage(subset, latency_s=latency_s, bandwidth_bytes_per_s=bandwidth)
+        cache = ShardCache(slow, tmp, max_bytes=sum(subset.sizes) + 1)
+        loader = ShardLoader(cache, batch_size=256, image_size=size, workers=workers, seed=2)
+        times = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            t0 = time.perf_counter()
+            n = sum(len(x) for x, _ in loader)
+            times.append(time.perf_counter() - t0)
+        return {"shards": n_shards, "images_per_epoch": n, "bytes": sum(subset.sizes),
+                "slow_storage": {"latency_s": latency_s, "bandwidth_bytes_per_s": bandwidth},
+                "epoch_s": [round(t, 2) for t in times], "slow_reads": slow.reads, "cache_hits": cache.hits,
+                "cache_epoch2_speedup": times[0] / times[1]}
+
+
+def stats(values) -> dict:
+    v = np.asarray(values, dtype=float)
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "n": len(v),
+            "values": [round(float(x), 1) for x in v]}
+
+
+# ----------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=20_000, help="training JPEGs to generate")
+    ap.add_argument("--classes", type=int, default=100)
+    ap.add_argument("--test-per-class", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=2, help="decode processes, for both pipelines")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--measure-images", type=int, default=3000, help="images per throughput sample")
+    ap.add_argument("--image-sizes", default="224,128", help="output sizes; the goal is about 224")
+    ap.add_argument("--memory-epochs", type=int, default=2)
+    ap.add_argument("--cache-shards", type=int, default=4, help="shards in the slow-storage cache test")
+    ap.add_argument("--latency", type=float, default=0.05, help="slow storage: seconds per request")
+    ap.add_argument("--bandwidth-mb", type=float, default=2.0, help="slow storage: MB/s per request "
+                    "(2 requests in flight: the default ShardLoader prefetch)")
+    ap.add_argument("--cache-dir", default=None, help="where the data set is made (default $HASTEN_CACHE "
+                    "or ~/.cache/hasten)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help=f"JSON path (default {RESULTS / 'imagenet_pipeline.json'})")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (checks that it runs)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.images, args.classes, args.test_per_class = 96, 4, 2
+        args.repeats, args.measure_images, args.cache_shards = 1, 40, 2
+        args.latency, args.bandwidth_mb, args.workers = 0.02, 50.0, min(args.workers, 1)
+    torch.set_num_threads(1)
+    cache = Path(args.cache_dir or os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
+    out_path = Path(args.out) if args.out else (cache / "imagenet_pipeline_smoke.json" if args.smoke
+                                                 else RESULTS / "imagenet_pipeline.json")
+    folder, shard_dir = make_dataset(cache, args.images, args.classes, args.test_per_class, args.seed,
+                                     procs=max(1, min(2, os.cpu_count() or 1)))
+    if args.smoke:  # several small shards, so that the cache test has some to read
+        small = cache / "imagenet-like" / "smoke-shards"
+        if not (small / "index.json").is_file():
+            shutil.rmtree(small, ignore_errors=True)
+            pack(folder, small, shard_bytes=400_000, seed=args.seed)
+        shard_dir = small
+    shards = open_shards(shard_dir, "train")
+    files = image_files(folder)
+    sizes = [int(s) for s in args.image_sizes.split(",")]
+    k = args.workers
+
+    def hasten_iter(size, seed):
+        return lambda: iter(ShardLoader(shards, batch_size=256, image_size=size, workers=k, seed=seed))
+
+    def baseline_iter(size, seed):
+        def make():
+            return iter(torch.utils.data.DataLoader(PillowRRC(files, size), batch_size=256, shuffle=True,
+                                                    num_workers=k, generator=torch.Generator().manual_seed(seed)))
+        return make
+
+    configs = []
+    for size in sizes:
+        configs += [(f"hasten fused {size}", "hasten", size), (f"torch DataLoader {size}", "baseline", size)]
+    decoders = ["pillow"] + (["simplejpeg"] if decode.simplejpeg is not None else [])
+    configs += [(f"decode only, {d}", d, None) for d in decoders]
+    samples: dict[str, list] = {name: [] for name, *_ in configs}
+    order = []
+    rng = np.random.default_rng(args.seed)
+    floor_paths = [files[i][0] for i in rng.choice(len(files), min(len(files), args.measure_images // 2),
+                                                       replace=False)]
+    with MeasuredConditions("cpu") as cond:
+        for r, (name, kind, size) in progress(list(interleaved(configs, args.repeats, seed=args.seed)),
+                                              desc="throughput", unit="run"):
+            order.append(name)
+            seed = args.seed * 1000 + r
+            if kind == "hasten":
+                samples[name].append(measure(hasten_iter(size, seed), args.measure_images, size))
+            elif kind == "baseline":
+                samples[name].append(measure(baseline_iter(size, seed), args.measure_images, size))
+            else:
+                samples[name].append(decode_only(floor_paths, kind))
+        memory = rss_over_epochs(shards, k, args.memory_epochs, sizes[0])
+        cache_test = cache_epochs(shards, min(args.cache_shards, len(shards)), k, sizes[0], args.latency,
+                                  args.bandwidth_mb * 1e6)
+
+    rows = {}
+    for name, kind, size in configs:
+        rows[name] = {"pipeline": kind, "image_size": size, "workers": k if size else 0,
+                      "images_per_s_per_core": stats([s[1] for s in samples[name]]),
+                      "images_per_s_wall": stats([s[0] for s in samples[name]]),
+                      "images_per_sample": samples[name][0][2]}
+    speedup = {}
+    for size in sizes:
+        h = rows[f"hasten fused {size}"]["images_per_s_per_core"]
+        b = rows[f"torch DataLoader {size}"]["images_per_s_per_core"]
+        pairs = [x / y for x, y in zip(h["values"], b["values"])]
+        speedup[str(size)] = {"mean": h["mean"] / b["mean"], "per_repeat": [round(p, 2) for p in pairs]}
+    data_mb = sum(shards.sizes) / 1e6
+    peaks = [m["rss_mb_peak"] for m in memory]
+    result = {
+        "benchmark": "imagenet_pipeline",
+        "hardware": hardware_label(cond.as_dict()["environment"]),
+        "decoder": "simplejpeg" if decode.simplejpeg is not None else "pillow",
+        "data": {"train_images": shards.total, "classes": len(shards.classes), "shards": len(shards),
+                 "shard_mb": round(data_mb / len(shards), 1), "train_mb": round(data_mb, 1),
+                 "mean_jpeg_kb": round(data_mb * 1e3 / shards.total, 1), "cache_dir_name": folder.parent.name},
+        "workers": k, "batch_size": 256, "repeats": args.repeats, "run_order": order,
+        "pipelines": rows,
+        "images_per_s_per_core": {name: row["images_per_s_per_core"]["mean"] for name, row in rows.items()},
+        "speedup_per_core": speedup,
+        "rss_mb": memory,
+        "rss_flat": {"epoch2_over_epoch1_peak": peaks[-1] / peaks[0], "train_set_mb": round(data_mb, 1)},
+        "cache": cache_test,
+        "cache_epoch2_speedup": cache_test["cache_epoch2_speedup"],
+        "goals": {"speedup_per_core_224": {"goal": GOAL_SPEEDUP, "measured": speedup.get("224", {}).get("mean"),
+                                           "met": bool(speedup.get("224", {}).get("mean", 0) >= GOAL_SPEEDUP)},
+                  "cache_epoch2_speedup": {"goal": GOAL_CACHE, "measured": cache_test["cache_epoch2_speedup"],
+                                           "met": bool(cache_test["cache_epoch2_speedup"] >= GOAL_CACHE)}},
+        "smoke": args.smoke,
+        "conditions": cond.as_dict(),
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out_path, result)
+
+    print(f"\n{'pipeline':<28}{'images/s/core':>18}{'images/s wall':>18}")
+    for name, row in rows.items():
+        c, w = row["images_per_s_per_core"], row["images_per_s_wall"]
+        print(f"{name:<28}{c['mean']:>10.0f} ± {c['std']:<5.0f}{w['mean']:>10.0f} ± {w['std']:<5.0f}")
+    for size, s in speedup.items():
+        print(f"speedup per core at {size}: {s['mean']:.2f}x (goal at 224: {GOAL_SPEEDUP}x); per repeat {s['per_repeat']}")
+    for m in memory:
+        print(f"epoch {m['epoch']}: {m['images']} images, RSS peak {m['rss_mb_peak']:.0f} MB (mean "
+              f"{m['rss_mb_mean']:.0f}), with workers (PSS) {m['pss_mb_with_workers_peak']:.0f} MB; "
+              f"train set {data_mb:.0f} MB")
+    print(f"shard cache behind SlowStorage: epoch 1 {cache_test['epoch_s'][0]:.1f} s, epoch 2 "
+          f"{cache_test['epoch_s'][1]:.1f} s: {cache_test['cache_epoch2_speedup']:.1f}x (goal {GOAL_CACHE}x)")
+    print(cond.summary())
+    print(f"wrote {out_path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""`hasten data pack` on the command line."""
+
+import json
+
+from hasten.cli import main
+from hasten.stream.shards import open_shards
+
+
+def test_pack_writes_shards_and_index_and_prints_counts(photo_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["data", "pack", str(photo_folder), str(out), "--shard-size-mb", "0.05"]) == 0
+    printed = capsys.readouterr().out
+    assert "train: 54 images in" in printed and "test: 18 images in" in printed and "3 classes" in printed
+    index = json.loads((out / "index.json").read_text())
+    assert index["splits"]["train"]["examples"] == 54 and len(index["splits"]["train"]["shards"]) > 1
+    assert sum(open_shards(out, "test").examples) == 18
+
+
+def test_errors_are_one_line(photo_folder, tmp_path, capsys):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("x")
+    assert main(["data", "pack", str(photo_folder), str(tmp_path / "busy")]) == 2
+    assert main(["data", "pack", str(tmp_path / "missing"), str(tmp_path / "o")]) == 2
+    assert main(["data", "pack", str(photo_folder), str(tmp_path / "o2"), "--shard-size-mb", "0"]) == 2
+    assert main(["data"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 4 and all(line.startswith("hasten data: error: ") for line in lines)
+    assert "not an empty directory" in lines[0] and "does not exist" in lines[1]

@@ -1,0 +1,272 @@
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hasten.errors import DataError
+from hasten.stream.pack import pack
+from hasten.stream.shards import ShardLoader, epoch_plan, open_shards, plan_records, read_shard
+
+
+@pytest.fixture(scope="module")
+def packed(photo_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards") / "set"
+    pack(photo_folder, out, shard_bytes=40_000)  # ~54 train images in about a dozen shards of 2..8
+    return out
+
+
+def file_order_labels(shards):
+    """Label of every global example number, read shard by shard (the reference)."""
+    return [r.label for i in range(len(shards)) for r in read_shard(shards[i], shards.names[i])]
+
+
+def keys_of(loader):
+    out = []
+    for x, y, k in loader:
+        assert x.dtype == torch.uint8 and x.shape[1:] == (3, loader.image_size, loader.image_size)
+        out.append((k.numpy(), y.numpy(), x.numpy()))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_plan_gives_every_example_to_exactly_one_rank_every_epoch(world):
+    counts = [7, 3, 9, 1, 12, 5, 8]
+    n = sum(counts)
+    orders = []
+    for epoch in range(3):
+        owned = []
+        for rank in range(world):
+            plan = epoch_plan(counts, epoch=epoch, seed=4, rank=rank, world_size=world, buffer=6)
+            assert sorted(plan.order.tolist()) == list(range(len(plan)))  # the buffer permutes, no loss
+            owned.append(np.arange(plan.start, plan.stop))
+        sizes = [len(o) for o in owned]
+        assert max(sizes) - min(sizes) <= 1 and sum(sizes) == n
+        assert sorted(np.concatenate(owned).tolist()) == list(range(n))
+        orders.append(epoch_plan(counts, epoch=epoch, seed=4).shard_order.tolist())
+    assert orders[0] != orders[1] or orders[1] != orders[2]  # shards are reshuffled per epoch
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_loader_delivers_each_example_once_per_epoch_across_ranks(packed, world):
+    shards = open_shards(packed, "train")
+    labels = file_order_labels(shards)
+    per_epoch = []
+    for epoch in range(2):
+        seen = []
+        for rank in range(world):
+            loader = ShardLoader(shards, batch_size=5, image_size=24, rank=rank, world_size=world, seed=1,
+                                 shuffle_buffer=8, with_keys=True)
+            loader.set_epoch(epoch)
+            got = keys_of(loader)
+            keys = np.concatenate([k for k, _, _ in got])
+            assert len(keys) == loader.examples_per_rank()
+            # Labels travel with their images: each key's label is its label in the shard files.
+            assert [labels[k] for k in keys] == np.concatenate([y for _, y, _ in got]).tolist()
+            seen += keys.tolist()
+        assert sorted(seen) == list(range(shards.total))
+        per_epoch.append(seen)
+    assert per_epoch[0] != per_epoch[1]
+
+
+def test_order_within_shards_and_buffer_is_shuffled_but_reproducible(packed):
+    shards = open_shards(packed, "train")
+
+    def run(seed):
+        loader = ShardLoader(shards, batch_size=54, image_size=16, seed=seed, with_keys=True)
+        return [k.tolist() for _, _, k in loader]
+
+    assert run(3) == run(3) and run(3) != run(4)
+    keys = run(3)[0]
+    assert keys != sorted(keys)
+    # Without the buffer, shards still come in a new order and each one's examples in a new order.
+    unbuffered = ShardLoader(shards, batch_size=54, image_size=16, seed=3, with_keys=True, shuffle_buffer=0)
+    keys = next(iter(unbuffered))[2].tolist()
+    adjacent = sum(b == a + 1 for a, b in zip(keys, keys[1:]))
+    assert keys != sorted(keys) and adjacent < len(keys) // 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_mid_epoch_yields_exactly_the_remaining_examples(packed, workers):
+    shards = open_shards(packed, "train")
+    kw = dict(batch_size=4, image_size=24, rank=1, world_size=2, seed=2, shuffle_buffer=10, with_keys=True,
+              workers=workers)
+    whole = ShardLoader(shards, **kw)
+    whole.set_epoch(3)
+    full = keys_of(whole)
+
+    first = ShardLoader(shards, **kw)
+    first.set_epoch(3)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    assert state == {"epoch": 3, "position": 12}
+    del it
+
+    resumed = ShardLoader(shards, **kw)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(3)  # the training loop's call keeps the loaded position
+    rest = keys_of(resumed)
+    assert len(rest) == len(full) - 3
+    for (k1, y1, x1), (k2, y2, x2) in zip(full[3:], rest):
+        assert np.array_equal(k1, k2) and np.array_equal(y1, y2) and np.array_equal(x1, x2)  # same crops too
+    assert resumed.state_dict() == {"epoch": 4, "position": 0}
+
+
+def test_resume_reads_only_shards_that_still_hold_due_examples(packed):
+    shards = open_shards(packed, "train")
+    reads = []
+
+    class Counting:
+        names, examples, sizes = shards.names, shards.examples, shards.sizes
+
+        def __getitem__(self, i):
+            reads.append(i)
+            return shards[i]
+
+    plan = epoch_plan(shards.examples, epoch=0, seed=0, buffer=0)
+    list(plan_records(Counting(), plan, 0))
+    assert sorted(reads) == list(range(len(shards)))
+    reads.clear()
+    late = len(plan) - shards.examples[int(plan.shard_order[-1])]  # the last shard's examples remain
+    rest = list(plan_records(Counting(), plan, late))
+    assert reads == [int(plan.shard_order[-1])]
+    assert [t for t, _ in rest] == list(range(late, len(plan)))
+
+
+def test_position_is_checked_against_the_epoch(packed):
+    loader = ShardLoader(open_shards(packed, "train"), batch_size=4)
+    with pytest.raises(ValueError, match="outside"):
+        loader.load_state_dict({"epoch": 0, "position": 10_000})
+    loader.load_state_dict({"epoch": 2, "position": 8})
+    loader.set_epoch(5)  # another epoch starts from its beginning
+    assert loader.state_dict() == {"epoch": 5, "position": 0}
+
+
+def test_eval_loader_reads_in_file_order_with_centre_crops(packed):
+    shards = open_shards(packed, "test")
+    a = keys_of(ShardLoader(shards, batch_size=7, image_size=20, train=False, with_keys=True))
+    b = keys_of(ShardLoader(shards, batch_size=7, image_size=20, train=False, with_keys=True, seed=9))
+    assert np.concatenate([k for k, _, _ in a]).tolist() == list(range(shards.total))
+    assert all(np.array_equal(x1, x2) for (_, _, x1), (_, _, x2) in zip(a, b))
+
+
+def _write_shard(path: Path, members):
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_bad_members_are_skipped_and_counted_by_name(tmp_path, photo_jpeg):
+    rng = np.random.default_rng(0)
+    good = [photo_jpeg(rng, 40, 50) for _ in range(4)]
+    _write_shard(tmp_path / "shard-000000.tar", [
+        ("a.jpg", good[0]), ("a.cls", b"1"),
+        ("b.jpg", b"\xff\xd8\xff not really a jpeg"), ("b.cls", b"0"),  # damaged image
+        ("c.jpg", good[1]),  # no label
+        ("d.jpg", good[2]), ("d.cls", b"seven"),  # unreadable label
+        ("e.jpg", good[3]), ("e.json", json.dumps({"label": 2}).encode()),
+        ("f.cls", b"1"),  # no image
+    ])
+    shards = open_shards(tmp_path)
+    assert shards.examples == [6]
+    loader = ShardLoader(shards, batch_size=8, image_size=16, train=False, max_bad_fraction=1.0)
+    (x, y), = list(loader)
+    assert y.tolist() == [1, 2]
+    skipped = dict(loader.skipped)
+    assert set(skipped) == {"shard-000000.tar:b.jpg", "shard-000000.tar:c.jpg", "shard-000000.tar:d.jpg",
+                            "shard-000000.tar:f"}
+    assert "label" in skipped["shard-000000.tar:c.jpg"] and "image" in skipped["shard-000000.tar:f"]
+    # Past max_bad_fraction the read stops with one error naming them.
+    with pytest.raises(DataError, match=r"not readable images.*shard-000000\.tar:b\.jpg"):
+        list(ShardLoader(shards, batch_size=8, image_size=16, train=False, max_bad_fraction=0.0))
+
+
+@pytest.mark.parametrize("cut", ["middle", "member-boundary", "index-size", "damaged-header"])
+def test_truncated_shard_gives_one_error_naming_it(packed, tmp_path, cut):
+    import shutil
+
+    copy = tmp_path / "set"
+    shutil.copytree(packed, copy)
+    shards = open_shards(copy, "train")
+    victim = shards.paths[2]
+    data = victim.read_bytes()
+    with tarfile.open(victim) as tf:
+        members = tf.getmembers()
+    if cut == "middle":
+        data = data[: len(data) // 2]
+    elif cut == "member-boundary":  # a tar cut cleanly between members still parses; it must not pass
+        data = data[: members[2].offset]
+    elif cut == "index-size":
+        data = data[:-10240]  # only the final padding record lost: the index's size catches it
+    else:  # one flipped byte in a member's header: its checksum no longer matches
+        data = bytearray(data)
+        data[members[2].offset + 140] ^= 0xFF  # in its mtime field: only the checksum tells
+        data = bytes(data)
+    victim.write_bytes(data)
+    loader = ShardLoader(open_shards(copy, "train"), batch_size=4, image_size=16, shuffle=False)
+    with pytest.raises(DataError, match=r"shard train/shard-000002\.tar is truncated") as e:
+        list(loader)
+    assert "\n" not in str(e.value)
+    if cut != "index-size":
+        # Without an index, the tar's own end blocks tell.
+        with pytest.raises(DataError, match=r"shard-000002\.tar"):
+            list(ShardLoader(open_shards([victim]), batch_size=4, image_size=16))
+
+
+def test_shards_without_an_index_are_counted_from_their_headers(packed, tmp_path):
+    indexed = open_shards(packed, "train")
+    plain = open_shards(packed / "train")  # a folder of shard-*.tar, no index.json in it
+    assert plain.examples == indexed.examples and plain.classes == []
+    listed = open_shards([str(p) for p in indexed.paths[:2]])
+    assert listed.examples == indexed.examples[:2]
+    with pytest.raises(DataError, match="no index.json and no shard"):
+        open_shards(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"batch_size": 0}, "batch_size"), ({"prefetch": 0}, "prefetch"),
+                                           ({"rank": 2, "world_size": 2}, "rank"),
+                                           ({"max_bad_fraction": 2}, "max_bad_fraction")])
+def test_rejects_bad_parameters(packed, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ShardLoader(open_shards(packed, "train"), **{"batch_size": 4, **kwargs})
+
+
+def test_memory_stays_within_a_few_shards_not_the_whole_set(photo_folder, tmp_path):
+    """The records in flight are bounded by (prefetch + 1) shards plus the buffer, whatever the set size."""
+    import tracemalloc
+
+    pack(photo_folder, tmp_path / "small", shard_bytes=16_384)  # ~2 images per shard
+    shards = open_shards(tmp_path / "small", "train")
+    total = sum(shards.sizes)
+    biggest_image = max(len(r.data) for i in range(len(shards)) for r in read_shard(shards[i], shards.names[i]))
+    # prefetch 2 shards + 1 being parsed, buffer 4 images plus one shard's examples waiting, bookkeeping
+    bound = 3 * max(shards.sizes) + (4 + 4) * biggest_image + 32_000
+    assert bound < total / 3  # the set is much larger than the bound, or the test says nothing
+    plan = epoch_plan(shards.examples, epoch=0, buffer=4)
+    tracemalloc.start()
+    try:
+        n = sum(1 for _ in plan_records(shards, plan, prefetch=2))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert n == shards.total and peak < bound, (peak, bound, total)
+
+
+def test_pax_and_long_names_are_read_by_the_standard_library(tmp_path, photo_jpeg):
+    long_key = "k" * 120  # longer than a ustar name field: needs a pax header
+    data = photo_jpeg(np.random.default_rng(0), 40, 40)
+    with tarfile.open(tmp_path / "shard-000000.tar", "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, content in ((f"{long_key}.jpg", data), (f"{long_key}.cls", b"2")):
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tf.addfile(info, io.BytesIO(content))
+    shards = open_shards(tmp_path)
+    (record,) = read_shard(shards[0], shards.names[0], expected=1)
+    assert record.data == data and record.label == 2 and record.name.endswith(f"{long_key}.jpg")
