@@ -97,6 +97,11 @@ def measure(make_iter, images: int) -> tuple[float, float]:
     return n / wall, n / max(cpu_seconds() - cpu0, 1e-9)
 
 
+def _std(xs) -> float:
+    """Sample standard deviation; 0.0 for a single repeat (no spread measured)."""
+    return float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
@@ -139,8 +144,8 @@ def main() -> None:
         wall = [s[0] for s in samples[name]]
         cpu = [s[1] for s in samples[name]]
         rows.append({"config": name, "pipeline": kind, "workers": k, "n": len(wall),
-                     "images_per_s": {"mean": float(np.mean(wall)), "std": float(np.std(wall, ddof=1))},
-                     "images_per_cpu_s": {"mean": float(np.mean(cpu)), "std": float(np.std(cpu, ddof=1))},
+                     "images_per_s": {"mean": float(np.mean(wall)), "std": _std(wall)},
+                     "images_per_cpu_s": {"mean": float(np.mean(cpu)), "std": _std(cpu)},
                      "samples": samples[name]})
     for row in rows:
         base = next(r for r in rows if r["pipeline"] == "baseline" and r["workers"] == row["workers"])

@@ -249,6 +249,7 @@ def test_validation_boundaries_and_messages():
         ({"e_max": 0.99}, "e_max"),
         ({"idle_threshold": 1.0}, r"idle_threshold must be in \[0, 1\)"),
         ({"idle_threshold": 1.5}, "idle_threshold"),
+        ({"probe": 0.0}, r"probe must be in \(0, 1\)"),
         ({"probe": 1.0}, r"probe must be in \(0, 1\)"),
         ({"probe": 1.5}, "probe"),
         ({"smoothing": 0.0}, r"smoothing must be in \(0, 1\]"),
@@ -256,6 +257,7 @@ def test_validation_boundaries_and_messages():
         ({"headroom": 1.0}, r"headroom must be in \[0, 1\)"),
         ({"repeat_tolerance": 1.0}, r"repeat_tolerance must be in \(0, 1\)"),
         ({"loss_smoothing": 0.0}, r"loss_smoothing must be in \(0, 1\]"),
+        ({"loss_smoothing": 1.5}, r"loss_smoothing must be in \(0, 1\]"),
     ]:
         with pytest.raises(ValueError, match=name):
             AutoEcho(**kw)
@@ -369,8 +371,8 @@ def test_cap_rules_at_their_boundaries():
     auto.observe_loss(1.0, 0.5)
     auto.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
     assert auto.cap == 1.0
-    # Between 1 - tol and 1 - tol / 2 the cap holds; above 1 - tol / 2 it rises by probe.
-    for ratio, cap in [(0.80, 1.0), (0.86, 1.0), (0.90, 1.1), (0.99, 1.21)]:
+    # Between 1 - tol and 1 - tol / 2 (= 0.875, included) the cap holds; above it, it rises by probe.
+    for ratio, cap in [(0.80, 1.0), (0.86, 1.0), (0.875, 1.0), (0.90, 1.1), (0.99, 1.21)]:
         auto.observe_loss(1.0, ratio)
         auto.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
         assert auto.cap == pytest.approx(cap), ratio

@@ -7,6 +7,7 @@ import shutil
 import signal
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -118,8 +119,12 @@ def test_batch_echo_and_counters(folder):
 
 def test_shuffle_buffer_in_stream_lowers_duplicates(folder):
     rates = []
+    with pytest.warns(UserWarning, match="repeated copies"):  # no buffer: copies stay together
+        StreamLoader(open_records(folder), batch_size=12, echo=2, shuffle_buffer=0)
     for buffer in (0, 120):
-        loader = StreamLoader(open_records(folder), batch_size=12, echo=2, shuffle_buffer=buffer)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loader = StreamLoader(open_records(folder), batch_size=12, echo=2, shuffle_buffer=buffer)
         list(loader)
         rates.append(loader.counters.duplicate_rate)
     assert rates[0] == pytest.approx(0.5) and rates[1] < 0.3
