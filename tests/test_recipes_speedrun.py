@@ -539,22 +539,28 @@ def test_summarize_by_hand():
 
 
 def test_ladder_rows_average_the_runs_that_reached_the_target(monkeypatch):
-    outcomes = iter([_result(0.9, 10.0, epochs_to_target=2.0, time_to_target_s=4.0),
-                     _result(0.7, 20.0),
-                     _result(0.8, 30.0, epochs_to_target=3.0, time_to_target_s=8.0),
-                     _result(0.6, 50.0, epochs_to_target=5.0, time_to_target_s=12.0)])
-    seeds = []
+    rungs = ladder_recipes(SMALL)[:2]
+    (name0, recipe0), (name1, recipe1) = rungs
+    # Each (rung, seed) has its own outcome, so the rows do not depend on the run order.
+    outcomes = {(id(recipe0), 7): _result(0.9, 10.0, epochs_to_target=2.0, time_to_target_s=4.0),
+                (id(recipe0), 8): _result(0.7, 20.0),
+                (id(recipe1), 7): _result(0.8, 30.0, epochs_to_target=3.0, time_to_target_s=8.0),
+                (id(recipe1), 8): _result(0.6, 50.0, epochs_to_target=5.0, time_to_target_s=12.0)}
+    calls = []
 
     def fake_train_run(recipe, data, device, *, mean_std, seed, target):
-        seeds.append((seed, target))
-        return next(outcomes)
+        calls.append((id(recipe), seed, target))
+        return outcomes[(id(recipe), seed)]
 
     monkeypatch.setattr(speedrun, "train_run", fake_train_run)
     lines = []
     config = SpeedrunConfig(recipe=SMALL, preset="tiny", runs=2, seed=7, target=0.75, ablate=True)
-    rungs = ladder_recipes(SMALL)[:2]
     summary = speedrun._ladder(config, rungs, TINY_DATA, torch.device("cpu"), None, None, lines.append)
-    assert seeds == [(7, 0.75), (8, 0.75)] * 2
+    # Interleaved: every rung once per repeat (seed 7, then seed 8), in the order the summary records.
+    assert sorted(calls) == sorted((key[0], key[1], 0.75) for key in outcomes)
+    assert [seed for _, seed, _ in calls] == [7, 7, 8, 8]
+    ids = {name0: id(recipe0), name1: id(recipe1)}
+    assert [(ids[name], 7 + rep) for rep, name in summary["order"]] == [(i, s) for i, s, _ in calls]
     first, second = summary["rungs"]
     assert first == {"rung": "baseline", "runs": 2, "reached": 1, "epochs_to_target": 2.0, "time_to_target_s": 4.0,
                      "final_accuracy": pytest.approx(0.8), "time_s": 15.0}
@@ -563,6 +569,20 @@ def test_ladder_rows_average_the_runs_that_reached_the_target(monkeypatch):
     assert summary["target"] == 0.75 and summary["epochs_budget"] == SMALL.epochs and summary["data"] == "colours"
     assert lines[1] == speedrun.LADDER_HEADER and "75.00%" in lines[0]
     assert lines[2].split()[-4:] == ["2.0", "4.0", "0.8000", "15.0"]
+
+
+def test_ladder_order_is_shuffled_within_repeats(monkeypatch):
+    """Over many seeds the rungs do not always run in ladder order (a fixed order would
+    put load drift into the differences between tricks)."""
+    monkeypatch.setattr(speedrun, "train_run", lambda *a, **k: _result(0.5, 1.0))
+    rungs = ladder_recipes(SMALL)[:3]
+    firsts = set()
+    for seed in range(12):
+        config = SpeedrunConfig(recipe=SMALL, preset="tiny", runs=1, seed=seed, target=0.75, ablate=True)
+        order = speedrun._ladder(config, rungs, TINY_DATA, torch.device("cpu"), None, None, lambda line: None)["order"]
+        assert sorted(name for _, name in order) == sorted(name for name, _ in rungs)
+        firsts.add(order[0][1])
+    assert len(firsts) > 1
 
 
 def test_on_epoch_sees_every_record_once_and_targets_in_fractional_epochs(monkeypatch):

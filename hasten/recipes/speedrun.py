@@ -44,7 +44,7 @@ from hasten.nn.tta import TTA_LEVELS, evaluate
 from hasten.nn.whitening import init_whitening_conv
 from hasten.progress import progress
 from hasten.recipes.common import TrainMeter, load_training_data, optimizer_step
-from hasten.timing import Stopwatch
+from hasten.timing import Stopwatch, interleaved
 
 # ----------------------------------------------------------------------------
 # Hyperparameters
@@ -483,13 +483,22 @@ def summarize(results: list[RunResult], *, preset: str, device: torch.device, fl
 
 
 def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
-    say(f"ablation ladder: tricks added one by one, {config.runs} run(s) each, target {config.target:.2%} "
-        f"(epochs and timed seconds at the first epoch whose accuracy reaches it)")
+    """Every rung ``config.runs`` times, interleaved: one run of each rung per repeat, in
+    a shuffled order (``hasten.timing.interleaved``; repeat i uses seed ``config.seed + i``
+    for every rung), so that load drifting during the ladder spreads over all rungs
+    instead of showing up as one trick's cost."""
+    say(f"ablation ladder: tricks added one by one, {config.runs} run(s) each in a shuffled order, target "
+        f"{config.target:.2%} (epochs and timed seconds at the first epoch whose accuracy reaches it)")
+    results: dict[str, list[RunResult]] = {name: [] for name, _ in rungs}
+    order = []
+    for rep, (name, recipe) in interleaved(rungs, config.runs, seed=config.seed):
+        results[name].append(train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + rep,
+                                        target=config.target))
+        order.append([rep, name])
     say(LADDER_HEADER)
     rows = []
-    for name, recipe in rungs:
-        runs = [train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + i, target=config.target)
-                for i in range(config.runs)]
+    for name, _ in rungs:
+        runs = results[name]
         reached = [r for r in runs if r.epochs_to_target is not None]
         row = {"rung": name, "runs": len(runs), "reached": len(reached),
                "epochs_to_target": statistics.fmean(r.epochs_to_target for r in reached) if reached else None,
@@ -509,4 +518,4 @@ def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
                   xlabel="final accuracy (with the rung's TTA)",
                   title=f"Ablation ladder on {data.name} ({device.type})")
     return {"preset": config.preset, "target": config.target, "epochs_budget": config.recipe.epochs,
-            "device": str(device), "data": data.name, "rungs": rows}
+            "device": str(device), "data": data.name, "order": order, "rungs": rows}
