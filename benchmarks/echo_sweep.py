@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from hasten.environment import MeasuredConditions
-from hasten.recipes.echo_sweep import SweepConfig, format_table, markdown_tables, run, write_plots
+from hasten.recipes.echo_report import format_table, markdown_tables, write_plots
+from hasten.recipes.echo_sweep import SweepConfig, run
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"

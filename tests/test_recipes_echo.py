@@ -1,4 +1,5 @@
-"""hasten.recipes.echo (one run to a target) and hasten.recipes.echo_sweep (the paper-regime sweep, the comparison)."""
+"""hasten.recipes.echo (one run to a target), echo_sweep (the paper-regime sweep), echo_compare (the
+comparison) and echo_report (statistics, tables, goals)."""
 
 import dataclasses
 import os
@@ -12,24 +13,18 @@ from hasten.echo import EchoCounters
 from hasten.errors import ConfigError
 from hasten.nn.tta import evaluate
 from hasten.recipes.echo import MEAN, STD, EchoRunConfig, EvalSet, train_to_target
+from hasten.recipes.echo_compare import ComparisonConfig, compare, comparison_jobs
+from hasten.recipes.echo_report import format_table, goals, stats, summarize, write_plots
 from hasten.recipes.echo_sweep import (
-    ComparisonConfig,
     MemoryData,
     RunSpec,
     Source,
     SweepConfig,
     balanced_subset,
     best_loader,
-    compare,
-    comparison_jobs,
-    format_table,
-    goals,
     lr_at,
     pipeline,
-    stats,
-    summarize,
     train_budget,
-    write_plots,
 )
 from hasten.stream.records import open_records
 

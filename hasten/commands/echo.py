@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace, device: torch.device):
     """A ``SweepConfig`` with ``--sweep``, else a ``ComparisonConfig``."""
     from hasten.recipes.echo import EchoRunConfig
-    from hasten.recipes.echo_sweep import ComparisonConfig, SweepConfig
+    from hasten.recipes.echo_compare import ComparisonConfig
+    from hasten.recipes.echo_sweep import SweepConfig
 
     if not args.data:
         raise ConfigError("pass --data PATH: an image folder or archive with train/<class>/ and test/<class>/ "
@@ -70,7 +71,7 @@ def config_from(args: argparse.Namespace, device: torch.device):
 
 
 def run(args: argparse.Namespace) -> int:
-    from hasten.recipes import echo_sweep
+    from hasten.recipes import echo_compare, echo_report, echo_sweep
 
     device = pick_device(args.device)
     cfg = config_from(args, device)
@@ -90,15 +91,15 @@ def run(args: argparse.Namespace) -> int:
                 print(f"hasten echo: target {record['target']:.4f} (baseline mean - std), "
                       f"step time {record['step_time_s'] * 1e3:.1f} ms")
 
-        result = echo_sweep.run(cfg, log=log) if args.sweep else echo_sweep.compare(cfg, log=log)
+        result = echo_sweep.run(cfg, log=log) if args.sweep else echo_compare.compare(cfg, log=log)
         report = {"command": rd.environment["command"], "hardware": hardware_label(rd.environment), **result}
         rd.write_results(report)
         if args.json:
             write_json(args.json, report)
-        print(echo_sweep.format_table(report["summary"]))
+        print(echo_report.format_table(report["summary"]))
         if args.sweep:
             for directory in [rd.path] + ([args.plots] if args.plots else []):
-                for path in echo_sweep.write_plots(report["summary"], directory):
+                for path in echo_report.write_plots(report["summary"], directory):
                     print(f"plot: {path}")
         print(f"run directory: {rd.path}")
     return 0

@@ -57,15 +57,13 @@ from hasten.echo.stages import check_variant
 from hasten.errors import ConfigError
 from hasten.nn.tta import evaluate
 from hasten.progress import progress
-from hasten.recipes.echo import MEAN, STD, EchoRunConfig, EvalSet, SmallNet, measure_step_time, train_to_target
+from hasten.recipes.echo import MEAN, STD, SmallNet
+from hasten.recipes.echo_report import goals, summarize
 from hasten.stream.decode_pool import decode_records, read_records
 from hasten.stream.records import open_records
 from hasten.stream.slow_storage import SlowStorage, concurrent_reads
 from hasten.timing import Stopwatch, interleaved
 
-SUMMARY_FIELDS = ("fresh_examples_to_target", "steps_to_target", "wall_time_to_target_s", "end_accuracy",
-                  "final_accuracy", "idle_fraction", "upstream_ratio", "mean_echo_factor", "duplicate_rate",
-                  "step_time_s")
 
 
 # ----------------------------------------------------------------------------- Hyperparameters
@@ -451,101 +449,6 @@ def _brief(r: dict) -> dict:
     return {k: v for k, v in r.items() if k != "curve"}
 
 
-# ----------------------------------------------------------------------------- Statistics
-def stats(values) -> dict:
-    """Mean, sample standard deviation (0 for one value) and count, ignoring None."""
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return {"mean": None, "std": None, "n": 0}
-    return {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
-            "n": len(vals)}
-
-
-def summarize(entries: list[dict]) -> list[dict]:
-    """Mean and spread per (group, variant, echo) with the speedup (mean wall time of
-    e = 1 over the row's) and the fresh-example ratio against e = 1 of the same group."""
-    keyed: dict[tuple, list[dict]] = {}
-    for e in entries:
-        key = (e["group"], "none" if e["echo_factor"] == 1.0 else e["variant"], str(e["echo_factor"]))
-        keyed.setdefault(key, []).append(e)
-    rows = []
-    for (group, variant, echo), runs in keyed.items():
-        row = {"group": group, "variant": variant, "echo_factor": echo, "n": len(runs),
-               "reached": sum(r["reached_target"] for r in runs), "lr": runs[0].get("lr"),
-               "budget_steps": runs[0].get("budget_steps"), "shuffle_buffer": runs[0].get("shuffle_buffer")}
-        row.update({f: stats([r.get(f) for r in runs]) for f in SUMMARY_FIELDS})
-        rows.append(row)
-    for row in rows:
-        base = next((r for r in rows if r["group"] == row["group"] and r["echo_factor"] == "1.0"), None)
-        b = base["wall_time_to_target_s"]["mean"] if base else None
-        w = row["wall_time_to_target_s"]["mean"]
-        # A configuration that missed the target on some seed has no honest mean time.
-        complete = row["reached"] == row["n"] and base is not None and base["reached"] == base["n"]
-        row["speedup"] = b / w if b and w and complete else None
-        bf = base["fresh_examples_to_target"]["mean"] if base else None
-        f = row["fresh_examples_to_target"]["mean"]
-        row["fresh_ratio"] = f / bf if bf and f else None
-    return rows
-
-
-def _fmt(stat: dict, scale: float = 1.0, digits: int = 0) -> str:
-    if stat["mean"] is None:
-        return "-"
-    s = f"{stat['mean'] * scale:.{digits}f}"
-    if stat["n"] > 1:
-        s += f"±{stat['std'] * scale:.{digits}f}"
-    return s
-
-
-def format_table(rows: list[dict]) -> str:
-    g = max([5] + [len(r["group"]) for r in rows])
-    head = (f"{'group':{g}} {'variant':15} {'e':>5} {'n':>2} {'lr':>5} {'R meas':>8} {'fresh to tgt':>13} "
-            f"{'steps':>9} {'wall s':>10} {'speedup':>7} {'end acc':>9} {'final acc':>9} {'dup %':>5} {'idle':>4}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        e = r["echo_factor"] if r["echo_factor"] != "auto" else f"a{r['mean_echo_factor']['mean']:.1f}"
-        speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
-        lines.append(
-            f"{r['group']:{g}} {r['variant']:15} {e:>5} {r['n']:>2} {r['lr'] or 0:>5.3g} {_fmt(r['upstream_ratio'], 1, 1):>8} "
-            f"{_fmt(r['fresh_examples_to_target']):>13} {_fmt(r['steps_to_target']):>9} "
-            f"{_fmt(r['wall_time_to_target_s'], 1, 1):>10} {speedup:>7} {_fmt(r['end_accuracy'], 100, 1):>9} "
-            f"{_fmt(r['final_accuracy'], 100, 1):>9} {_fmt(r['duplicate_rate'], 100, 1):>5} "
-            f"{_fmt(r['idle_fraction'], 100, 0):>4}")
-    return "\n".join(lines)
-
-
-def goals(rows: list[dict], ratios) -> dict:
-    """The benchmark's goals, read off the summary rows."""
-    out = {"per_ratio": []}
-    for ratio in ratios:
-        group = f"R={ratio:g}"
-        fixed = [r for r in rows if r["group"] == group and r["echo_factor"] not in ("1.0", "auto") and r["speedup"]]
-        auto = next((r for r in rows if r["group"] == group and r["echo_factor"] == "auto"), None)
-        best = max(fixed, key=lambda r: r["speedup"], default=None)
-        out["per_ratio"].append({
-            "group": group, "best_fixed_e": best["echo_factor"] if best else None,
-            "best_fixed_speedup": best["speedup"] if best else None,
-            "autoecho_speedup": auto["speedup"] if auto else None,
-            "autoecho_mean_e": auto["mean_echo_factor"]["mean"] if auto else None,
-            "autoecho_vs_best": auto["speedup"] / best["speedup"] if auto and best and auto["speedup"] else None})
-    base = next((r for r in rows if r["group"] == "a" and r["echo_factor"] == "1.0"), None)
-    if base and base["final_accuracy"]["mean"] is not None:
-        b = base["final_accuracy"]
-        out["final_accuracy"] = [
-            {"variant": r["variant"], "echo_factor": r["echo_factor"], "budget_steps": r["budget_steps"],
-             "mean": r["final_accuracy"]["mean"], "std": r["final_accuracy"]["std"],
-             "baseline_mean": b["mean"], "baseline_std": b["std"],
-             # "within the seeds' spread": not below the baseline's mean minus its std
-             "within_spread": r["final_accuracy"]["mean"] >= b["mean"] - b["std"]}
-            for r in rows if r["group"] == "a" and r is not base and r["final_accuracy"]["mean"] is not None]
-    nb_base = next((r for r in rows if r["group"] == "R<1" and r["echo_factor"] == "1.0"), None)
-    nb_auto = next((r for r in rows if r["group"] == "R<1" and r["echo_factor"] == "auto"), None)
-    if nb_base and nb_auto and nb_base["wall_time_to_target_s"]["mean"] and nb_auto["wall_time_to_target_s"]["mean"]:
-        out["not_input_bound_autoecho_slowdown"] = (nb_auto["wall_time_to_target_s"]["mean"]
-                                                   / nb_base["wall_time_to_target_s"]["mean"] - 1)
-    return out
-
-
 # ----------------------------------------------------------------------------- The sweep
 def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
     """Everything in the module docstring; the JSON-able report."""
@@ -668,110 +571,3 @@ def _cross(entry: dict, target: float) -> None:
 def _trial(t: dict) -> dict:
     return {k: t[k] for k in ("lr", "budget_steps", "reached_target", "fresh_examples_to_target",
                               "steps_to_target", "end_accuracy")}
-
-
-def write_plots(rows: list[dict], directory: str | os.PathLike) -> list[str]:
-    """The sweep's two PNG plots (hasten.plots) in ``directory``; their paths."""
-    from hasten.plots import plot_echo_fresh_examples, plot_echo_speedup
-
-    return [str(plot_echo_fresh_examples(rows, os.path.join(directory, "echo_fresh_examples.png"))),
-            str(plot_echo_speedup(rows, os.path.join(directory, "echo_speedup.png")))]
-
-
-# ----------------------------------------------------------------------------- One comparison (hasten echo)
-@dataclass(frozen=True)
-class ComparisonConfig:
-    """No echoing against ``base``'s echoing, both behind one storage delay, each run to
-    ``base.target`` through the streaming pipeline (``hasten.recipes.echo``).
-    ``upstream_ratio``: set the delay to R step times per batch (the step time measured
-    first); None keeps ``base.upstream_delay_s``."""
-    base: EchoRunConfig
-    repeats: int = 1  # runs (seeds 0 .. repeats-1) per configuration
-    upstream_ratio: float | None = 4.0
-
-    def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ConfigError(f"repeats must be >= 1; got {self.repeats}")
-        if self.upstream_ratio is not None and not (math.isfinite(self.upstream_ratio) and self.upstream_ratio >= 0):
-            raise ConfigError(f"upstream ratio must be >= 0; got {self.upstream_ratio}")
-
-
-def comparison_jobs(base: EchoRunConfig, step_s: float, upstream_ratio: float | None) -> list[tuple[str, EchoRunConfig]]:
-    """(group, config): no echoing, then ``base``'s echoing (unless it is none), behind one storage delay."""
-    if upstream_ratio is not None:
-        base = replace(base, upstream_delay_s=upstream_ratio * step_s / base.batch_size)
-    group = f"delay={base.upstream_delay_s * 1e3:.3f}ms"
-    jobs = [(group, replace(base, echo=1.0))]
-    if base.echo != 1.0:
-        jobs.append((group, base))
-    return jobs
-
-
-def compare(cfg: ComparisonConfig, *, log: Callable[..., None] | None = None) -> dict:
-    """Every comparison job ``cfg.repeats`` times, interleaved; the JSON-able report.
-
-    ``log(**record)`` receives each evaluation, each finished run (``event="run"``)
-    and the step time the delay derives from (``event="step_time"``).
-    """
-    log = log or (lambda **record: None)
-    base = cfg.base
-    eval_set = EvalSet(open_records(base.data, "test"), base.image_size, base.device)
-    step_s = measure_step_time(base, eval_set=eval_set)
-    log(event="step_time", step_time_s=step_s, source="a 40-step run without delay")
-    jobs = comparison_jobs(base, step_s, cfg.upstream_ratio)
-    entries = []
-    for seed, (group, job) in progress(list(interleaved(jobs, cfg.repeats, seed=0)), desc="echo runs"):
-        run_cfg = replace(job, seed=seed)
-        result = train_to_target(run_cfg, eval_set=eval_set,
-                                 log=lambda **r: log(group=group, echo_cfg=str(run_cfg.echo), **r))
-        result["group"] = group
-        entries.append(result)
-        log(event="run", **{k: v for k, v in result.items() if k != "config"})
-    for e in entries:  # R is measured by the run without echoing of the same seed
-        if e["echo_factor"] != 1.0:
-            b = next((x for x in entries if x["seed"] == e["seed"] and x["echo_factor"] == 1.0), None)
-            e["upstream_ratio"] = b["upstream_ratio"] if b else None
-    return {"torch": torch.__version__, "step_time_s": step_s, "repeats": cfg.repeats, "config": asdict(cfg),
-            "baseline": [e for e in entries if e["echo_factor"] == 1.0], "results": entries,
-            "summary": summarize(entries)}
-
-
-# ----------------------------------------------------------------------------- Markdown for docs/results
-def _md(stat: dict, scale: float = 1.0, digits: int = 0) -> str:
-    return _fmt(stat, scale, digits).replace("±", " ± ")
-
-
-def markdown_tables(report: dict) -> str:
-    """The results page's tables, from a report of ``run``: counts per variant and factor,
-    the shuffle-buffer study, wall time to the target per R."""
-    rows = report["summary"]
-    out = ["| variant | e | n | lr | budget steps | reached | fresh examples to target | steps to target | "
-           "end acc % (5k) | final acc % (10k) | duplicates % |", "| --- " * 11 + "|"]
-    for r in rows:
-        if r["group"] != "a":
-            continue
-        out.append(f"| {r['variant']} | {r['echo_factor']} | {r['n']} | {r['lr']:g} | {r['budget_steps']} | "
-                   f"{r['reached']}/{r['n']} | {_md(r['fresh_examples_to_target'])} | {_md(r['steps_to_target'])} | "
-                   f"{_md(r['end_accuracy'], 100, 1)} | {_md(r['final_accuracy'], 100, 1)} | "
-                   f"{_md(r['duplicate_rate'], 100, 1)} |")
-    out += ["", "| shuffle buffer (items) | predicted duplicates % | measured duplicates % | reached | "
-            "fresh examples to target | steps to target | end acc % |", "| --- " * 7 + "|"]
-    for e in report["results"]:
-        if e["group"] != "buffer":
-            continue
-        out.append(f"| {e['shuffle_buffer']} | {100 * e['predicted_duplicate_rate']:.1f} | "
-                   f"{100 * e['duplicate_rate']:.1f} | {'yes' if e['reached_target'] else 'no'} | "
-                   f"{e['fresh_examples_to_target'] or '-'} | {e['steps_to_target'] or '-'} | "
-                   f"{100 * e['end_accuracy']:.1f} |")
-    out += ["", "| R (asked) | measured R | e | n | reached | wall s to target | speedup | fresh examples | "
-            "steps | idle % |", "| --- " * 10 + "|"]
-    for r in sorted((r for r in rows if r["group"].startswith("R")),
-                    key=lambda r: (r["group"] != "R<1", r["group"], r["echo_factor"] == "auto",
-                                   r["echo_factor"])):
-        e = r["echo_factor"] if r["echo_factor"] != "auto" else f"auto (mean {r['mean_echo_factor']['mean']:.1f})"
-        speed = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
-        out.append(f"| {r['group'][2:] if r['group'] != 'R<1' else '0.5'} | {_md(r['upstream_ratio'], 1, 1)} | {e} | "
-                   f"{r['n']} | {r['reached']}/{r['n']} | {_md(r['wall_time_to_target_s'], 1, 1)} | {speed} | "
-                   f"{_md(r['fresh_examples_to_target'])} | {_md(r['steps_to_target'])} | "
-                   f"{_md(r['idle_fraction'], 100, 0)} |")
-    return "\n".join(out)
