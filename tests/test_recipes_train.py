@@ -15,7 +15,8 @@ from PIL import Image
 
 from hasten.cli import main
 from hasten.data import ImageDataset, Split
-from hasten.recipes.train import DEFAULT_BASE_LR, DEFAULT_LR_SCALING, TrainConfig, TrainInput, device_input, train
+from hasten.recipes.train import DEFAULT_BASE_LR, DEFAULT_LR_SCALING, TrainConfig, train
+from hasten.recipes.train_input import TrainInput, device_input
 
 
 def _tensors(n, seed):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from hasten.recipes.train import TrainConfig, stream_input, train
+from hasten.recipes.train import TrainConfig, train
+from hasten.recipes.train_input import stream_input
 from hasten.stream.pack import pack
 
 

@@ -1,0 +1,145 @@
+"""What ``hasten train`` reads, whichever loader feeds it: the decoded dataset
+resident on the device (``device_input``), records streamed from a folder or
+archive (``stream_input``), or tar shards for data larger than memory
+(``shard_input``), each as a ``TrainInput`` the training loop consumes.
+
+Changes the training math: no (the same augmentation family; which loader reads
+the data does not change the recipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from torch import Tensor
+
+from hasten.data.device_loader import Augmentation, GpuLoader
+from hasten.data.normalize import channel_stats, normalize
+from hasten.errors import ConfigError
+from hasten.recipes.common import load_training_data
+
+# Normalisation for streamed data, which is never seen whole: the usual ImageNet statistics.
+STREAM_MEAN, STREAM_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class TrainInput:
+    """What the training loop reads, whichever loader feeds it."""
+    epoch_batches: Callable[[int], Iterator[tuple[Tensor, Tensor]]]  # epoch -> this rank's batches
+    steps_per_epoch: int
+    test_batches: Callable[[], Iterator[tuple[Tensor, Tensor]]]  # this rank's share of the test set
+    num_classes: int
+    image_size: int
+    name: str
+    # This rank's position in the data, when the loader keeps one beyond (seed, epoch, step):
+    # an object with state_dict() / load_state_dict(), stored in checkpoints per rank.
+    position: object | None = field(default=None)
+
+
+def device_input(cfg, dataset, device, rank, world, local_batch) -> TrainInput:
+    """The decoded dataset resident on the device (``GpuLoader``)."""
+    ds = load_training_data(cfg.data, batch_size=cfg.batch_size, train_subset=cfg.train_subset,
+                            image_size=cfg.image_size, dataset=dataset)
+    size = ds.train.images.shape[-1]
+    mean, std = channel_stats(ds.train.images)
+    loader = GpuLoader(
+        ds.train.images, ds.train.labels, local_batch, device=device, shuffle=True, drop_last=True,
+        # Standard CIFAR/ImageNet-style light augmentation: 1/8-image shifts and flips.
+        augment=Augmentation(translate=max(1, size // 8), flip="random"),
+        mean=mean, std=std, channels_last=cfg.channels_last, seed=cfg.seed, rank=rank, world_size=world,
+    )
+
+    def epoch_batches(epoch):
+        loader.epoch = epoch  # the order and augmentation depend on (seed, epoch) only
+        return iter(loader)
+
+    def test_batches(batch_size=1000):
+        x, y = ds.test.images, ds.test.labels
+        for start in range(rank * batch_size, len(y), world * batch_size):
+            images = x[start:start + batch_size].to(device, non_blocking=True)
+            yield (normalize(images, mean, std, channels_last=cfg.channels_last),
+                   y[start:start + batch_size].to(device))
+
+    return TrainInput(epoch_batches, len(loader), test_batches, ds.num_classes, size, ds.name)
+
+
+def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
+    """The same, streamed (``hasten.stream.loader.StreamLoader``): records read from
+    the folder or archive, sharded by rank, decoded in ``cfg.workers`` processes:
+    for datasets that do not fit in memory (ImageNet). A directory of tar shards
+    (``hasten data pack``) goes to ``shard_input``."""
+    from hasten.stream.records import open_records
+    from hasten.stream.loader import StreamLoader
+    from hasten.stream.shards import is_shard_dir
+
+    if is_shard_dir(cfg.data):
+        return shard_input(cfg, device, rank, world, local_batch)
+    train_rec, test_rec = open_records(cfg.data, "train"), open_records(cfg.data, "test")
+    # Every rank must take the same number of steps: shards differ by up to one image.
+    steps_per_epoch = len(train_rec) // world // local_batch
+    if steps_per_epoch < 1:
+        raise ConfigError(f"the training set has {len(train_rec)} images, fewer than one global batch "
+                          f"of {cfg.batch_size}")
+    common = dict(rank=rank, world_size=world, workers=cfg.workers, image_size=cfg.image_size,
+                  device=device)
+    train_stream = StreamLoader(train_rec, batch_size=local_batch, seed=cfg.seed, drop_last=True,
+                                augment=True, **common)
+
+    def epoch_batches(epoch):
+        train_stream.set_epoch(epoch)
+        for i, (x, y) in enumerate(train_stream):
+            if i == steps_per_epoch:
+                break
+            yield normalize(x.to(device, non_blocking=True), STREAM_MEAN, STREAM_STD,
+                            channels_last=cfg.channels_last), y
+
+    def test_batches():
+        test_stream = StreamLoader(test_rec, batch_size=1000, shuffle=False, augment=False, **common)
+        for x, y in test_stream:
+            yield normalize(x.to(device, non_blocking=True), STREAM_MEAN, STREAM_STD,
+                            channels_last=cfg.channels_last), y
+
+    first, _ = next(iter(StreamLoader(test_rec, batch_size=1, shuffle=False, augment=False,
+                                      image_size=cfg.image_size)))
+    return TrainInput(epoch_batches, steps_per_epoch, test_batches, len(train_rec.classes), first.shape[-1],
+                      Path(cfg.data).name)
+
+
+def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
+    """Streamed from tar shards (``hasten.stream.shards.ShardLoader``): each rank reads
+    its own shards, never the whole set; fused JPEG decode + random-resized crop to
+    ``cfg.image_size`` (default 224) and flip in ``cfg.workers`` processes; evaluation
+    on the centre crop. The loader is the ``position`` kept in checkpoints: after
+    ``load_state_dict`` the next epoch's batches are the rest of the saved epoch."""
+    from hasten.stream.shards import ShardLoader, open_shards
+
+    size = cfg.image_size or 224
+    train_shards, test_shards = open_shards(cfg.data, "train"), open_shards(cfg.data, "test")
+    if not train_shards.classes:
+        raise ConfigError(f"{cfg.data}: no class names (index.json); pack the data with `hasten data pack`")
+    # Every rank must take the same number of steps: ranks' ranges differ by up to one image.
+    steps_per_epoch = train_shards.total // world // local_batch
+    if steps_per_epoch < 1:
+        raise ConfigError(f"the training set has {train_shards.total} images, fewer than one global batch "
+                          f"of {cfg.batch_size}")
+    common = dict(image_size=size, rank=rank, world_size=world, seed=cfg.seed, workers=cfg.workers, device=device)
+    loader = ShardLoader(train_shards, batch_size=local_batch, train=True, drop_last=True, **common)
+
+    def epoch_batches(epoch):
+        loader.set_epoch(epoch)
+        done = loader.position // local_batch  # batches of this epoch delivered before a resume
+        for i, (x, y) in enumerate(loader, start=done):
+            if i >= steps_per_epoch:
+                break
+            yield normalize(x.to(device, non_blocking=True), STREAM_MEAN, STREAM_STD,
+                            channels_last=cfg.channels_last), y
+
+    def test_batches():
+        for x, y in ShardLoader(test_shards, batch_size=250, train=False, **common):
+            yield normalize(x.to(device, non_blocking=True), STREAM_MEAN, STREAM_STD,
+                            channels_last=cfg.channels_last), y
+
+    return TrainInput(epoch_batches, steps_per_epoch, test_batches, len(train_shards.classes), size,
+                      Path(cfg.data).name, position=loader)
