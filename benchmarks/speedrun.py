@@ -9,7 +9,8 @@ path, same timing rules) and adds the device's dense matrix-multiply rate
 measured in the same process: bf16 on CUDA, float32 on CPU. The load average and
 matmul rate before and after are recorded (``hasten.environment.MeasuredConditions``).
 
-``--ablate`` trains every rung of ``hasten.recipes.speedrun.LADDER`` ``--runs``
+``--ablate`` runs the recipe's ablation ladder (``hasten speedrun --ablate``,
+the same code): every rung of ``hasten.recipes.speedrun.LADDER`` ``--runs``
 times, the rungs in a freshly shuffled order in every repeat
 (``hasten.timing.interleaved``; repeat i uses seed i), so that load drifting
 during the ladder spreads over all rungs instead of making later rungs look
@@ -23,19 +24,17 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
+import shutil
 import sys
 from pathlib import Path
 
 import torch
 
-from hasten.data.normalize import channel_stats
-from hasten.environment import MeasuredConditions, describe_environment, hardware_label, pick_device
+from hasten.environment import MeasuredConditions, hardware_label, pick_device
 from hasten.errors import HastenError
 from hasten.recipes import speedrun
-from hasten.recipes.common import load_training_data
 from hasten.rundir import RunDir, write_json
-from hasten.timing import Stopwatch, interleaved
+from hasten.timing import Stopwatch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -96,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     print(cond.summary())
     write_json(out, summary)
     print(f"wrote {out}")
+    # The run directory (under runs/, not committed) holds the per-epoch metrics and
+    # the plot; they travel with the JSON, named after it.
+    rundir = Path(summary.get("rundir") or "")
+    for name, suffix in (("metrics.jsonl", ".metrics.jsonl"), ("accuracy_vs_time.png", ".png"),
+                         ("ablation.png", ".png")):
+        if summary.get("rundir") and (rundir / name).is_file():
+            shutil.copyfile(rundir / name, out.with_suffix(suffix))
+            print(f"wrote {out.with_suffix(suffix)}")
     return 0
 
 
@@ -113,59 +120,8 @@ def _run(args) -> dict:
         raise HastenError(f"no dataset at {args.data}: pass --data PATH or set HASTEN_DATA")
     with RunDir("speedrun", device=device) as run_dir:
         print(f"run directory: {run_dir.path}")
-        if args.ablate:
-            return _ladder(config, run_dir, functools.partial(print, flush=True))
+        # The ladder too: the recipe's own (same warm-up, device settings and rows).
         return speedrun.run(config, run_dir=run_dir, log=functools.partial(print, flush=True))
-
-
-def _ladder(config: speedrun.SpeedrunConfig, run_dir: RunDir, say) -> dict:
-    """Every rung ``config.runs`` times, interleaved: one run of each rung per repeat,
-    in a shuffled order (repeat i uses seed ``config.seed + i`` for every rung)."""
-    device = torch.device(config.device)
-    rungs = speedrun.ladder_recipes(config.recipe)  # invalid rungs fail before any work
-    data = load_training_data(config.data, batch_size=config.recipe.batch_size,
-                              train_subset=config.train_subset)
-    say(f"data: {data.summary()}")
-    mean_std = channel_stats(data.train.images)
-    if config.warmup:  # untimed: first-call overheads, as in speedrun.run
-        speedrun.train_run(config.recipe, data, device, mean_std=mean_std, seed=config.seed, max_steps=3)
-    say(f"ablation ladder: {len(rungs)} rungs x {config.runs} run(s), interleaved; target {config.target:.2%}")
-    results: dict[str, list] = {name: [] for name, _ in rungs}
-    order = []
-    for rep, (name, recipe) in interleaved(rungs, config.runs, seed=config.seed):
-        r = speedrun.train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + rep,
-                               target=config.target)
-        results[name].append(r)
-        order.append([rep, name])
-        run_dir.log(rung=name, repeat=rep, tta_accuracy=r.tta_accuracy, time_s=r.time_s,
-                    epochs_to_target=r.epochs_to_target, time_to_target_s=r.time_to_target_s)
-        say(f"  repeat {rep} {name:<34} {r.tta_accuracy:.4f} {r.time_s:7.1f} s")
-
-    def mean_std_of(xs):
-        return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0) if xs else (None, None)
-
-    rows = []
-    say(f"{'rung':<34} {'reached':>7} {'epochs_to_target':>16} {'final_acc mean':>14} {'std':>6} {'time_s':>7}")
-    for name, _ in rungs:
-        runs = results[name]
-        reached = [r for r in runs if r.epochs_to_target is not None]
-        acc, acc_std = mean_std_of([r.tta_accuracy for r in runs])
-        t, t_std = mean_std_of([r.time_s for r in runs])
-        rows.append({"rung": name, "runs": len(runs), "reached": len(reached),
-                     "epochs_to_target": statistics.fmean(r.epochs_to_target for r in reached) if reached else None,
-                     "time_to_target_s": statistics.fmean(r.time_to_target_s for r in reached) if reached else None,
-                     "final_accuracy": acc, "final_accuracy_std": acc_std,
-                     "final_accuracy_runs": [r.tta_accuracy for r in runs],
-                     "time_s": t, "time_s_std": t_std, "time_s_runs": [r.time_s for r in runs],
-                     "cpu_time_s": statistics.fmean(r.cpu_time_s for r in runs)})
-        ep = f"{rows[-1]['epochs_to_target']:.1f}" if reached else "-"
-        say(f"{name:<34} {len(reached):>3}/{len(runs):<3} {ep:>16} {acc:>14.4f} {acc_std:>6.4f} {t:>7.1f}")
-    summary = {"preset": config.preset, "target": config.target, "epochs_budget": config.recipe.epochs,
-               "device": str(device), "data": data.name, "train_subset": config.train_subset,
-               "runs_per_rung": config.runs, "order": order, "rungs": rows,
-               "environment": describe_environment(device), "rundir": str(run_dir.path)}
-    run_dir.write_results(summary)
-    return summary
 
 
 if __name__ == "__main__":

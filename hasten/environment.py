@@ -176,6 +176,21 @@ def matmul_gflops(device: torch.device | str = "cpu", n: int = 1024, seconds: fl
     return 2 * n**3 / best / 1e9
 
 
+def scheduling_priority() -> dict:
+    """This process's nice value and, on Linux, its autogroup nice (None where absent).
+
+    Linux shares the CPU between autogroups (one per session) before processes, so
+    ``nice`` alone does not rank a job against other sessions; the autogroup's does.
+    """
+    autogroup = None
+    try:
+        text = Path("/proc/self/autogroup").read_text().split()
+        autogroup = int(text[text.index("nice") + 1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"nice": os.nice(0), "autogroup_nice": autogroup}
+
+
 class MeasuredConditions:
     """The conditions a benchmark ran under, measured by the benchmark itself.
 
@@ -185,21 +200,27 @@ class MeasuredConditions:
     a hand-written note: a reader sees how busy and how fast the machine was.
     """
 
-    def __init__(self, device: torch.device | str = "cpu", *, argv: list[str] | None = None):
+    def __init__(self, device: torch.device | str = "cpu", *, argv: list[str] | None = None,
+                 seconds: float = 1.0):
         self.device = torch.device(device)
         self.argv = argv
+        self.seconds = seconds  # per matmul probe; toy runs (smoke tests) pass less
         self._data: dict = {}
 
     def __enter__(self) -> "MeasuredConditions":
         self._data["load_average_before"] = list(os.getloadavg())
-        self._data["matmul_gflops_before"] = round(matmul_gflops(self.device), 1)
+        # The load average counts other jobs whatever their priority; a benchmark run at a
+        # raised scheduling share (Linux autogroup nice < 0) barely feels them, so the
+        # share is part of the conditions.
+        self._data["cpu_priority"] = scheduling_priority()
+        self._data["matmul_gflops_before"] = round(matmul_gflops(self.device, seconds=self.seconds), 1)
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         self._data["wall_s"] = round(time.perf_counter() - self._t0, 2)
         self._data["load_average_after"] = list(os.getloadavg())
-        self._data["matmul_gflops_after"] = round(matmul_gflops(self.device), 1)
+        self._data["matmul_gflops_after"] = round(matmul_gflops(self.device, seconds=self.seconds), 1)
 
     def as_dict(self) -> dict:
         """Conditions measured so far, plus the software and hardware description."""

@@ -122,10 +122,16 @@ def plot_large_batch(results: dict, path: str | Path) -> Path:
                 [100 * (r["accuracy_max"] - r["accuracy"]) for r in rs]]
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
-    for opt, label in [("sgd", "SGD + linear scaling + warm-up"), ("lars", "LARS (peak lr 10)")]:
+    # SGD's points are the best rate of its sweep at each batch (a tuned baseline), so
+    # each is labelled with the multiple of the linear-scaling rule that won.
+    for opt, label in [("sgd", "SGD + warm-up, best rate of the sweep (x linear scaling)"),
+                       ("lars", "LARS (peak lr 10)")]:
         rs = [r for r in results["runs"] if r["part"] == "batch" and r["optimizer"] == opt]
         a.errorbar([r["batch"] for r in rs], [100 * r["accuracy"] for r in rs], yerr=spread(rs),
                    fmt="o-", capsize=3, label=label)
+        for r in rs:
+            if r.get("lr_factor") is not None:
+                a.annotate(f"{r['lr_factor']:g}x", (r["batch"], 100 * r["accuracy"]), fontsize=7)
     a.set_xscale("log", base=2)
     a.set_xlabel("global batch (same epoch budget)")
     a.set_ylabel("test accuracy (%)")

@@ -28,11 +28,6 @@ RESULTS = BENCHMARKS / "results"
 # measured again since (each one's docs page says so). Nothing may be added here:
 # a new or re-measured result must carry its conditions.
 LEGACY_RESULTS = {
-    "speedrun-cpu-cpu.json",
-    "speedrun-cpu-cpu-quiet.json",
-    "speedrun-ablation-cpu-cpu.json",
-    "profile_accuracy.json",  # measured its load and matmul rate, as loadavg_* and fp32_matmul_gflops
-    "allreduce_loopback.json",
 }
 
 

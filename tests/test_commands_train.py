@@ -70,7 +70,7 @@ def test_learning_rate_defaults_by_optimizer(args, lr, scaling, monkeypatch):
 # --- --resume auto, --run-dir, and what a torchrun restart does ------------------------------
 
 TINY = ["--model", "resnet10", "--width", "4", "--batch-size", "32", "--warmup-epochs", "1", "--epochs", "2",
-        "--checkpoint-every", "5", "--deterministic"]
+        "--checkpoint-every", "5", "--deterministic", "--device", "cpu"]
 
 
 def test_resume_auto_starts_fresh_then_continues_the_same_run(colours, tmp_path, monkeypatch, capsys):
@@ -97,6 +97,20 @@ def test_resume_auto_starts_fresh_then_continues_the_same_run(colours, tmp_path,
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     assert _cli(*args, "--run-dir", str(tmp_path / "mine")) == 0
     assert json.loads((tmp_path / "r.json").read_text())["run_dir"] == str(tmp_path / "mine")
+
+
+def test_two_processes_on_one_gpu_is_one_line_not_a_cuda_traceback(colours, monkeypatch, capsys):
+    """torchrun --nproc-per-node 2 on a one-GPU machine, as rank 1 sees it (torch's CUDA faked)."""
+    for var, value in dict(WORLD_SIZE=2, RANK=1, LOCAL_RANK=1, LOCAL_WORLD_SIZE=2).items():
+        monkeypatch.setenv(var, str(value))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: pytest.fail(f"set_device({d}) called"))
+    assert _cli("--data", str(colours), "--model", "resnet10", "--batch-size", "32") == 2  # --device auto
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.fullmatch(
+        r"hasten train: error: local rank 1 of 2 processes on this node needs a GPU of its own, but torch sees "
+        r"1 CUDA device; .*--nproc-per-node 1.*--device cpu", err[0]), err
 
 
 def test_collective_timeout_must_be_positive(tmp_path, capsys):

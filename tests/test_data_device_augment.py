@@ -173,3 +173,18 @@ def test_cutout_of_size_one_zeroes_one_pixel():
     out = augment.cutout(x, 1, centers=torch.tensor([[0, 0], [3, 4], [9, 11], [5, 0]]))
     assert [int((o == 0).all(0).sum()) for o in out] == [1, 1, 1, 1]
     assert (out[1][:, 3, 4] == 0).all() and torch.equal(augment.cutout(x, 0), x)
+
+
+def test_crop_flip_is_the_reference_crop_mirrored_for_the_indexed_images():
+    x = _images(n=6, c=2, h=5, w=7)
+    pad = 2
+    index = torch.tensor([4, 0, 4, 5, 1])
+    shifts = torch.tensor([[-2, 2], [2, -1], [0, 0], [1, 1], [-1, -2]])
+    flips = torch.tensor([True, False, False, True, True])
+    out = augment.crop_flip(F.pad(x, (pad,) * 4, mode="reflect"), pad, shifts, flips, index=index)
+    assert out.shape == (5, 2, 5, 7) and out.is_contiguous(memory_format=torch.channels_last)
+    for i, (src, (dy, dx), m) in enumerate(zip(index.tolist(), shifts.tolist(), flips.tolist())):
+        assert torch.equal(out[i], _reference_views(x[src], pad)[(dy, dx, m)])
+    # Neither shift nor mirror: the images themselves.
+    assert torch.equal(augment.crop_flip(x, 0), x)
+    assert torch.equal(augment.crop_flip(x, 0, flips=flips.new_ones(6)), x.flip(-1))

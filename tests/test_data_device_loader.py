@@ -172,3 +172,41 @@ def test_gpu_loader_keeps_everything_on_the_device():
     loader = GpuLoader(images, labels, 16, device="cuda", augment=Augmentation(2, "alternating", 2))
     x, y = next(iter(loader))
     assert x.is_cuda and y.is_cuda
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the ATen ops run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_epoch_is_augmented_once_and_each_batch_is_a_slice(channels_last):
+    """airbench's layout of the work: the whole epoch cropped, mirrored and cut out in
+    a fixed number of ops, then every batch a view of it (no copy per batch)."""
+    images, labels = _rect_data(256)
+    aug = Augmentation(translate=2, flip="alternating", cutout=3)
+    epoch_ops = []
+    for batch_size in (8, 64):
+        loader = GpuLoader(images, labels, batch_size, augment=aug, channels_last=channels_last)
+        it = iter(loader)
+        with _Ops() as first:
+            x0, _ = next(it)
+        epoch_ops.append(first.ops)
+        for _ in range(len(loader) - 1):
+            with _Ops() as batch:
+                x, y = next(it)
+            assert set(batch.ops) <= {"slice"}, batch.ops  # views only: no gather, no copy
+            assert x.untyped_storage().data_ptr() == x0.untyped_storage().data_ptr()
+            layout = torch.channels_last if channels_last else torch.contiguous_format
+            assert x.is_contiguous(memory_format=layout)
+    assert epoch_ops[0] == epoch_ops[1]  # 32 batches or 4: the same epoch work
+    # Gathers: the images (crop and mirror in one), and the shifts, flips, cutout
+    # centres and labels put in batch order.
+    assert epoch_ops[0].count("index") == 5

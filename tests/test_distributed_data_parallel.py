@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from hasten.distributed import data_parallel as dp
+from hasten.errors import ConfigError
 from hasten.harness.launch import spawn
 
 STEPS, GLOBAL_BATCH, SEED = 6, 24, 0
@@ -97,6 +98,88 @@ def test_single_process_without_torchrun(monkeypatch):
     assert (info.rank, info.world_size, info.backend, info.is_main) == (0, 1, None, True)
     model = _model()
     assert dp.wrap_ddp(model, hook="ring") is model
+
+
+# --- which device each rank takes (GPUs faked: torch sees n of them, set_device is recorded) ----------
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """``fake_gpus(n, RANK=.., LOCAL_RANK=.., ...)``: torch sees n CUDA devices and this
+    environment; returns the devices set_device was called with. Making a process group
+    fails the test unless ``group=True``, which records it instead."""
+    def setup(n, group=False, **env):
+        for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                    "TORCHELASTIC_USE_AGENT_STORE"):
+            monkeypatch.delenv(var, raising=False)
+        for var, value in env.items():
+            monkeypatch.setenv(var, str(value))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+        calls = {"set_device": [], "group": []}
+        monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls["set_device"].append(torch.device(d)))
+
+        def init_process_group(backend, **kwargs):
+            assert group, "no process group may be made"
+            calls["group"].append((backend, kwargs.get("device_id")))
+
+        monkeypatch.setattr(dist, "init_process_group", init_process_group)
+        if group:
+            monkeypatch.setattr(dist, "get_rank", lambda: int(env["RANK"]))
+            monkeypatch.setattr(dist, "get_world_size", lambda: int(env["WORLD_SIZE"]))
+            monkeypatch.setattr(dist, "get_backend", lambda: calls["group"][0][0])
+        return calls
+    return setup
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_more_processes_per_node_than_gpus_is_one_clear_line(fake_gpus, device, local_rank):
+    # torchrun --nproc-per-node 2 on one GPU: both ranks stop before CUDA or a process group
+    # is touched (rank 0 too, or it would wait for rank 1 until the timeout).
+    calls = fake_gpus(1, WORLD_SIZE=2, RANK=local_rank, LOCAL_RANK=local_rank, LOCAL_WORLD_SIZE=2)
+    with pytest.raises(ConfigError) as info:
+        dp.init_distributed(device=device)
+    msg = str(info.value)
+    assert "\n" not in msg and f"local rank {local_rank} of 2 processes" in msg and "sees 1 CUDA device;" in msg
+    assert "--nproc-per-node 1" in msg and "--device cpu" in msg
+    assert calls["set_device"] == []
+
+
+def test_a_rank_beyond_the_gpus_is_refused_without_torchruns_local_world_size(fake_gpus):
+    fake_gpus(2, WORLD_SIZE=3, RANK=2, LOCAL_RANK=2)
+    with pytest.raises(ConfigError, match="local rank 2 of 3 processes .* sees 2 CUDA devices; start at most 2 "
+                                          "processes per node"):
+        dp.init_distributed()
+
+
+def test_a_single_process_takes_gpu_0(fake_gpus):
+    calls = fake_gpus(1)
+    info = dp.init_distributed()
+    assert info.device == torch.device("cuda", 0) and info.backend is None
+    assert calls["set_device"] == [torch.device("cuda", 0)]
+
+
+def test_each_rank_takes_the_gpu_of_its_local_rank_not_its_global_rank(fake_gpus):
+    # Rank 3 of 4 is the second process of the second node: GPU 1 there.
+    calls = fake_gpus(2, group=True, WORLD_SIZE=4, RANK=3, LOCAL_RANK=1, LOCAL_WORLD_SIZE=2)
+    info = dp.init_distributed()
+    assert info.device == torch.device("cuda", 1) and (info.rank, info.local_rank) == (3, 1)
+    assert calls["set_device"] == [torch.device("cuda", 1)]
+    assert calls["group"] == [("nccl", torch.device("cuda", 1))]
+
+
+def test_device_cpu_is_the_way_out_on_a_gpu_machine(fake_gpus):
+    calls = fake_gpus(1, group=True, WORLD_SIZE=2, RANK=1, LOCAL_RANK=1, LOCAL_WORLD_SIZE=2)
+    info = dp.init_distributed(device="cpu")
+    assert info.device == torch.device("cpu") and calls["set_device"] == []
+    assert calls["group"] == [("gloo", None)]
+
+
+def test_cuda_without_a_gpu_is_a_config_error(fake_gpus):
+    fake_gpus(0)
+    with pytest.raises(ConfigError, match="torch sees no CUDA device; use --device cpu"):
+        dp.init_distributed(device="cuda")
+    assert dp.init_distributed().device == torch.device("cpu")  # auto
 
 
 @pytest.mark.parametrize("kwargs, match", [

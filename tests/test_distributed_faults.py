@@ -149,7 +149,7 @@ def test_sigterm_raises_once_then_is_ignored_once_stopping(monkeypatch):
 def _train_args(data, run_dir, epochs, *extra, batch=32):
     return ["-m", "hasten", "train", "--data", str(data), "--model", "resnet10", "--width", "4",
             "--batch-size", str(batch), "--warmup-epochs", "1", "--epochs", str(epochs), "--optimizer", "lars",
-            "--deterministic", "--checkpoint-every", "10", "--run-dir", str(run_dir), *extra]
+            "--deterministic", "--checkpoint-every", "10", "--device", "cpu", "--run-dir", str(run_dir), *extra]
 
 
 def _env(tmp_path):

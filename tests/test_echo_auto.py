@@ -401,14 +401,17 @@ def test_repeated_pauses_within_one_window_all_count(monkeypatch):
 class _FakeRanks:
     """torch.distributed as seen by one rank of two: all_reduce adds the other rank's tensor."""
 
-    def __init__(self, other_estimate, other_cap, backend="gloo"):
+    def __init__(self, other_estimate, other_cap, backend="gloo", other_loss_ratio=math.nan):
         import torch
 
-        valid = not math.isnan(other_estimate)
-        self.other = torch.tensor([other_estimate if valid else 0.0, 1.0 if valid else 0.0, other_cap],
+        valid, has_loss = not math.isnan(other_estimate), not math.isnan(other_loss_ratio)
+        self.other = torch.tensor([other_estimate if valid else 0.0, 1.0 if valid else 0.0, other_cap,
+                                   other_loss_ratio if has_loss else 0.0, 1.0 if has_loss else 0.0],
                                   dtype=torch.float64)
         self.backend = backend
         self.reduced = []
+        self.groups = []  # (group, thread) of each all_reduce
+        self.created = []  # (backend, thread) of each new_group
 
     def install(self, monkeypatch):
         import torch.distributed as dist
@@ -418,9 +421,15 @@ class _FakeRanks:
         monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
         monkeypatch.setattr(dist, "get_backend", lambda group=None: self.backend)
         monkeypatch.setattr(dist, "all_reduce", self.all_reduce)
+        monkeypatch.setattr(dist, "new_group", self.new_group)
+
+    def new_group(self, ranks=None, timeout=None, backend=None, **kw):
+        self.created.append((backend, threading.get_ident()))
+        return ("autoecho-group", len(self.created))
 
     def all_reduce(self, t, op=None, group=None, async_op=False):
         self.reduced.append(t.clone())
+        self.groups.append((group, threading.get_ident()))
         t += self.other
 
 
@@ -486,3 +495,113 @@ def test_a_rank_never_exceeds_its_own_e_max_whatever_the_mean_cap(monkeypatch):
     for _ in range(4):
         auto.observe(fresh=10, emitted=10, wait_s=10.0, downstream_s=0.1)
     assert auto.cap == pytest.approx(10 - 6 / 2**4) and auto.factor == 4.0
+
+
+# ----------------------------------------------------------------------------- The budget in effective examples
+def test_a_copy_is_worth_less_the_later_it_comes_and_less_still_when_memorised(monkeypatch):
+    auto = AutoEcho(repeat_decay=10.0)
+    values = [auto.copy_value(k) for k in range(6)]
+    assert values[0] == 1.0 and values == pytest.approx([math.exp(-k / 10) for k in range(6)])
+    assert all(a > b for a, b in zip(values, values[1:]))
+    # The agreed loss ratio scales repeats (never fresh items), and never above their decay.
+    _FakeRanks(other_estimate=math.nan, other_cap=10.0, other_loss_ratio=0.5).install(monkeypatch)
+    started = _started(loss_smoothing=1.0)
+    started.observe_loss(fresh_loss=2.0, repeat_loss=1.8)  # this rank: 0.9; the other: 0.5
+    started.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
+    assert started.value_ratio == pytest.approx(0.7)
+    assert started.copy_value(0) == 1.0 and started.copy_value(2) == pytest.approx(0.7 * math.exp(-2 / 15.4))
+    started.observe_loss(fresh_loss=1.0, repeat_loss=3.0)  # repeats' loss above: ratio 3, capped at 1
+    _FakeRanks(other_estimate=math.nan, other_cap=10.0, other_loss_ratio=3.0).install(monkeypatch)
+    started.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
+    assert started.value_ratio == 1.0
+
+
+def _steps_to_budget(auto, e, steps, batch=8):
+    """Steps a loop takes until ``auto.progress`` reaches a budget of ``steps`` x ``batch``
+    examples, the stage emitting ``e`` copies of each fresh example."""
+    taken = 0
+    while auto.progress(steps * batch) < 1:
+        for _ in range(batch):  # the stage runs ahead of the loop: emit before counting
+            for k in range(e):
+                auto.emitted(k)
+        auto.count(batch)
+        taken += 1
+    return taken
+
+
+@pytest.mark.parametrize("e", [1, 2, 6, 8])
+def test_the_budget_in_effective_examples_gives_echoed_runs_the_steps_their_repeats_need(e):
+    auto = AutoEcho()
+    taken = _steps_to_budget(auto, e, steps=200)
+    # e = 1 is exactly the baseline's budget; e copies are worth sum_k exp(-k / 15.4) fresh ones.
+    worth = sum(math.exp(-k / 15.4) for k in range(e))
+    assert taken == math.ceil(200 * e / worth - 1e-9) or (e == 1 and taken == 200)
+    assert taken == 200 if e == 1 else taken > 200 * (1 + 0.02 * (e - 1))
+
+
+def test_items_are_valued_in_the_order_the_stage_emitted_them():
+    auto = AutoEcho(repeat_decay=5.0)
+    for k in (0, 1, 2):
+        auto.emitted(k)
+    assert auto.count(1) == 1.0  # the oldest emitted item: a fresh one
+    assert auto.count(2) == pytest.approx(1 + math.exp(-1 / 5) + math.exp(-2 / 5))
+    assert auto.count(2) == pytest.approx(3 + math.exp(-1 / 5) + math.exp(-2 / 5))  # none recorded: fresh
+    with pytest.raises(ValueError, match="budget_examples must be > 0"):
+        auto.progress(0)
+    with pytest.raises(ValueError, match="repeat_decay must be > 0"):
+        AutoEcho(repeat_decay=0)
+
+
+def test_an_echo_stage_records_every_copy_it_emits():
+    auto = AutoEcho(repeat_decay=5.0)
+    auto.factor = 3.0
+    items = list(echo_examples(range(4), auto))
+    assert len(items) == 12
+    assert auto.count(12) == pytest.approx(4 * sum(math.exp(-k / 5) for k in range(3)))
+
+
+def test_setup_distributed_gives_autoecho_its_own_gloo_group_for_the_agreement(monkeypatch):
+    ranks = _FakeRanks(other_estimate=5.0, other_cap=1.0, backend="nccl")
+    ranks.install(monkeypatch)
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: "gloo" if group else "nccl")
+    auto = _started()
+    auto.setup_distributed()
+    auto.setup_distributed()  # once only: a second group would be a second collective on the default one
+    assert ranks.created == [("gloo", threading.get_ident())]
+    auto.observe(fresh=10, emitted=10, wait_s=0.2, downstream_s=0.1)
+    assert [g for g, _ in ranks.groups] == [("autoecho-group", 1)]
+    assert ranks.reduced[0].device.type == "cpu"  # gloo: a CPU tensor, not the NCCL device
+    # sync=False: no group, no collective.
+    solo = AutoEcho(sync=False)
+    solo.setup_distributed()
+    assert len(ranks.created) == 1
+
+
+@pytest.mark.parametrize("mine, other, expect", [
+    (0.8, math.nan, 0.8),    # only this rank has loss reports: its ratio
+    (None, 0.5, 0.5),        # only the other rank: its ratio
+    (None, math.nan, None),  # none: repeats keep their full value
+])
+def test_the_loss_ratio_is_averaged_over_the_ranks_that_have_one(monkeypatch, mine, other, expect):
+    _FakeRanks(other_estimate=math.nan, other_cap=10.0, other_loss_ratio=other).install(monkeypatch)
+    auto = _started(loss_smoothing=1.0)
+    if mine is not None:
+        auto.observe_loss(fresh_loss=1.0, repeat_loss=mine)
+    auto.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
+    assert auto.value_ratio == pytest.approx(1.0 if expect is None else expect)
+
+
+def test_paused_time_accumulates_over_the_run():
+    auto = AutoEcho()
+    assert auto.paused_s == 0.0
+    for _ in range(2):
+        with auto.paused():
+            time.sleep(0.02)
+    assert 0.04 <= auto.paused_s < 0.5
+
+
+def test_small_but_positive_decays_and_budgets_are_accepted():
+    auto = AutoEcho(repeat_decay=0.5)
+    assert auto.copy_value(1) == pytest.approx(math.exp(-2))
+    auto.count(1)
+    assert auto.progress(0.5) == 2.0

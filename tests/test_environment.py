@@ -1,4 +1,5 @@
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -107,3 +108,15 @@ def test_command_drops_the_local_install_path_of_the_program(tmp_path, monkeypat
     assert command_line([str(PACKAGE_DIR / "__main__.py"), "echo"]) == "python -m hasten echo"
     assert command_line([str(script), "--runs", "2"]) == "benchmarks/speedrun.py --runs 2"
     assert command_line(["/elsewhere/run.py"]) == "/elsewhere/run.py"
+
+
+def test_measured_conditions_record_the_scheduling_priority():
+    """A job given a raised CPU share feels other jobs' load less: the share is recorded."""
+    from hasten.environment import MeasuredConditions, scheduling_priority
+    prio = scheduling_priority()
+    assert prio["nice"] == os.nice(0)
+    if Path("/proc/self/autogroup").exists():
+        assert prio["autogroup_nice"] == int(Path("/proc/self/autogroup").read_text().split()[-1])
+    with MeasuredConditions("cpu") as cond:
+        pass
+    assert cond.as_dict()["cpu_priority"] == prio

@@ -36,3 +36,11 @@ def test_invalid_net_config():
         NetConfig(activation="swish")
     with pytest.raises(ValueError, match="ghost_batch_size"):
         NetConfig(ghost_batch_size=-1)
+
+
+def test_first_layer_bias_starts_at_zero_as_in_airbench():
+    for cfg in (NetConfig(widths=(8, 8, 8)), NetConfig(widths=(8, 8, 8), whiten_kernel=3, dirac_init=False)):
+        torch.manual_seed(0)
+        bias = SpeedrunNet(cfg).whiten.bias
+        assert bias.shape == (2 * 3 * cfg.whiten_kernel ** 2,) and torch.equal(bias, torch.zeros_like(bias))
+        assert bias.requires_grad  # zeroed, not frozen: it trains for whiten_bias_epochs

@@ -163,15 +163,17 @@ def test_pipeline_variants_number_and_repeat_copies():
     copies = np.concatenate([b[1] for b in before])
     assert keys.tolist() == [k for k in range(64) for _ in range(2)] and copies.tolist() == [0, 1] * 64
     assert c.fresh_examples == 64
+    assert np.concatenate([b[2] for b in before]).tolist() == [0, 1] * 64  # copy numbers
     after = list(pipeline(iter(range(64)), _spec(echo=2.0, variant="example-after"), 2.0, 0, 16, EchoCounters()))
     assert not np.concatenate([b[1] for b in after]).any()  # identical copies: one augmentation key
+    assert np.concatenate([b[2] for b in after]).tolist() == [0, 1] * 64  # ... but still numbered
     c = EchoCounters()
     batches = list(pipeline(iter(range(64)), _spec(echo=3.0, variant="batch"), 3.0, 0, 16, c))
     assert len(batches) == 12 and c.fresh_batches == 4
     assert all(np.array_equal(batches[i][0], batches[i + 1][0]) for i in (0, 1, 3, 4))
     # A shuffle buffer spreads the copies: fewer duplicates inside a batch.
     c = EchoCounters()
-    for k, _ in pipeline(iter(range(4000)), _spec(echo=4.0), 4.0, 2000, 16, c):
+    for k, _, _ in pipeline(iter(range(4000)), _spec(echo=4.0), 4.0, 2000, 16, c):
         c.record_batch(k.tolist())
     assert c.duplicate_rate < 0.05
 
@@ -266,3 +268,33 @@ def test_default_shuffle_buffer_follows_e_and_a_small_one_warns():
     assert shuffle_size(EchoRunConfig(data="x", echo=1.0)) == 0
     with pytest.warns(UserWarning, match="repeated copies"):
         assert shuffle_size(EchoRunConfig(data="x", echo=5.0, shuffle_buffer=256)) == 256
+
+
+def test_cuda_runs_channels_last_under_bf16_and_the_cpu_stays_float32_nchw():
+    from hasten.recipes.echo import fast_formats
+
+    assert fast_formats(torch.device("cuda", 0)) == (torch.channels_last, True)
+    assert fast_formats("cuda") == (torch.channels_last, True)
+    assert fast_formats("cpu") == (torch.contiguous_format, False)
+
+
+def test_step_time_leaves_out_first_use_costs(colours, one_thread, monkeypatch):
+    # The first steps of a fresh process pay cuDNN autotuning and allocator growth; a step time
+    # that includes them sets a slower step, hence a longer storage delay and a larger R.
+    import hasten.recipes.echo as recipe
+    from hasten.recipes.echo import measure_step_time
+
+    real_step = recipe.optimizer_step
+    calls = []
+
+    def first_calls_slow(loss, opt):
+        calls.append(1)
+        if len(calls) <= 3:
+            time.sleep(1.0)
+        real_step(loss, opt)
+
+    monkeypatch.setattr(recipe, "optimizer_step", first_calls_slow)
+    eval_set = EvalSet(open_records(colours, "test"), 16, "cpu")
+    step = measure_step_time(EchoRunConfig(data=str(colours)), steps=6, warmup=3, eval_set=eval_set)
+    assert len(calls) == 9
+    assert step < 0.25  # >= 3 x 1 s / 6 = 0.5 s if the slow first steps counted

@@ -25,7 +25,8 @@ CIFAR_JPEG = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-
 def test_optimizer_groups_scale_bias_lr_and_decouple_weight_decay():
     r = PRESETS["airbench94"]
     opt = make_optimizer(SpeedrunNet(NetConfig(widths=(8, 8, 8))), r)
-    biases, others = opt.param_groups
+    biases, others, whiten_bias = opt.param_groups
+    assert whiten_bias["lr"] == others["lr"] and whiten_bias["weight_decay"] == others["weight_decay"]
     assert biases["lr"] == pytest.approx(others["lr"] * r.bias_scaler)
     # lr * wd is the same for both groups: weight decay does not follow the bias scaler
     assert biases["lr"] * biases["weight_decay"] == pytest.approx(others["lr"] * others["weight_decay"])
@@ -361,12 +362,14 @@ def _hand_flops(widths, size, classes, whiten_frozen, bias_trains):
     return forward, train
 
 
-@pytest.mark.parametrize("whiten, tta", [(True, "flip_translate"), (False, "none"), (True, "flip")])
-def test_flops_per_run_matches_a_hand_count(whiten, tta):
+@pytest.mark.parametrize("whiten, tta, compile", [(True, "flip_translate", False), (False, "none", False),
+                                                  (True, "flip", False), (True, "flip", True)])
+def test_flops_per_run_matches_a_hand_count(whiten, tta, compile):
     # 96 images, batch 32: 3 steps per epoch, 2.5 epochs -> 8 steps, the bias trains in the first 3.
-    recipe = SMALL.replace(epochs=2.5, whiten=whiten, tta=tta, whiten_bias_epochs=1)
+    # Compiled, its gradient (and the first group's input gradient) is computed in all 8.
+    recipe = SMALL.replace(epochs=2.5, whiten=whiten, tta=tta, whiten_bias_epochs=1, compile=compile)
     forward, train_bias = _hand_flops((8, 8, 8), 16, 10, whiten, True)
-    _, train_frozen = _hand_flops((8, 8, 8), 16, 10, whiten, False)
+    _, train_frozen = _hand_flops((8, 8, 8), 16, 10, whiten, compile)
     views = {"none": 1, "flip": 2, "flip_translate": 6}[tta]
     expected = 32 * (3 * train_bias + 5 * train_frozen) + views * 30 * forward
     assert flops_per_run(recipe, TINY_DATA) == expected
@@ -500,7 +503,7 @@ def test_optimizer_values_by_hand():
     opt = make_optimizer(model, r)
     lr = 11.5 / (1024 * (1 + 1 / 0.15))  # airbench: lr per 1024 examples, summed loss, momentum 0.85
     wd = 0.0153 * 1024 / (1024 * (1 + 1 / 0.15))
-    biases, others = opt.param_groups
+    biases, others, whiten_bias = opt.param_groups
     assert biases["lr"] == pytest.approx(64 * lr) and others["lr"] == pytest.approx(lr)
     assert biases["weight_decay"] == pytest.approx(wd / (64 * lr)) and others["weight_decay"] == pytest.approx(wd / lr)
     assert others["momentum"] == 0.85 and others["nesterov"] and biases["nesterov"]
@@ -508,7 +511,12 @@ def test_optimizer_values_by_hand():
     assert sorted(names[id(p)] for p in biases["params"]) == sorted(
         n for n, p in model.named_parameters() if "norm" in n and n.endswith("bias"))
     other_names = {names[id(p)] for p in others["params"]}
-    assert "whiten.bias" in other_names and "whiten.weight" not in other_names and "head.weight" in other_names
+    assert "whiten.weight" not in other_names and "head.weight" in other_names
+    # The whitening bias alone in its own group (frozen by its lr), with the other weights' values.
+    assert [names[id(p)] for p in whiten_bias["params"]] == ["whiten.bias"] and "whiten.bias" not in other_names
+    assert whiten_bias["lr"] == pytest.approx(lr) and whiten_bias["weight_decay"] == pytest.approx(wd / lr)
+    assert whiten_bias["momentum"] == 0.85 and whiten_bias["nesterov"]
+    assert all(g["foreach"] and not g["fused"] for g in opt.param_groups)  # CPU: multi-tensor, not fused
 
 
 def test_lr_factor_by_hand():
@@ -563,12 +571,17 @@ def test_ladder_rows_average_the_runs_that_reached_the_target(monkeypatch):
     assert [(ids[name], 7 + rep) for rep, name in summary["order"]] == [(i, s) for i, s, _ in calls]
     first, second = summary["rungs"]
     assert first == {"rung": "baseline", "runs": 2, "reached": 1, "epochs_to_target": 2.0, "time_to_target_s": 4.0,
-                     "final_accuracy": pytest.approx(0.8), "time_s": 15.0}
+                     "final_accuracy": pytest.approx(0.8), "final_accuracy_std": pytest.approx(0.2 / 2 ** 0.5),
+                     "final_accuracy_runs": [0.9, 0.7], "time_s": 15.0, "time_s_std": pytest.approx(50 ** 0.5),
+                     "time_s_runs": [10.0, 20.0], "cpu_time_s": 1.0}
     assert second["reached"] == 2 and second["epochs_to_target"] == 4.0 and second["time_to_target_s"] == 10.0
     assert second["final_accuracy"] == pytest.approx(0.7) and second["time_s"] == 40.0
     assert summary["target"] == 0.75 and summary["epochs_budget"] == SMALL.epochs and summary["data"] == "colours"
-    assert lines[1] == speedrun.LADDER_HEADER and "75.00%" in lines[0]
-    assert lines[2].split()[-4:] == ["2.0", "4.0", "0.8000", "15.0"]
+    assert summary["runs_per_rung"] == 2 and summary["train_subset"] == 0
+    # The intro, one line per run as it ends, the header, one row per rung.
+    assert "75.00%" in lines[0] and len(lines) == 1 + 4 + 1 + 2 and lines[5] == speedrun.LADDER_HEADER
+    assert all(line.startswith(f"  repeat {rep} {name} ") for line, (rep, name) in zip(lines[1:5], summary["order"]))
+    assert lines[6].split()[-6:] == ["1/2", "2.0", "4.0", "0.8000", "0.1414", "15.0"]
 
 
 def test_ladder_order_is_shuffled_within_repeats(monkeypatch):
@@ -597,3 +610,167 @@ def test_on_epoch_sees_every_record_once_and_targets_in_fractional_epochs(monkey
     # A target first reached in the last, partial epoch counts the epochs actually trained.
     _, short = _run(monkeypatch, TIMED.replace(epochs=0.5), target=0.0)
     assert short.epochs_to_target == 0.5 and short.time_to_target_s == LOADER + WHITEN + 2 * STEP
+
+
+# ----------------------------------------------------------------------------
+# The CUDA path on the CPU: the bias freeze under torch.compile, warm-ups, device
+# settings, FLOPs as computed
+# ----------------------------------------------------------------------------
+
+
+def _bias_per_step(monkeypatch, recipe):
+    """Train ``recipe`` on TINY_DATA; the whitening bias after every step."""
+    biases = []
+    real_step = speedrun.optimizer_step
+
+    def step(loss, optimizer, scheduler):
+        real_step(loss, optimizer, scheduler)
+        biases.append(optimizer.param_groups[speedrun.WHITEN_BIAS_GROUP]["params"][0].detach().clone())
+
+    monkeypatch.setattr(speedrun, "optimizer_step", step)
+    train_run(recipe, TINY_DATA, torch.device("cpu"), mean_std=channel_stats(TINY_DATA.train.images))
+    return biases
+
+
+def test_compiled_runs_freeze_the_bias_by_its_lr_despite_momentum_and_weight_decay(monkeypatch):
+    # compile=True keeps requires_grad on (a guarded input); torch.compile itself is
+    # replaced by the identity so that only the freeze mechanism is under test.
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    biases = _bias_per_step(monkeypatch, TIMED.replace(whiten_bias_epochs=2, compile=True))
+    assert len(biases) == 9
+    assert all(not torch.equal(a, b) for a, b in zip(biases[:6], biases[1:6]))  # it trains every step
+    # Frozen from step 7 on, although it still gets a gradient and has momentum and
+    # weight decay: they are multiplied by its lr, which is 0.
+    assert all(torch.equal(b, biases[5]) for b in biases[6:])
+
+
+def test_freeze_lrs_follow_the_schedule_then_drop_to_zero():
+    lambdas = speedrun.lr_lambdas(TIMED.replace(whiten_bias_epochs=2), total_steps=9, steps_per_epoch=3)
+    assert len(lambdas) == 3
+    for s in range(9):
+        expected = lr_factor(s, 9, TIMED.warmup_frac)
+        assert lambdas[0](s) == lambdas[1](s) == expected
+        assert lambdas[2](s) == (expected if s < 6 else 0.0)
+
+
+def test_compiled_run_compiles_once_across_the_bias_freeze(monkeypatch):
+    """With a counting backend: the freeze at epoch 1 must not recompile (toggling
+    requires_grad would: it is a guarded input)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: real_compile(model, backend=counter))
+    biases = _bias_per_step(monkeypatch, TIMED.replace(whiten_bias_epochs=1, compile=True))
+    assert counter.frame_count == 1
+    assert not torch.equal(biases[0], biases[2]) and all(torch.equal(b, biases[3]) for b in biases[4:])
+    torch._dynamo.reset()
+
+
+def test_no_timed_run_compiles_after_the_warm_up(monkeypatch):
+    """The warm-up (30 steps) ends before the freeze (step 33): the timed runs still
+    find every graph they need compiled."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    real_compile, real_train_run = torch.compile, speedrun.train_run
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: real_compile(model, backend=counter))
+    compiles = []
+
+    def train_run_counted(*args, max_steps=None, **kwargs):
+        before = counter.frame_count
+        result = real_train_run(*args, max_steps=max_steps, **kwargs)
+        compiles.append((max_steps, counter.frame_count - before))
+        return result
+
+    monkeypatch.setattr(speedrun, "train_run", train_run_counted)
+    recipe = SMALL.replace(epochs=12, whiten_bias_epochs=11, compile=True, tta="none")
+    run(SpeedrunConfig(recipe=recipe, preset="tiny", runs=2), dataset=TINY_DATA)
+    assert compiles == [(30, 1), (None, 0), (None, 0)]
+    torch._dynamo.reset()
+
+
+def _keep_dynamo_limits(monkeypatch):
+    """warm_up raises Dynamo's recompile limit for compiled ladders: restore it after the test."""
+    config = torch._dynamo.config
+    monkeypatch.setattr(config, "recompile_limit", config.recompile_limit)
+    return config
+
+
+def test_warm_up_covers_every_distinct_rung_when_compiling_or_on_cuda(monkeypatch):
+    config = _keep_dynamo_limits(monkeypatch)
+    calls = []
+    monkeypatch.setattr(speedrun, "train_run", lambda recipe, *a, max_steps=None, **k: calls.append((recipe, max_steps)))
+    rungs = [r for _, r in ladder_recipes(SMALL)]
+    speedrun.warm_up(rungs + rungs[:2], TINY_DATA, torch.device("cuda"), None)
+    assert calls == [(r, 30) for r in rungs]  # each distinct recipe once, 30 steps
+    calls.clear()
+    speedrun.warm_up(rungs, TINY_DATA, torch.device("cpu"), None)
+    assert calls == [(rungs[0], 3)]  # eager on the CPU: first-call overheads only
+    calls.clear()
+    compiled = [r.replace(compile=True) for r in rungs]
+    speedrun.warm_up(compiled, TINY_DATA, torch.device("cpu"), None)
+    assert calls == [(r, 30) for r in compiled]
+    assert config.recompile_limit >= len(compiled)  # every rung's graph stays cached
+
+
+@pytest.mark.parametrize("ablate", [False, True])
+def test_run_sets_up_the_device_then_warms_up_every_timed_recipe_first(monkeypatch, ablate):
+    _keep_dynamo_limits(monkeypatch)
+    events = []
+    monkeypatch.setattr(speedrun, "configure_device", lambda device: events.append(("configure", None)))
+
+    def fake_train_run(recipe, *args, max_steps=None, **kwargs):
+        events.append(("warm-up" if max_steps else "timed", recipe))
+        return _result(0.5, 1.0)
+
+    monkeypatch.setattr(speedrun, "train_run", fake_train_run)
+    monkeypatch.setattr(speedrun, "flops_per_run", lambda *a: 1)
+    recipe = SMALL.replace(compile=True)
+    run(SpeedrunConfig(recipe=recipe, preset="tiny", ablate=ablate, target=0.5), dataset=TINY_DATA)
+    assert events[0] == ("configure", None)
+    timed = [r for kind, r in events if kind == "timed"]
+    first_timed = next(i for i, (kind, _) in enumerate(events) if kind == "timed")
+    warmed = [r for kind, r in events[:first_timed] if kind == "warm-up"]
+    assert set(timed) <= set(warmed) and len(warmed) == len(set(timed)) == (len(LADDER) if ablate else 1)
+    assert all(kind == "timed" for kind, _ in events[first_timed:])
+
+
+def test_configure_device_turns_on_cudnn_autotuning_on_cuda_only(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    speedrun.configure_device(torch.device("cpu"))
+    assert torch.backends.cudnn.benchmark is False
+    speedrun.configure_device(torch.device("cuda"))
+    assert torch.backends.cudnn.benchmark is True
+
+
+def test_ema_evaluation_network_is_built_outside_the_timed_span(monkeypatch):
+    inst, result = _run(monkeypatch, TIMED.replace(averaging="ema", ema_every=2))
+    assert len(inst.models) == 2  # the live network and the EMA's evaluation network, built once
+    assert result.time_s == LOADER + WHITEN + 9 * STEP + FINAL
+    assert inst.now == 4 * COPY + 2 * BUILD + 3 * VALIDATE + result.time_s
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_flops_per_run_is_what_a_run_computes(monkeypatch, compile):
+    """A FLOP counter around a whole run: training, the whitening set-up, the
+    per-epoch validations and the final evaluation. Less the last three (measured
+    separately), that is flops_per_run: eager runs skip the first group's input
+    gradient once the bias freezes, compiled runs do not."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hasten.nn.whitening import whitening_filters
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    recipe = TIMED.replace(whiten_bias_epochs=1, tta="none", compile=compile)
+    with FlopCounterMode(display=False) as total:
+        result = train_run(recipe, TINY_DATA, torch.device("cpu"), mean_std=channel_stats(TINY_DATA.train.images))
+    with FlopCounterMode(display=False) as whitening:
+        whitening_filters(TINY_DATA.train.images[:5000].float(), 2)
+    model = SpeedrunNet(recipe.net).eval()
+    with FlopCounterMode(display=False) as forward, torch.no_grad():
+        model(torch.zeros(len(TINY_DATA.test.labels), 3, 16, 16))
+    validations = len(result.epochs) * forward.get_total_flops()
+    assert total.get_total_flops() - whitening.get_total_flops() - validations == flops_per_run(recipe, TINY_DATA)

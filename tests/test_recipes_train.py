@@ -43,8 +43,9 @@ def image_folder(tmp_path_factory):
     return root
 
 
+# --device cpu: these runs mean the CPU (gloo); on a GPU machine "auto" would put every rank on CUDA.
 TINY = ["--model", "resnet10", "--width", "4", "--batch-size", "16", "--warmup-epochs", "1",
-        "--deterministic"]
+        "--deterministic", "--device", "cpu"]
 
 
 def _cli(*args):
@@ -104,6 +105,21 @@ def test_tiny_run_learns_and_reports(optimizer, extra):
     assert report["accuracy"] >= 0.8  # chance is 0.5
     assert report["steps"] == 24 and report["epochs"] == 4 and report["global_batch"] == 16
     assert report["world_size"] == 1 and report["time_s"] > 0 and report["images_per_s"] > 0
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_run_leaves_the_callers_algorithm_settings(deterministic, monkeypatch):
+    # Deterministic mode left on after a run would slow all later work (torch.empty fills memory).
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    before = torch.are_deterministic_algorithms_enabled()
+    seen = []
+    monkeypatch.setattr("hasten.recipes.train._train", lambda *a: seen.append(
+        (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)) or {})
+    cfg = TrainConfig(model="resnet10", width=4, batch_size=16, epochs=1, warmup_epochs=0, device="cpu",
+                      deterministic=deterministic)
+    train(cfg, dataset=tiny_dataset())
+    assert seen == [(deterministic or before, not deterministic)]  # during the run: what it asked for
+    assert torch.are_deterministic_algorithms_enabled() == before and torch.backends.cudnn.benchmark is False
 
 
 def _wait_for_step(metrics: Path, step: int, proc, timeout=60):

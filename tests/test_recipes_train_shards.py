@@ -1,9 +1,11 @@
-"""`hasten train --loader stream` on a directory of tar shards."""
+"""`hasten train --loader stream`: tar shards, and the normalisation of streamed batches."""
 
 import pytest
+import torch
 
+from hasten.data.normalize import normalize
 from hasten.recipes.train import TrainConfig, train
-from hasten.recipes.train_input import stream_input
+from hasten.recipes.train_input import STREAM_MEAN, STREAM_STD, StreamNormalizer, stream_input
 from hasten.stream.pack import pack
 
 
@@ -35,3 +37,58 @@ def test_shard_input_resumes_the_data_position(shard_dir):
     state = data.position.state_dict()
     again.position.load_state_dict(state)
     assert [y.tolist() for _, y in again.epoch_batches(1)] == full[4:]
+
+
+# --- normalising streamed batches: constants on the device once, one op per batch -----------------
+
+@pytest.fixture(params=["shards", "folder"])
+def stream_source(request, shard_dir, photo_folder):
+    return {"shards": shard_dir, "folder": photo_folder}[request.param]
+
+
+def _count_constants(monkeypatch) -> list:
+    """Tensors made from Python numbers from now on: on CUDA, each a blocking host-to-device copy."""
+    made = []
+    for name in ("tensor", "as_tensor"):
+        real = getattr(torch, name)
+
+        def counting(data, *args, _real=real, **kwargs):
+            if isinstance(data, (list, tuple, float, int)):
+                made.append(data)
+            return _real(data, *args, **kwargs)
+
+        monkeypatch.setattr(torch, name, counting)
+    return made
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_streamed_batches_make_no_constants_per_step(stream_source, channels_last, monkeypatch):
+    cfg = TrainConfig(data=str(stream_source), loader="stream", image_size=24, batch_size=6, device="cpu",
+                      channels_last=channels_last)
+    data = stream_input(cfg, torch.device("cpu"), 0, 1, 6)
+    std, mean = torch.tensor(STREAM_STD).view(1, 3, 1, 1), torch.tensor(STREAM_MEAN).view(1, 3, 1, 1)
+    made = _count_constants(monkeypatch)
+    batches = data.epoch_batches(0)
+    got = [next(batches) for _ in range(4)] + list(data.test_batches())[:2]
+    assert made == []
+    for x, _ in got:
+        # The layout asked for, whatever the decoder's (NHWC views): an NCHW model fed NHWC
+        # inputs converts its weights at every convolution.
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        assert x.dtype == torch.float32 and x.is_contiguous(memory_format=fmt)
+        # Undoing the normalisation gives back the uint8 pixels.
+        pixels = (x * std + mean) * 255
+        assert (pixels - pixels.round()).abs().max() < 1e-3 and pixels.min() > -1e-3 and pixels.max() < 255 + 1e-3
+
+def test_stream_normalizer_is_normalize_in_one_op():
+    g = torch.Generator().manual_seed(0)
+    nhwc = torch.randint(0, 256, (4, 9, 7, 3), dtype=torch.uint8, generator=g).permute(0, 3, 1, 2)
+    norm = StreamNormalizer(STREAM_MEAN, STREAM_STD, "cpu")
+    torch.testing.assert_close(norm(nhwc), normalize(nhwc, STREAM_MEAN, STREAM_STD), rtol=0, atol=1e-6)
+    assert norm(nhwc).is_contiguous()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        norm(nhwc)
+    # One arithmetic op; the old map took four (float, /255, -mean, /std).
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::addcmul" in ops and not ops & {"aten::div", "aten::sub", "aten::mul", "aten::add",
+                                                  "aten::rsub", "aten::true_divide"}, ops

@@ -4,8 +4,9 @@ From David Page's "How to train your ResNet" (part 2: per-batch host-side
 preprocessing was the bottleneck; doing it once on the GPU cut 297 s to 70 s) and
 Keller Jordan's airbench (dataset normalised once on the GPU, batched per-sample
 augmentation, alternating flip). Per epoch the loader draws every random number it
-needs for the whole dataset in a few device calls; per batch it only slices and
-gathers device tensors. No host work, no worker processes, no copies.
+needs for the whole dataset and augments the whole epoch in one gather (crop and
+mirror together, in batch order) plus one in-place cutout; each batch is then a
+slice of that epoch tensor: no per-batch copies, no host work, no worker processes.
 
 Data-parallel use: every rank builds the same loader with the same ``seed`` and
 its own ``rank``/``world_size``. All ranks then draw the same permutation and
@@ -25,7 +26,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from hasten.data.device_augment import alternating_flip_mask, crop_with_shifts, cutout, flip_where, random_shifts
+from hasten.data.device_augment import alternating_flip_mask, crop_flip, cutout_mask, random_shifts
 from hasten.data.normalize import channel_stats, normalize
 
 FLIP_MODES = ("none", "random", "alternating")
@@ -88,10 +89,14 @@ class GpuLoader:
             mean, std = channel_stats(images)
         self.mean, self.std = list(mean), list(std)
         self.labels = labels.to(self.device)
-        self.images = normalize(images.to(self.device), self.mean, self.std, dtype)
+        images = normalize(images.to(self.device), self.mean, self.std, dtype)
         pad = self.augment.translate
-        # Pad once, not per batch: cropping a padded copy is a pure gather.
-        self._padded = F.pad(self.images, (pad,) * 4, mode="reflect") if pad else self.images
+        # Pad once, not per epoch: cropping a padded copy is a pure gather. The
+        # unpadded images are a view of its centre, not a second copy.
+        self._padded = F.pad(images, (pad,) * 4, mode="reflect") if pad else images
+        h, w = images.shape[-2:]
+        self.images = self._padded[..., pad:pad + h, pad:pad + w]
+        del images
         self._flip_base: torch.Tensor | None = None
         self.epoch = 0
 
@@ -121,18 +126,23 @@ class GpuLoader:
             h, w = self.images.shape[-2:]
             centers = torch.stack([torch.randint(0, h, (n,), generator=g, device=self.device),
                                    torch.randint(0, w, (n,), generator=g, device=self.device)], 1)
+        # This rank's examples in batch order: batch i is positions [a, b) of ``order``.
         global_batch = self.batch_size * self.world_size
+        spans = []
         for i in range(len(self)):
-            start = i * global_batch + self.rank * self.batch_size
-            idx = order[start:min(start + self.batch_size, (i + 1) * global_batch)]
-            if shifts is not None:
-                x = crop_with_shifts(self._padded[idx], shifts[idx], aug.translate)
-            else:
-                x = self.images[idx]
-            if flips is not None:
-                x = flip_where(x, flips[idx])
-            if aug.cutout:
-                x = cutout(x, aug.cutout, centers=centers[idx])
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            yield x, self.labels[idx]
+            a = i * global_batch + self.rank * self.batch_size
+            spans.append((a, max(a, min(a + self.batch_size, n))))
+        mine = torch.cat([order[a:b] for a, b in spans]) if self.world_size > 1 else order[:spans[-1][1]]
+        # The whole epoch augmented at once, as airbench does: one gather (crop and
+        # mirror), then cutout in place on that fresh tensor.
+        x = crop_flip(self._padded, aug.translate, shifts[mine] if shifts is not None else None,
+                      flips[mine] if flips is not None else None, index=mine)
+        if aug.cutout:
+            x.masked_fill_(cutout_mask(centers[mine], aug.cutout, *x.shape[-2:]), 0)
+        # Already channels-last from the gather: a copy only for a channels-first layout.
+        x = x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+        y = self.labels[mine]
+        start = 0
+        for a, b in spans:
+            yield x[start:start + b - a], y[start:start + b - a]
+            start += b - a

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hasten.distributed.hooks import COMPRESSIONS, HOOKS, register_allreduce_hook
+from hasten.errors import ConfigError
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -59,35 +60,59 @@ def init_distributed(backend: str | None = None, device: str = "auto",
     """Initialise torch.distributed from torchrun's environment and return this rank's DistInfo.
 
     ``backend``: None picks NCCL when CUDA is used, gloo otherwise. ``device``:
-    "auto" | "cpu" | "cuda"; on CUDA each rank takes GPU ``LOCAL_RANK``.
+    "auto" | "cpu" | "cuda"; on CUDA each rank takes GPU ``LOCAL_RANK`` (its place on
+    its node, not its global rank), and more processes per node than visible GPUs is
+    a ``ConfigError`` (see :func:`rank_device`).
     Without torchrun (no WORLD_SIZE, or WORLD_SIZE=1) no process group is made and
     ``wrap_ddp`` returns the model unchanged. ``timeout_s`` bounds how long a
     collective waits for a dead or stuck peer. Calling it again is harmless.
     """
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if backend not in (None, "gloo", "nccl"):
-        raise ValueError(f"backend must be None, 'gloo' or 'nccl', got {backend!r}")
+        raise ConfigError(f"backend must be None, 'gloo' or 'nccl', got {backend!r}")
     if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
-    if use_cuda and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device")
+        raise ConfigError(f"timeout_s must be positive, got {timeout_s}")
+    local_rank = _env_int("LOCAL_RANK", 0)
+    dev = rank_device(device, local_rank, _env_int("LOCAL_WORLD_SIZE", local_rank + 1))
+    use_cuda = dev.type == "cuda"
     world_size = _env_int("WORLD_SIZE", 1)
-    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
-    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    rank = _env_int("RANK", 0)
     if use_cuda:
         torch.cuda.set_device(dev)
     if world_size == 1 and not dist.is_initialized():
         return DistInfo(0, 1, 0, dev, None)
     backend = backend or ("nccl" if use_cuda else "gloo")
     if backend == "nccl" and not use_cuda:
-        raise ValueError("backend 'nccl' needs CUDA; use 'gloo' on CPU")
+        raise ConfigError("backend 'nccl' needs CUDA; use 'gloo' on CPU")
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s), store=_restart_store(timeout_s),
                                 **({"device_id": dev} if use_cuda else {}))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, dist.get_backend())
+
+
+def rank_device(device: str, local_rank: int, local_world_size: int) -> torch.device:
+    """The device of the process with ``local_rank`` among ``local_world_size`` on its node.
+
+    "cpu": the CPU. "cuda": GPU ``local_rank``. "auto": CUDA when torch sees a GPU,
+    else the CPU. Every process of a node checks the node's count, not only its own
+    index, so with 2 processes and 1 GPU both stop with the same line before any
+    process group is made: none is left waiting for a peer that died with "invalid
+    device ordinal" deep inside CUDA.
+    """
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' was asked for, but torch sees no CUDA device; use --device cpu")
+    gpus = torch.cuda.device_count()
+    if max(local_rank + 1, local_world_size) > gpus:
+        raise ConfigError(
+            f"local rank {local_rank} of {local_world_size} processes on this node needs a GPU of its own, but "
+            f"torch sees {gpus} CUDA device{'s' if gpus != 1 else ''}; start at most {gpus} process"
+            f"{'es' if gpus != 1 else ''} per node (torchrun --nproc-per-node {gpus}) or train on the CPU "
+            f"with --device cpu")
+    return torch.device("cuda", local_rank)
 
 
 def _restart_store(timeout_s: float) -> dist.Store | None:

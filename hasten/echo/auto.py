@@ -23,21 +23,50 @@ such window (``probe`` / 2); once waiting reappears it has a fresh measurement.
 This needs an upstream that runs concurrently (a prefetching thread or worker
 processes), as any real input pipeline does.
 
-The value of a repeat. Each extra copy is worth less than the last; once the
-network has learned an example, a repeat of it teaches little. A training loop
-that knows which items are repeats (example echoing numbers the copies) can
-report the mean loss on first copies and on repeats of the same steps
-(``observe_loss``). While repeats track fresh data their losses agree; when the
-loss on repeats falls more than ``repeat_tolerance`` below the fresh loss, the
-repeats are being memorised, and AutoEcho lowers a cap on e by ``probe``; it
-raises the cap again while the losses agree. Without loss reports the cap is
-``e_max``.
+The value of a repeat, and the budget. Each extra copy is worth less than the
+last: with a training budget fixed in steps, echoing at e feeds 1/e of the fresh
+data, and in the paper's regime (a learning-rate schedule over a fixed budget) every
+fixed e >= 4 ended below the baseline (hasten's sweep, docs/results/echo.md). So
+AutoEcho also keeps the budget in *effective examples*: copy number k of an example
+(0 = first) counts as ``exp(-k / repeat_decay)``, the exponential decay of the value
+of repeated data measured by Muennighoff et al. ("Scaling Data-Constrained Language
+Models", arXiv:2305.16264, 2023: R* = 15.4 repetitions), times the measured loss
+ratio below when repeats are being memorised. The echo stage records the value of
+every item it emits; the training loop reports how many items each step took
+(``count``) and runs its schedule on ``progress(budget_examples)`` instead of the
+step count, ending at 1: the run then gets the effective examples the baseline got,
+whatever e was used when (e = 1 leaves the schedule exactly the baseline's). Items
+are valued in the order the stage emitted them, not as a shuffle buffer hands them
+out, so every data-parallel rank reaches 1 at the same step. With this decay, e = 6
+trains 6 / sum_k exp(-k / 15.4) = 1.17x the baseline's steps and e = 8 1.24x; below R
+those steps cost no wall time. Counting only echo copies, not the epochs both runs
+make, errs on the side of more steps (their formula over all repetitions would
+give e = 6 1.09x on a 3-epoch baseline).
+
+Why e stays at about R with that decay. Wall time per unit of progress at factor e
+is max(e x step, upstream) / (sum of the e copies' values), per fresh item. Below R
+the numerator is the upstream's time and every copy of positive value lowers it;
+above R it is e x step and a copy worth v < 1 raises it. So the best e is R for any
+positive value; a copy worth nothing is the only reason to stop below R, and that
+is what the loss on repeats detects: a loop that knows which items are repeats
+reports the mean loss on first copies and on repeats of the same steps
+(``observe_loss``). While repeats track fresh data the losses agree; when the loss
+on repeats falls more than ``repeat_tolerance`` below the fresh loss, the repeats are
+being memorised, AutoEcho lowers a cap on e by ``probe`` (and their value by the
+loss ratio); it raises the cap again while the losses agree. Without loss reports
+the cap is ``e_max``.
 
 On several data-parallel ranks, every rank must take the same number of steps.
-With ``torch.distributed`` initialised, the R estimate and the cap are averaged
-over ranks at each update (the updates fall on the same fresh item on every rank
-because the echo draws are seeded by epoch and index, not by rank), so all ranks
-use one e.
+With ``torch.distributed`` initialised, the R estimate, the cap and the loss ratio
+are averaged over ranks at each update (the updates fall on the same fresh item on
+every rank because the echo draws are seeded by epoch and index, not by rank), so
+all ranks use one e and value repeats alike. The update runs inside the echo stage,
+on whatever thread runs it. When that is not the training thread (a pipeline on a
+thread of its own, as ``StreamLoader`` on CUDA), a collective from it on the default
+group would interleave with DDP's collectives in an order that differs between
+ranks (NCCL then hangs or mixes tensors); ``setup_distributed()``, called on the
+training thread of every rank before such a pipeline starts (``StreamLoader`` does),
+gives AutoEcho a gloo group of its own on CPU tensors, which DDP never uses.
 
 Changes the training math: yes, as echoing does (examples are repeated); the
 choice of e depends on timing, so runs are not bit-reproducible.
@@ -46,7 +75,12 @@ choice of e depends on timing, so runs are not bit-reproducible.
 from __future__ import annotations
 
 import math
+import threading
+from collections import deque
 from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
 
 from hasten.timing import Stopwatch
 
@@ -64,6 +98,7 @@ class AutoEcho:
     ``repeat_tolerance``: relative loss gap (fresh minus repeats) beyond which
     repeats count as memorised and the cap on e comes down.
     ``loss_smoothing``: weight of each loss report in the running loss ratio.
+    ``repeat_decay``: repetitions over which a repeat's value falls by 1/e (``count``).
     The first window is ignored: it holds the pipeline's start-up.
     """
 
@@ -79,6 +114,7 @@ class AutoEcho:
         headroom: float = 0.1,
         repeat_tolerance: float = 0.1,
         loss_smoothing: float = 0.05,
+        repeat_decay: float = 15.4,
         sync: bool = True,
     ):
         if not (isinstance(e_max, (int, float)) and math.isfinite(e_max) and e_max >= 1):
@@ -97,7 +133,15 @@ class AutoEcho:
             raise ValueError(f"AutoEcho repeat_tolerance must be in (0, 1); got {repeat_tolerance!r}")
         if not 0 < loss_smoothing <= 1:
             raise ValueError(f"AutoEcho loss_smoothing must be in (0, 1]; got {loss_smoothing!r}")
+        if not (isinstance(repeat_decay, (int, float)) and repeat_decay > 0):
+            raise ValueError(f"AutoEcho repeat_decay must be > 0 (repetitions); got {repeat_decay!r}")
         self.e_max = float(e_max)
+        self.repeat_decay = float(repeat_decay)
+        self.effective_examples = 0.0  # fresh items plus repeats at their value (count)
+        self.value_ratio = 1.0  # the agreed loss ratio, <= 1, that scales repeats' value
+        self._values: deque[float] = deque()  # value of each emitted item not yet counted
+        self._group = None  # AutoEcho's own process group (setup_distributed)
+        self._lock = threading.Lock()  # record_step may run on another thread than observe
         self.headroom = headroom
         self.repeat_tolerance = repeat_tolerance
         self.loss_smoothing = loss_smoothing
@@ -113,6 +157,7 @@ class AutoEcho:
         self.ratio_estimate: float | None = None
         self.windows = 0
         self._paused_s = 0.0  # time inside paused() since the last window
+        self.paused_s = 0.0  # all time inside paused()
         self._loop = [0, 0.0, 0.0]  # items, wait_s, step_s reported by record_step since the last window
         self._loop_reports = False
         self._carry_fresh = 0  # fresh items of windows without a step, not yet accounted
@@ -121,16 +166,18 @@ class AutoEcho:
     def record_step(self, wait_s: float, step_s: float, items: int) -> None:
         """The training loop's report of one step: seconds it waited for the batch,
         seconds of its own work, items in the batch (module docstring)."""
-        self._loop[0] += items
-        self._loop[1] += wait_s
-        self._loop[2] += step_s
+        with self._lock:
+            self._loop[0] += items
+            self._loop[1] += wait_s
+            self._loop[2] += step_s
 
     def observe(self, fresh: int, emitted: int, wait_s: float, downstream_s: float) -> float:
         """Take one window's measurements, update and return the echo factor."""
         downstream_s -= self._paused_s
         self._paused_s = 0.0
-        items, loop_wait, loop_step = self._loop
-        self._loop = [0, 0.0, 0.0]
+        with self._lock:
+            items, loop_wait, loop_step = self._loop
+            self._loop = [0, 0.0, 0.0]
         if items > 0 and loop_step > 0:
             # The loop's view of items and time replaces the stage's (its clocks already
             # leave out evaluations). The waiting stays the stage's own wait on upstream:
@@ -157,7 +204,9 @@ class AutoEcho:
         waiting = wait_s / (wait_s + downstream_s)
         input_bound = waiting > self.idle_threshold
         estimate = (emitted / fresh) * (1.0 + wait_s / downstream_s) if input_bound else math.nan
-        estimate, self.cap = self._agree(estimate, self.cap)
+        estimate, self.cap, loss_ratio = self._agree(estimate, self.cap, self.loss_ratio)
+        if not math.isnan(loss_ratio):
+            self.value_ratio = min(1.0, max(0.0, loss_ratio))
         if math.isnan(estimate):
             # Not waiting: R is at least the current factor; lower the estimate a little
             # so that, if R has fallen, waiting reappears and measures it again.
@@ -188,6 +237,36 @@ class AutoEcho:
             self.loss_ratio += self.loss_smoothing * (ratio - self.loss_ratio)
         return self.cap
 
+    def copy_value(self, copy: int) -> float:
+        """What copy number ``copy`` of an example (0: the first) is worth next to a
+        fresh example: exp(-copy / repeat_decay), times the ranks' agreed loss ratio
+        of repeats to first copies while that is below 1 (module docstring)."""
+        if copy <= 0:
+            return 1.0
+        return math.exp(-copy / self.repeat_decay) * self.value_ratio
+
+    def emitted(self, copy: int) -> None:
+        """The echo stage's record of one emitted item, copy number ``copy``."""
+        self._values.append(self.copy_value(copy))
+
+    def count(self, items: int) -> float:
+        """The training loop took ``items`` more items (examples; batches for batch
+        echoing): add the value of as many emitted items, oldest first, to
+        ``effective_examples`` and return it. Items no stage recorded count as fresh."""
+        values = self._values
+        total = 0.0
+        for _ in range(items):
+            total += values.popleft() if values else 1.0
+        self.effective_examples += total
+        return self.effective_examples
+
+    def progress(self, budget_examples: float) -> float:
+        """The share of a budget of ``budget_examples`` (the baseline's steps x batch)
+        used so far, in effective examples: run the schedule on it, stop at 1."""
+        if not budget_examples > 0:
+            raise ValueError(f"budget_examples must be > 0; got {budget_examples!r}")
+        return self.effective_examples / budget_examples
+
     def _update_cap(self) -> None:
         if self.loss_ratio is None:
             return
@@ -204,28 +283,42 @@ class AutoEcho:
         try:
             yield
         finally:
-            self._paused_s += clock.stop()
+            spent = clock.stop()
+            self._paused_s += spent
+            self.paused_s += spent
 
-    def _agree(self, estimate: float, cap: float) -> tuple[float, float]:
-        """The mean estimate over data-parallel ranks (nan, i.e. 'not input-bound', only if
-        no rank waits) and the mean cap, so that every rank computes the same e."""
-        if not self.sync:
-            return estimate, cap
-        try:
-            import torch.distributed as dist
-        except ImportError:
-            return estimate, cap
+    @staticmethod
+    def _distributed():
+        """torch.distributed when it runs more than one rank, else None."""
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return estimate, cap
-        import torch
+            return None
+        return dist
 
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-        valid = not math.isnan(estimate)
-        t = torch.tensor([estimate if valid else 0.0, 1.0 if valid else 0.0, cap], device=device,
-                         dtype=torch.float64)
-        dist.all_reduce(t)
-        world = dist.get_world_size()
-        return (math.nan if t[1] == 0 else float(t[0] / t[1])), float(t[2] / world)
+    def setup_distributed(self) -> None:
+        """Create AutoEcho's own gloo process group (module docstring). Call it on the
+        training thread of every rank, at the same point, before an echo stage runs on
+        another thread; a no-op without ``torch.distributed``, with ``sync=False`` or
+        when done already."""
+        if self.sync and self._group is None and self._distributed() is not None:
+            self._group = dist.new_group(backend="gloo")
+
+    def _agree(self, estimate: float, cap: float, loss_ratio: float | None) -> tuple[float, float, float]:
+        """The mean estimate over data-parallel ranks (nan, i.e. 'not input-bound', only if
+        no rank waits), the mean cap and the mean loss ratio (nan if no rank has one), so
+        that every rank computes the same e and values repeats alike."""
+        loss = math.nan if loss_ratio is None else loss_ratio
+        if not self.sync or self._distributed() is None:
+            return estimate, cap, loss
+        group = self._group
+        backend = dist.get_backend(group)
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+        valid, has_loss = not math.isnan(estimate), not math.isnan(loss)
+        t = torch.tensor([estimate if valid else 0.0, 1.0 if valid else 0.0, cap,
+                          loss if has_loss else 0.0, 1.0 if has_loss else 0.0], device=device, dtype=torch.float64)
+        dist.all_reduce(t, group=group)
+        world = dist.get_world_size(group)
+        return ((math.nan if t[1] == 0 else float(t[0] / t[1])), float(t[2] / world),
+                (math.nan if t[4] == 0 else float(t[3] / t[4])))
 
     def __repr__(self) -> str:
         return f"AutoEcho(factor={self.factor:.2f}, e_max={self.e_max})"

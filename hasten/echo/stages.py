@@ -179,10 +179,12 @@ def _echo(
         else:
             c.fresh_examples += 1
         downstream = 0.0
-        for _ in range(n):
+        for copy in range(n):
             t1 = time.perf_counter()
             if not per_batch:
                 c.items_emitted += 1
+            if auto is not None:
+                auto.emitted(copy)
             yield item
             downstream += time.perf_counter() - t1
         c.downstream_s += downstream

@@ -106,6 +106,10 @@ def spawn(fn: Callable, world_size: int, args: tuple = (), *, backend: str = "gl
         raise ValueError(f"placement has {len(placement)} entries for {world_size} ranks")
     if start_method not in ("fork", "spawn"):
         raise ValueError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
+    if backend == "nccl":
+        # One GPU per rank, checked here, before any rank dies with "invalid device ordinal".
+        from hasten.distributed.data_parallel import rank_device
+        rank_device("cuda", world_size - 1, world_size)
     ctx = mp.get_context(start_method)
     port = free_port() if placement is None else random.randint(20000, 60000)
     procs, pipes = [], []

@@ -14,7 +14,8 @@ Switches, each one a rung of the ablation ladder:
 - ``freeze_bn_scale``: BN weight fixed at 1, only the bias trains (Page part 7).
 - ``dirac_init``: conv weights start as identity on the first in_channels filters
   (airbench), so a fresh network passes its input through.
-The whitening initialisation itself is applied by the recipe
+The first layer's bias starts at zero (airbench). The whitening initialisation
+itself is applied by the recipe
 (``hasten.nn.whitening.init_whitening_conv``) because it needs the data.
 
 Changes the training math: yes, every switch is an architecture or init choice.
@@ -116,6 +117,9 @@ class SpeedrunNet(nn.Module):
         k = cfg.whiten_kernel
         w1, w2, w3 = cfg.widths
         self.whiten = nn.Conv2d(3, 2 * 3 * k * k, kernel_size=k, padding=0, bias=True)
+        # Its bias starts at zero, as in airbench, also where the layer is not
+        # whitened (ladder rungs); PyTorch's default would be uniform noise.
+        nn.init.zeros_(self.whiten.bias)
         self.activ = make_activation(cfg.activation)
         self.layers = nn.Sequential(
             ConvGroup(2 * 3 * k * k, w1, cfg),

@@ -12,31 +12,67 @@ Lookahead yes (the training trajectory is pulled back to the average).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
 
+def _float_state_slots(model: nn.Module, keys) -> list[tuple[dict, str]] | None:
+    """For each state-dict key, the dict that holds it (its module's ``_parameters``
+    or ``_buffers``) and its name there. Reading ``d[name]`` gives the live tensor
+    even after ``model.to(...)`` swaps tensors, without walking ``state_dict()``.
+    None when a key is not a plain parameter or buffer path (custom state dicts)."""
+    slots = []
+    for key in keys:
+        owner_name, _, name = key.rpartition(".")
+        try:
+            owner = model.get_submodule(owner_name)
+        except AttributeError:
+            return None
+        holder = owner._parameters if name in owner._parameters else owner._buffers
+        if holder.get(name) is None:
+            return None
+        slots.append((holder, name))
+    return slots
+
+
 class WeightAverage:
     """Keeps ``avg = decay * avg + (1 - decay) * weights`` of a model's floating-point
-    state (parameters and float buffers, e.g. batch-norm running statistics)."""
+    state (parameters and float buffers, e.g. batch-norm running statistics).
+
+    An update is one ``torch._foreach_lerp_`` over cached tensor lists (a few
+    kernel launches for the whole model), not a ``state_dict()`` walk and one
+    kernel per tensor; the arithmetic is the same ``lerp``."""
 
     def __init__(self, model: nn.Module) -> None:
         self.state = {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+        self._averages = list(self.state.values())
+        self._model: weakref.ref | None = None
+        self._slots: list[tuple[dict, str]] | None = None
+
+    def _live(self, model: nn.Module) -> list[torch.Tensor]:
+        """``model``'s tensors in the order of ``self.state`` (used under no_grad only)."""
+        if self._model is None or self._model() is not model:
+            self._slots = _float_state_slots(model, self.state)
+            self._model = weakref.ref(model)
+        if self._slots is None:
+            current = model.state_dict()
+            return [current[k] for k in self.state]
+        return [d[name] for d, name in self._slots]
 
     @torch.no_grad()
     def update(self, model: nn.Module, decay: float) -> None:
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"Invalid decay value: {decay} (expected 0 <= decay <= 1)")
-        current = model.state_dict()
-        for k, avg in self.state.items():
-            avg.lerp_(current[k].detach().to(avg.dtype), 1.0 - decay)
+        # The average keeps its own precision when the model's dtype differs.
+        live = [t if t.dtype == a.dtype else t.to(a.dtype) for t, a in zip(self._live(model), self._averages)]
+        torch._foreach_lerp_(self._averages, live, 1.0 - decay)
 
     @torch.no_grad()
     def copy_to(self, model: nn.Module) -> None:
         """Write the averaged weights into ``model``."""
-        current = model.state_dict()
-        for k, avg in self.state.items():
-            current[k].copy_(avg)
+        torch._foreach_copy_(self._live(model), self._averages)
 
 
 class Lookahead(WeightAverage):

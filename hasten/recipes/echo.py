@@ -9,6 +9,10 @@ cache behind ``SlowStorage``, decoded (at 16x16 on CPU by DCT downscaling),
 augmented, echoed, shuffled and trained on; accuracy is measured on held-out
 test images.
 
+On CUDA the network runs in channels_last memory format under bf16 autocast (batch
+norm and the loss in float32: ``hasten.nn.precision``), as the speedrun and train
+recipes do; on the CPU in float32, NCHW.
+
 Timing: the training loop's clock (two ``hasten.timing.Stopwatch``: waiting for
 input, and the steps) stops during evaluations, and so does the slow storage
 (``SlowStorage.paused``), so an evaluation gives no run free upstream time.
@@ -28,12 +32,12 @@ from itertools import count
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, check_factor, check_variant, default_shuffle_buffer, warn_if_small_buffer
 from hasten.errors import ConfigError
+from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
 from hasten.recipes.common import optimizer_step
 from hasten.stream.decode_pool import decode_records, read_records
@@ -139,6 +143,14 @@ def make_model(cfg: EchoRunConfig, num_classes: int) -> nn.Module:
     return SpeedrunNet(NetConfig(num_classes=num_classes))
 
 
+def fast_formats(device: torch.device | str) -> tuple[torch.memory_format, bool]:
+    """(memory format, bf16 autocast) for ``device``: channels_last and bf16 on CUDA,
+    where tensor cores want both; contiguous float32 elsewhere (on a CPU bf16
+    convolutions are slower than float32)."""
+    cuda = torch.device(device).type == "cuda"
+    return (torch.channels_last if cuda else torch.contiguous_format), cuda
+
+
 def _mean_std_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """MEAN and STD as tensors on ``device``, for :func:`hasten.data.normalize.normalize`."""
     return torch.tensor(MEAN, device=device), torch.tensor(STD, device=device)
@@ -166,11 +178,15 @@ class EvalSet:
 
 
 # ----------------------------------------------------------------------------- Training
-def measure_step_time(cfg: EchoRunConfig, steps: int = 40, *, eval_set: EvalSet | None = None) -> float:
+def measure_step_time(cfg: EchoRunConfig, steps: int = 40, *, warmup: int = 5,
+                      eval_set: EvalSet | None = None) -> float:
     """Seconds per training step of ``cfg`` without storage delay or echoing: a short
-    run of the real loop, so that a delay of R * step / batch per example gives about R."""
-    probe = replace(cfg, echo=1.0, upstream_delay_s=0.0, target=0.999, max_fresh=steps * cfg.batch_size)
-    return train_to_target(probe, eval_set=eval_set)["step_time_s"]
+    run of the real loop, so that a delay of R * step / batch per example gives about R.
+    The first ``warmup`` steps are run but not timed: they hold first-use costs (cuDNN's
+    autotuning, the allocator's growth, lazy initialisation) that later steps do not
+    pay, and would make the step look slower and so R, set from it, larger."""
+    probe = replace(cfg, echo=1.0, upstream_delay_s=0.0, target=0.999, max_fresh=(warmup + steps) * cfg.batch_size)
+    return train_to_target(probe, eval_set=eval_set, untimed_steps=warmup)["step_time_s"]
 
 
 def shuffle_size(cfg: EchoRunConfig) -> int:
@@ -187,8 +203,9 @@ def shuffle_size(cfg: EchoRunConfig) -> int:
     return cfg.shuffle_buffer
 
 
-def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=None) -> dict:
-    """Train until the test accuracy reaches the target; return the run's measurements."""
+def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=None, untimed_steps: int = 0) -> dict:
+    """Train until the test accuracy reaches the target; return the run's measurements.
+    ``step_time_s`` leaves out the first ``untimed_steps`` steps (measure_step_time)."""
     dev = torch.device(cfg.device)
     records = open_records(cfg.data, "train")
     if eval_set is None:
@@ -203,7 +220,10 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         shuffle_buffer=shuffle_size(cfg), chunk_size=cfg.batch_size, device=dev,
     )
     torch.manual_seed(cfg.seed)
-    model = make_model(cfg, len(records.classes)).to(dev)
+    memory_format, bf16 = fast_formats(dev)
+    model = make_model(cfg, len(records.classes)).to(dev, memory_format=memory_format)
+    if bf16:
+        batchnorm_in_float32(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True,
                           weight_decay=cfg.weight_decay)
     mean, std = _mean_std_on(dev)
@@ -212,6 +232,8 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     accuracy = 0.0
     reached = False
     factors = []
+    untimed_s = 0.0  # step time of the first untimed_steps steps
+    channels_last = memory_format == torch.channels_last
     for epoch in count():
         loader.set_epoch(epoch)
         it = iter(loader)
@@ -224,9 +246,12 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
                     break
                 stepping.start()
                 x, y = batch
-                logits = model(normalize(x.to(dev, non_blocking=True), mean, std))
-                optimizer_step(F.cross_entropy(logits, y.to(dev), label_smoothing=cfg.label_smoothing), opt)
-                stepping.stop()
+                with autocast(dev, bf16):
+                    logits = model(normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last))
+                optimizer_step(cross_entropy(logits, y.to(dev), label_smoothing=cfg.label_smoothing), opt)
+                stepped = stepping.stop()
+                if steps < untimed_steps:
+                    untimed_s += stepped
                 steps += 1
                 factors.append(auto.factor if auto is not None else cfg.echo)
                 if steps % cfg.eval_every == 0:
@@ -268,7 +293,7 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         "wall_time_s": wait_s + step_s,
         "final_accuracy": evaluate(model, eval_set.batches()),
         "idle_fraction": wait_s / (wait_s + step_s) if steps else 0.0,
-        "step_time_s": step_s / max(steps, 1),
+        "step_time_s": (step_s - untimed_s) / max(steps - min(steps, untimed_steps), 1),
         "duplicate_rate": c.duplicate_rate,
         "skipped_images": len(loader.skipped),
         "seed": cfg.seed,

@@ -225,17 +225,17 @@ def fresh_keys(n: int, seed: int, storage: SlowStorage | None, source: Source | 
         yield from part.tolist()
 
 
-def _number_copies(items: Iterator[int]) -> Iterator[tuple[int, int]]:
-    """(key, copy number): a key repeats only as an echoed copy."""
+def _number_copies(items: Iterator[int]) -> Iterator[tuple[int, int, int]]:
+    """(key, copy number, copy number): a key repeats only as an echoed copy."""
     previous, copy = None, 0
     for k in items:
         copy = copy + 1 if k == previous else 0
         previous = k
-        yield k, copy
+        yield k, copy, copy
 
 
 def _batches(items, batch_size: int) -> Iterator[np.ndarray]:
-    """(2, B) int64 arrays: keys and copy numbers."""
+    """(3, B) int64 arrays: keys, augmentation copy keys, copy numbers (0: a fresh item)."""
     group = []
     for item in items:
         group.append(item)
@@ -254,22 +254,25 @@ def pipeline(fresh: Iterator[int], spec: RunSpec, factor, buffer, batch_size: in
              counters: EchoCounters) -> Iterator[np.ndarray]:
     """(keys, copy numbers) batches: echo stage, shuffle buffer and batching as in
     ``hasten.stream.loader``. The copy numbers key the augmentation: example-before
-    augments every copy afresh, example-after and batch echoing repeat identical copies."""
+    augments every copy afresh, example-after and batch echoing repeat identical copies.
+    Row 2 numbers the copies of example echoing (AutoEcho's loss on repeats)."""
     echoing = isinstance(factor, AutoEcho) or factor != 1.0
     if not echoing:
-        return _batches(((k, 0) for k in _counted(fresh, counters)), batch_size)
+        return _batches(((k, 0, 0) for k in _counted(fresh, counters)), batch_size)
     if spec.variant == "batch":
-        batches = _batches(((k, 0) for k in _counted(fresh, counters)), batch_size)
+        batches = _batches(((k, 0, 0) for k in _counted(fresh, counters)), batch_size)
         return echo_batches(batches, factor, seed=spec.seed, counters=counters)
     copies = _number_copies(echo_examples(fresh, factor, seed=spec.seed, counters=counters))
     if spec.variant == "example-after":
-        copies = ((k, 0) for k, _ in copies)  # identical copies: one augmentation per example
+        copies = ((k, 0, n) for k, _, n in copies)  # identical copies: one augmentation per example
     return _batches(shuffle_buffer(copies, buffer, seed=spec.seed), batch_size)
 
 
 # ----------------------------------------------------------------------------- One run
-def lr_at(step: int, steps: int, peak: float, warmup: float) -> float:
-    """Linear warm-up over ``warmup`` of the budget, then linear decay to 0 at ``steps``."""
+def lr_at(step: float, steps: int, peak: float, warmup: float) -> float:
+    """Linear warm-up over ``warmup`` of the budget, then linear decay to 0 at ``steps``.
+    ``step`` may be fractional: AutoEcho's runs pass their progress in effective examples
+    times ``steps`` (``hasten.echo.auto``), which is the step count when e = 1."""
     w = max(1, round(warmup * steps))
     return peak * (step + 1) / w if step < w else peak * max(0.0, (steps - step) / max(1, steps - w))
 
@@ -283,6 +286,11 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     steps and wall seconds to the target; ``stop_at_target`` ends the run there
     (timed runs), otherwise it runs the full budget and reports the final accuracy
     on the whole test set.
+
+    With AutoEcho (``spec.echo == "auto"``) the budget is ``spec.steps`` x batch
+    *effective examples* (``AutoEcho.count``/``progress``): the schedule, the
+    evaluation points and the end follow its progress, so the run takes as many
+    steps as its repeats' value asks (more than ``spec.steps`` when it echoes).
     """
     check_variant(spec.variant)
     dev = torch.device(cfg.device)
@@ -310,14 +318,23 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     mean, std = torch.tensor(MEAN, device=dev), torch.tensor(STD, device=dev)
     labels = torch.from_numpy(data.train_labels)
     eval_steps = sorted({min(spec.steps, max(1, round(f * spec.steps))) for f in cfg.eval_points})
+    eval_fractions = sorted(set(cfg.eval_points))  # AutoEcho: evaluated when its progress passes these
+    # AutoEcho's budget in effective items: the baseline's examples (batches, for batch echoing).
+    per_step = 1 if spec.variant == "batch" else cfg.batch_size
+    budget = spec.steps * per_step
+    # A bound that no schedule reaches: a copy is worth > 0, so e_max x steps is never needed in full.
+    max_steps = spec.steps if auto is None else math.ceil(spec.e_max * spec.steps) + 1
+
+    def position() -> float:  # where in the schedule the run is, in the baseline's steps
+        return steps if auto is None else min(auto.progress(budget), 1.0) * spec.steps
     counters = EchoCounters()
     waiting, stepping = Stopwatch(), Stopwatch()
     steps, factors, reached, curve = 0, [], None, []
     batches = pipeline(fresh_keys(n, spec.seed, storage, source), spec, factor, buffer, cfg.batch_size, counters)
     try:
-        while steps < spec.steps:
+        while steps < max_steps and position() < spec.steps:
             waiting.start()
-            keys, copies = next(batches)
+            keys, copies, numbers = next(batches)
             waited = waiting.stop()
             stepping.start()
             counters.record_batch(keys.tolist())
@@ -325,23 +342,26 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
             images = keyed_crop_flip(data.train[idx], keys, seed=spec.seed, copies=copies, pad=cfg.pad)
             x = normalize(torch.from_numpy(images).permute(0, 3, 1, 2).to(dev), mean, std)
             for g in opt.param_groups:
-                g["lr"] = lr_at(steps, spec.steps, spec.lr, cfg.warmup)
+                g["lr"] = lr_at(position(), spec.steps, spec.lr, cfg.warmup)
             losses = F.cross_entropy(model(x), labels[torch.from_numpy(idx)].to(dev),
                                      label_smoothing=cfg.label_smoothing, reduction="none")
             opt.zero_grad(set_to_none=True)
             losses.mean().backward()
             opt.step()
             if auto is not None and spec.variant != "batch":
-                repeat = torch.from_numpy(copies > 0)
+                repeat = torch.from_numpy(numbers > 0)
                 if 0 < int(repeat.sum()) < len(copies):  # the value of repeats (hasten.echo.auto)
                     per = losses.detach()
                     auto.observe_loss(float(per[~repeat].mean()), float(per[repeat].mean()))
             stepped = stepping.stop()
             if auto is not None:
                 auto.record_step(waited, stepped, len(keys))
+                auto.count(per_step)
             steps += 1
             factors.append(auto.factor if auto is not None else float(spec.echo))
-            if steps in eval_steps:
+            passed = [f for f in eval_fractions if position() >= f * spec.steps]
+            eval_fractions = eval_fractions[len(passed):]
+            if steps in eval_steps if auto is None else passed:
                 with (storage.paused() if storage is not None else nullcontext()), \
                         (auto.paused() if auto is not None else nullcontext()):
                     accuracy = evaluate(model, test_batches(data, cfg.test_images, dev))
@@ -356,7 +376,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     finally:
         batches.close()  # ends the reads in flight (outside the clocks)
     wait_s, step_s = waiting.elapsed, stepping.elapsed
-    full = steps >= spec.steps
+    full = position() >= spec.steps
     return {
         "variant": spec.variant, "echo_factor": spec.echo, "lr": spec.lr, "budget_steps": spec.steps,
         "seed": spec.seed, "shuffle_buffer": buffer if isinstance(buffer, int) else "auto",
@@ -374,6 +394,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "curve": curve, "idle_fraction": wait_s / (wait_s + step_s) if steps else 0.0,
         "step_time_s": step_s / max(steps, 1), "duplicate_rate": counters.duplicate_rate,
         "autoecho_cap": auto.cap if auto is not None else None,
+        "effective_examples": auto.effective_examples if auto is not None else None,
     }
 
 

@@ -6,12 +6,13 @@ after the ladder in ``LADDER``), then Keller Jordan's airbench (2024; 94% in
 Lookahead). ``PRESETS['airbench94']`` is airbench94's hyperparameters; ``cpu`` is
 a smaller net and schedule that finishes in minutes on a 2-core machine.
 
-``run(SpeedrunConfig(...))`` is the whole job: load the data, an untimed warm-up
-run, then N timed runs of the recipe (or the ablation ladder), a summary, a run
+``run(SpeedrunConfig(...))`` is the whole job: load the data, untimed warm-up
+runs, then N timed runs of the recipe (or the ablation ladder), a summary, a run
 directory and plots. ``train_run`` is one run.
 
 Timing follows the speedrun community (airbench): data already decoded (cached)
-and copied to the device, the network built, a warm-up run excluded, the device
+and copied to the device, the networks built, warm-up runs excluded (``warm_up``:
+every distinct recipe that compiles or runs on CUDA, ladder rungs included), the device
 synchronised before every clock read; included are the loader set-up
 (normalisation, padding on the device), the whitening set-up, every training step
 and the final (TTA) evaluation; excluded is the per-epoch validation that only
@@ -202,18 +203,47 @@ class SpeedrunConfig:
 # ----------------------------------------------------------------------------
 
 
+WHITEN_BIAS_GROUP = 2  # index of the whitening bias's own parameter group
+
+
 def make_optimizer(model: nn.Module, r: Recipe) -> torch.optim.Optimizer:
     """Nesterov SGD with airbench's scaling: the summed loss and ``lr`` per 1024
     examples are turned into PyTorch's per-step lr, weight decay is decoupled from
-    the lr (applied as wd/lr so lr*wd stays fixed), BN biases get ``bias_scaler`` x lr."""
+    the lr (applied as wd/lr so lr*wd stays fixed), BN biases get ``bias_scaler`` x lr.
+
+    Groups: BN biases, the other weights, and the whitening bias alone (same
+    hyperparameters as the other weights) so that ``lr_lambdas`` can freeze it by
+    setting its lr to 0. Fused SGD on CUDA (one kernel for the whole step, same
+    update rule), the multi-tensor (foreach) implementation elsewhere."""
     kilostep_scale = 1024 * (1 + 1 / (1 - r.momentum))
     lr = r.lr / kilostep_scale
     wd = r.weight_decay * r.batch_size / kilostep_scale
-    norm_biases = [p for n, p in model.named_parameters() if "norm" in n and p.requires_grad]
-    others = [p for n, p in model.named_parameters() if "norm" not in n and p.requires_grad]
+    whiten_bias = model.whiten.bias
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p is not whiten_bias]
+    norm_biases = [p for n, p in named if "norm" in n]
+    others = [p for n, p in named if "norm" not in n]
     groups = [dict(params=norm_biases, lr=lr * r.bias_scaler, weight_decay=wd / (lr * r.bias_scaler)),
-              dict(params=others, lr=lr, weight_decay=wd / lr)]
-    return torch.optim.SGD(groups, momentum=r.momentum, nesterov=True)
+              dict(params=others, lr=lr, weight_decay=wd / lr),
+              dict(params=[whiten_bias], lr=lr, weight_decay=wd / lr)]
+    on_cuda = whiten_bias.device.type == "cuda"
+    return torch.optim.SGD(groups, momentum=r.momentum, nesterov=True,
+                           **({"fused": True} if on_cuda else {"foreach": True}))
+
+
+def lr_lambdas(r: Recipe, total_steps: int, steps_per_epoch: int) -> list[Callable[[int], float]]:
+    """Per parameter group of ``make_optimizer``, the lr multiplier at each step:
+    airbench's triangle, and for the whitening bias the same until it freezes after
+    ``whiten_bias_epochs`` epochs, then 0 (with lr 0 neither momentum nor weight
+    decay can move it: SGD's update is lr times both)."""
+    freeze_step = steps_per_epoch * r.whiten_bias_epochs
+
+    def factor(s: int) -> float:
+        return lr_factor(s, total_steps, r.warmup_frac)
+
+    def whiten_bias(s: int) -> float:
+        return factor(s) if s < freeze_step else 0.0
+
+    return [factor, factor, whiten_bias]
 
 
 def lr_factor(step: int, total: int, warmup_frac: float) -> float:
@@ -252,10 +282,12 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     memory_format = torch.channels_last if r.channels_last else torch.contiguous_format
     mean, std = mean_std
 
-    # Untimed, as in airbench: the uint8 images copied to the device, the network built.
+    # Untimed, as in airbench: the uint8 images copied to the device, the networks built.
     train_images, train_labels = data.train.images.to(device), data.train.labels.to(device)
     test_images, test_y = data.test.images.to(device), data.test.labels.to(device)
     model = SpeedrunNet(r.net).to(device=device, memory_format=memory_format)
+    # The EMA is evaluated on a second network, built here rather than at each evaluation.
+    averaged = SpeedrunNet(r.net).to(device=device, memory_format=memory_format) if r.averaging == "ema" else None
 
     clock = Stopwatch(device)
     clock.start()
@@ -273,7 +305,7 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     total_steps = math.ceil(len(train_loader) * r.epochs)
     if max_steps is not None:
         total_steps = min(total_steps, max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, r.warmup_frac))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambdas(r, total_steps, len(train_loader)))
     decay_schedule = airbench_decay_schedule(total_steps)
     average: WeightAverage | None = None
     if r.averaging == "lookahead":
@@ -288,9 +320,8 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
             yield test_x[i:i + 2000], test_y[i:i + 2000]
 
     def eval_model() -> nn.Module:
-        if r.averaging != "ema":
+        if averaged is None:
             return model
-        averaged = SpeedrunNet(r.net).to(device=device, memory_format=memory_format)
         averaged.load_state_dict(model.state_dict())
         average.copy_to(averaged)
         return averaged
@@ -298,8 +329,12 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     result = RunResult(accuracy=0.0, tta_accuracy=0.0, time_s=0.0)
     step, epoch = 0, 0
     while step < total_steps:
-        # The whitening bias trains only for the first epochs (airbench).
-        model.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
+        # The whitening bias trains only for the first epochs (airbench); its lr
+        # drops to 0 then (``lr_lambdas``). Eager, also stop its gradient: that skips
+        # the first conv group's input gradient. Compiled, leave requires_grad alone:
+        # it is guarded, and flipping it would recompile mid-run, inside the clock.
+        if not r.compile:
+            model.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
         model.train()
         meter.reset()
         bar = progress(total=min(len(train_loader), total_steps - step), desc=f"epoch {epoch + 1}")
@@ -361,7 +396,9 @@ def flops_per_run(recipe: Recipe, data: ImageDataset) -> int:
 
     Counted as the run trains: a whitened first layer's frozen weight gets no
     gradient, and once its bias freezes (after ``whiten_bias_epochs``) nothing
-    before the first conv group trains, so that group's input gradient is skipped."""
+    before the first conv group trains, so eager runs skip that group's input
+    gradient; compiled runs keep computing it (the bias keeps ``requires_grad``, its
+    lr is 0), and are charged for it."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = SpeedrunNet(recipe.net)
@@ -381,7 +418,7 @@ def flops_per_run(recipe: Recipe, data: ImageDataset) -> int:
     model.train()
     steps_per_epoch = len(data.train.labels) // recipe.batch_size  # the loader drops the last partial batch
     steps = math.ceil(steps_per_epoch * recipe.epochs)
-    bias_steps = min(steps, steps_per_epoch * recipe.whiten_bias_epochs)
+    bias_steps = steps if recipe.compile else min(steps, steps_per_epoch * recipe.whiten_bias_epochs)
     train = (train_flops_per_example(True) * bias_steps + train_flops_per_example(False) * (steps - bias_steps))
     views = {"none": 1, "flip": 2, "flip_translate": 6}[recipe.tta]
     return int(train * recipe.batch_size + forward_per_example * views * len(data.test.labels))
@@ -393,7 +430,8 @@ def flops_per_run(recipe: Recipe, data: ImageDataset) -> int:
 
 TABLE_HEADER = (f"{'run':>3} {'epoch':>5} {'train_loss':>10} {'train_acc':>9} {'val_acc':>8} {'tta_acc':>8} "
                 f"{'time_s':>8}")
-LADDER_HEADER = f"{'rung':<34} {'epochs_to_target':>16} {'time_to_target_s':>16} {'final_acc':>9} {'time_s':>8}"
+LADDER_HEADER = (f"{'rung':<34} {'reached':>7} {'epochs_to_target':>16} {'time_to_target_s':>16} {'final_acc':>9} "
+                 f"{'std':>6} {'time_s':>8}")
 
 
 def run(config: SpeedrunConfig, *, run_dir=None, dataset: ImageDataset | None = None,
@@ -409,8 +447,7 @@ def run(config: SpeedrunConfig, *, run_dir=None, dataset: ImageDataset | None = 
     data = load_training_data(config.data, batch_size=config.recipe.batch_size,
                               train_subset=config.train_subset, dataset=dataset)
     say(f"data: {data.summary()}")
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed shapes: each convolution autotuned once, in the warm-up
+    configure_device(device)
     rungs = ladder_recipes(config.recipe) if config.ablate else []  # invalid rungs fail before any work
     mean_std = channel_stats(data.train.images)
     if run_dir is not None:
@@ -420,9 +457,7 @@ def run(config: SpeedrunConfig, *, run_dir=None, dataset: ImageDataset | None = 
                               "train_subset": config.train_subset, "ablate": config.ablate,
                               "target": config.target})
     if config.warmup:
-        # Untimed: first-call overheads (allocator, cuDNN autotune, compilation).
-        steps = 30 if config.recipe.compile or device.type == "cuda" else 3
-        train_run(config.recipe, data, device, mean_std=mean_std, seed=config.seed, max_steps=steps)
+        warm_up([recipe for _, recipe in rungs] or [config.recipe], data, device, mean_std, seed=config.seed)
     if config.ablate:
         summary = _ladder(config, rungs, data, device, mean_std, run_dir, say)
     else:
@@ -432,6 +467,35 @@ def run(config: SpeedrunConfig, *, run_dir=None, dataset: ImageDataset | None = 
     if run_dir is not None:
         run_dir.write_results(summary)
     return summary
+
+
+def configure_device(device: torch.device) -> None:
+    """Process-wide settings for the speedrun, made before the warm-up (every path:
+    timed runs, the ladder, benchmarks/speedrun.py). On CUDA: cuDNN autotuning
+    (the shapes are fixed, so each convolution is tuned once, in the warm-up)."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+
+
+def warm_up(recipes: list[Recipe], data: ImageDataset, device: torch.device, mean_std, *, seed: int = 0) -> None:
+    """Untimed: first-call overheads (allocator, cuDNN autotuning, compilation) paid
+    before the clock, by a short run of every distinct recipe that compiles or runs
+    on CUDA (each ladder rung is its own graph and its own set of kernels), else of
+    the first one only. Each recipe traces one training graph for its whole run:
+    the whitening-bias freeze changes no guarded input (see ``train_run``)."""
+    distinct = list(dict.fromkeys(recipes))
+    if not any(r.compile for r in distinct) and device.type != "cuda":
+        distinct = distinct[:1]
+    compiled = sum(r.compile for r in distinct)
+    if compiled:
+        # Dynamo keeps this many graphs per function before falling back to eager:
+        # every rung's graph must stay cached through the interleaved timed runs.
+        config = torch._dynamo.config
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, name, max(getattr(config, name), 2 * compiled))
+    for r in distinct:
+        steps = 30 if r.compile or device.type == "cuda" else 3
+        train_run(r, data, device, mean_std=mean_std, seed=seed, max_steps=steps)
 
 
 def _timed_runs(config, data, device, mean_std, run_dir, say) -> dict:
@@ -482,35 +546,48 @@ def summarize(results: list[RunResult], *, preset: str, device: torch.device, fl
     }
 
 
+def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
 def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
     """Every rung ``config.runs`` times, interleaved: one run of each rung per repeat, in
     a shuffled order (``hasten.timing.interleaved``; repeat i uses seed ``config.seed + i``
     for every rung), so that load drifting during the ladder spreads over all rungs
-    instead of showing up as one trick's cost."""
-    say(f"ablation ladder: tricks added one by one, {config.runs} run(s) each in a shuffled order, target "
-        f"{config.target:.2%} (epochs and timed seconds at the first epoch whose accuracy reaches it)")
+    instead of showing up as one trick's cost. Each run is logged as it ends (the
+    run directory's metrics); the rows average them per rung."""
+    say(f"ablation ladder: {len(rungs)} rungs, tricks added one by one, {config.runs} run(s) each in a shuffled "
+        f"order, target {config.target:.2%} (epochs and timed seconds at the first epoch whose accuracy reaches it)")
     results: dict[str, list[RunResult]] = {name: [] for name, _ in rungs}
     order = []
     for rep, (name, recipe) in interleaved(rungs, config.runs, seed=config.seed):
-        results[name].append(train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + rep,
-                                        target=config.target))
+        r = train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + rep, target=config.target)
+        results[name].append(r)
         order.append([rep, name])
+        if run_dir is not None:
+            run_dir.log(rung=name, repeat=rep, tta_accuracy=r.tta_accuracy, time_s=r.time_s,
+                        epochs_to_target=r.epochs_to_target, time_to_target_s=r.time_to_target_s)
+        say(f"  repeat {rep} {name:<34} {r.tta_accuracy:.4f} {r.time_s:7.1f} s")
     say(LADDER_HEADER)
     rows = []
     for name, _ in rungs:
         runs = results[name]
         reached = [r for r in runs if r.epochs_to_target is not None]
+        acc, acc_std = _mean_std([r.tta_accuracy for r in runs])
+        t, t_std = _mean_std([r.time_s for r in runs])
         row = {"rung": name, "runs": len(runs), "reached": len(reached),
                "epochs_to_target": statistics.fmean(r.epochs_to_target for r in reached) if reached else None,
                "time_to_target_s": statistics.fmean(r.time_to_target_s for r in reached) if reached else None,
-               "final_accuracy": statistics.fmean(r.tta_accuracy for r in runs),
-               "time_s": statistics.fmean(r.time_s for r in runs)}
+               "final_accuracy": acc, "final_accuracy_std": acc_std,
+               "final_accuracy_runs": [r.tta_accuracy for r in runs],
+               "time_s": t, "time_s_std": t_std, "time_s_runs": [r.time_s for r in runs],
+               "cpu_time_s": statistics.fmean(r.cpu_time_s for r in runs)}
         rows.append(row)
-        if run_dir is not None:
-            run_dir.log(**row)
         ep = f"{row['epochs_to_target']:.1f}" if reached else "not reached"
         tt = f"{row['time_to_target_s']:.1f}" if reached else "-"
-        say(f"{name:<34} {ep:>16} {tt:>16} {row['final_accuracy']:>9.4f} {row['time_s']:>8.1f}")
+        say(f"{name:<34} {len(reached):>3}/{len(runs):<3} {ep:>16} {tt:>16} {acc:>9.4f} {acc_std:>6.4f} {t:>8.1f}")
     if run_dir is not None:
         from hasten.plots import plot_bars
 
@@ -518,4 +595,5 @@ def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
                   xlabel="final accuracy (with the rung's TTA)",
                   title=f"Ablation ladder on {data.name} ({device.type})")
     return {"preset": config.preset, "target": config.target, "epochs_budget": config.recipe.epochs,
-            "device": str(device), "data": data.name, "order": order, "rungs": rows}
+            "device": str(device), "data": data.name, "train_subset": config.train_subset,
+            "runs_per_rung": config.runs, "order": order, "rungs": rows}

@@ -27,6 +27,7 @@ Changes the training math: yes (it is a training recipe).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -200,13 +201,34 @@ def train(cfg: TrainConfig, *, run_dir=None, resume: str | os.PathLike | dict | 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cfg.validate(world_size)
     state = resume if isinstance(resume, dict) or resume is None else load_resume(resume, cfg)
-    if cfg.deterministic:
+    with _algorithm_choice(cfg.deterministic):
+        return _train_guarded(cfg, run_dir, state, dataset, run_path, world_size)
+
+
+@contextlib.contextmanager
+def _algorithm_choice(deterministic: bool):
+    """cuDNN autotuning (``cudnn.benchmark``: the fastest convolution for each shape, timed
+    on first use), or deterministic algorithms only, for the run; the caller's settings
+    after it: left on, deterministic mode would slow every later op of the process
+    (``torch.empty`` fills its memory, for one)."""
+    before = (torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    if deterministic:
         # cuBLAS needs this before its first call to be deterministic.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
     else:
         torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before[0]
+        torch.use_deterministic_algorithms(before[1], warn_only=before[2])
+
+
+def _train_guarded(cfg: TrainConfig, run_dir, state, dataset, run_path, world_size: int) -> dict:
+    """``_train`` inside the process group, with a lost peer or SIGTERM reported in one line."""
     if run_path is None and run_dir is not None:
         run_path = run_dir.path
     where = _Where(step=state["step"] if state is not None else 0)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from itertools import repeat
@@ -113,6 +114,13 @@ def to_device(
     if device.type == "cpu":
         yield from batches
         return
+    for item in threaded(batches, lambda batch: tuple(t.pin_memory() for t in batch), depth=depth):
+        yield tuple(t.to(device, non_blocking=True) for t in item)
+
+
+def threaded(items: Iterable, prepare, *, depth: int = 2) -> Iterator:
+    """``prepare(item)`` for each of ``items``, run with the iteration of ``items`` on a
+    thread of its own, ``depth`` results ahead of the consumer (``to_device`` pins there)."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     done = object()
     stop = threading.Event()
@@ -120,8 +128,8 @@ def to_device(
     def pin():
         # Pinning and the copy's setup run off the training thread, overlapping the step.
         try:
-            for batch in batches:
-                item = tuple(t.pin_memory() for t in batch)
+            for batch in items:
+                item = prepare(batch)
                 while not stop.is_set():
                     try:
                         q.put(item, timeout=0.2)
@@ -143,7 +151,7 @@ def to_device(
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield tuple(t.to(device, non_blocking=True) for t in item)
+            yield item
     finally:
         stop.set()
 
@@ -290,7 +298,37 @@ class StreamLoader(torch.utils.data.IterableDataset):
             batches = echo_batches(batches, self.echo, seed=self.seed, epoch=epoch, counters=self.counters)
             batches = shuffle_buffer(batches, self.buffer, seed=seed)
         batches = to_device(_as_tensors(batches, self.with_keys, self.counters), self.device, depth=2)
+        if isinstance(self.echo, AutoEcho):
+            # Here, on the training thread: before the pipeline may start on a thread of its own
+            # (to_device on CUDA), and the one place that sees the training step's own time.
+            self.echo.setup_distributed()
+            batches = _reported(batches, self.echo, per_batch=self.variant == "batch")
         return batches if self._norm is None else _normalized(batches, *self._norm)
+
+
+def _reported(batches, auto: AutoEcho, per_batch: bool):
+    """Report each batch to ``auto`` from the consumer's side of the pipeline: the wait
+    for it, the consumer's time until it asks for the next (less time in ``auto.paused()``),
+    its items (``record_step``), and the items taken (``count``). On CUDA the pipeline,
+    echo stage included, runs on the pinning thread, whose own time between items is
+    pinning and queueing, not the training step (hasten.echo.auto)."""
+    it = iter(batches)
+    try:
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            t1 = time.perf_counter()
+            paused = auto.paused_s
+            yield batch
+            step = time.perf_counter() - t1 - (auto.paused_s - paused)
+            items = 1 if per_batch else len(batch[1])
+            auto.record_step(t1 - t0, max(step, 0.0), items)
+            auto.count(items)
+    finally:
+        it.close()  # a consumer that stops early stops the pipeline's thread now, not at collection
 
 
 def _count_fresh(examples, counters: EchoCounters):

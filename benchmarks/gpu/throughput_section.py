@@ -1,0 +1,127 @@
+"""Throughput on the GPU: ResNet-18 training steps in float32 against bf16 autocast, each
+in NCHW and channels_last (``benchmarks/large_batch_precision.py``'s step, timed the
+same way), and hasten's device-resident loader (``GpuLoader``) against a torch
+``DataLoader`` with per-sample augmentation in worker processes, each delivering
+augmented, normalised float batches on the device. Configurations interleaved within
+every repeat (``hasten.timing.interleaved``).
+
+The loaders: the same augmentation (reflect-pad by 2 and crop, random flip), the
+same normalisation, the same batch; the DataLoader pins memory and copies with
+``non_blocking`` on CUDA, as a tuned PyTorch pipeline does. One untimed epoch each
+first (worker start-up, allocations), then the timed epochs; a batch counts as
+delivered once it is on the device (the clock synchronises at the end).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from gpu.plan import mean_std
+from hasten.data.device_loader import Augmentation, GpuLoader
+from hasten.data.normalize import channel_stats
+from hasten.timing import Stopwatch, interleaved
+
+PAD = 2
+PRECISION = [("fp32", False, False), ("bf16", True, False), ("fp32 channels_last", False, True),
+             ("bf16 channels_last", True, True)]
+
+
+class AugmentedImages(torch.utils.data.Dataset):
+    """uint8 (N, C, H, W) images as a map-style dataset: each item reflect-padded and
+    randomly cropped, randomly flipped and normalised on the host, as a torchvision
+    transform pipeline does per sample."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean, std):
+        self.images, self.labels = images, labels
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        x = self.images[i].float().div_(255)
+        h, w = x.shape[-2:]
+        x = F.pad(x.unsqueeze(0), (PAD,) * 4, mode="reflect").squeeze(0)
+        dy, dx = torch.randint(0, 2 * PAD + 1, (2,)).tolist()
+        x = x[:, dy:dy + h, dx:dx + w]
+        if torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        return (x - self.mean) / self.std, self.labels[i]
+
+
+def _one_thread(_):
+    torch.set_num_threads(1)  # many workers on few cores: no oversubscription
+
+
+def loader_images_per_s(name: str, images, labels, batch: int, epochs: int, device, workers: int) -> dict:
+    mean, std = channel_stats(images)
+    cuda = device.type == "cuda"
+    clock = Stopwatch(device)
+    clock.start()
+    if name == "GpuLoader":
+        loader = GpuLoader(images, labels, batch, device=device, augment=Augmentation(translate=PAD, flip="random"),
+                           mean=mean, std=std)
+    else:
+        loader = torch.utils.data.DataLoader(AugmentedImages(images, labels, mean, std), batch_size=batch,
+                                             shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda,
+                                             persistent_workers=workers > 0, worker_init_fn=_one_thread)
+    setup_s = clock.stop()
+    total = 0
+    for epoch in range(1 + epochs):
+        if epoch == 1:
+            clock = Stopwatch(device)
+            clock.start()
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            total += len(y) if epoch else 0
+    clock.stop()
+    return {"images_per_s": total / clock.elapsed, "setup_s": setup_s}
+
+
+def throughput(ctx) -> dict:
+    from large_batch_precision import (
+        images_per_s,  # benchmarks/: the training step it times
+    )
+
+    s = ctx.sizes
+    data = ctx.dataset()
+    workers = min(s.tp_loader_workers, os.cpu_count() or 1)
+    precision = {name: [] for name, _, _ in PRECISION}
+    loaders = {"GpuLoader": [], f"DataLoader ({workers} workers)": []}
+    order = []
+    jobs = [("step", c) for c in PRECISION] + [("loader", name) for name in loaders]
+    for rep, (kind, job) in interleaved(jobs, s.tp_repeats, seed=0):
+        if kind == "step":
+            name, bf16, cl = job
+            precision[name].append(images_per_s(ctx.device, "resnet18", s.tp_width, 32, s.tp_batch, bf16, cl,
+                                                s.tp_warmup, s.tp_steps))
+        else:
+            name = job
+            loaders[name].append(loader_images_per_s(name.split()[0], data.train.images, data.train.labels,
+                                                     s.tp_batch, s.tp_loader_epochs, ctx.device, workers))
+        order.append([rep, name])
+    base = mean_std(precision["fp32"])[0]
+    steps = []
+    for name, xs in precision.items():
+        m, sd = mean_std(xs)
+        steps.append({"config": name, "images_per_s": m, "images_per_s_std": sd, "samples": xs,
+                      "speedup_vs_fp32": m / base})
+    feeds = []
+    for name, rs in loaders.items():
+        m, sd = mean_std([r["images_per_s"] for r in rs])
+        feeds.append({"loader": name, "images_per_s": m, "images_per_s_std": sd,
+                      "setup_s": mean_std([r["setup_s"] for r in rs])[0], "samples": rs})
+    recipes_use = steps[-1]  # bf16 channels_last: what the recipes run on CUDA
+    loader_ratio = feeds[0]["images_per_s"] / feeds[1]["images_per_s"]
+    return {"model": "resnet18", "width": s.tp_width, "batch": s.tp_batch, "steps": s.tp_steps,
+            "warmup_steps": s.tp_warmup, "loader_epochs": s.tp_loader_epochs, "n_runs": s.tp_repeats,
+            "order": order, "training_step": steps, "loaders": feeds, "loader_speedup": loader_ratio,
+            "timed": "training step: forward, backward, LARS step on one fixed batch after warm-up steps; "
+                     "loaders: timed epochs after one untimed epoch, batches delivered on the device",
+            "headline": {"key": f"{recipes_use['config']} x{recipes_use['speedup_vs_fp32']:.2f} vs fp32; GpuLoader "
+                                f"x{loader_ratio:.1f} vs DataLoader", "n": s.tp_repeats,
+                         "spread": f"fp32 ±{mean_std(precision['fp32'])[1] or 0:.0f} img/s"}}
