@@ -692,15 +692,21 @@ def test_no_timed_run_compiles_after_the_warm_up(monkeypatch):
     torch._dynamo.reset()
 
 
-def _keep_dynamo_limits(monkeypatch):
-    """warm_up raises Dynamo's recompile limit for compiled ladders: restore it after the test."""
+@pytest.fixture
+def dynamo_config():
+    """warm_up raises Dynamo's recompile limit for compiled ladders: restore it after the test.
+
+    Saved and set back by value, not with monkeypatch: pytest 9.2's monkeypatch undoes a
+    module attribute that is not in the module's ``__dict__`` by deleting it, and
+    deleting an entry of torch's config module hides it from every later reader."""
     config = torch._dynamo.config
-    monkeypatch.setattr(config, "recompile_limit", config.recompile_limit)
-    return config
+    saved = config.recompile_limit
+    yield config
+    config.recompile_limit = saved
 
 
-def test_warm_up_covers_every_distinct_rung_when_compiling_or_on_cuda(monkeypatch):
-    config = _keep_dynamo_limits(monkeypatch)
+def test_warm_up_covers_every_distinct_rung_when_compiling_or_on_cuda(monkeypatch, dynamo_config):
+    config = dynamo_config
     calls = []
     monkeypatch.setattr(speedrun, "train_run", lambda recipe, *a, max_steps=None, **k: calls.append((recipe, max_steps)))
     rungs = [r for _, r in ladder_recipes(SMALL)]
@@ -717,8 +723,7 @@ def test_warm_up_covers_every_distinct_rung_when_compiling_or_on_cuda(monkeypatc
 
 
 @pytest.mark.parametrize("ablate", [False, True])
-def test_run_sets_up_the_device_then_warms_up_every_timed_recipe_first(monkeypatch, ablate):
-    _keep_dynamo_limits(monkeypatch)
+def test_run_sets_up_the_device_then_warms_up_every_timed_recipe_first(monkeypatch, ablate, dynamo_config):
     events = []
     monkeypatch.setattr(speedrun, "configure_device", lambda device: events.append(("configure", None)))
 
