@@ -91,7 +91,10 @@ def test_resume_auto_starts_fresh_then_continues_the_same_run(colours, tmp_path,
     # A worker restarted by torchrun resumes by itself, from the newest checkpoint.
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert _cli(*args) == 0
-    assert capsys.readouterr().err.strip() == f"hasten train: resuming from {run / 'checkpoint.pt'} (step 12)"
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"hasten train: resuming from {run / 'checkpoint.pt'} (step 12)"
+    # The run was complete: no step trained, so no rate (it used to print "0 images/s").
+    assert "already complete, nothing trained" in captured.out and "images/s" not in captured.out
     assert json.loads((tmp_path / "r.json").read_text())["resumed_from_step"] == 12
     # --run-dir puts a run where asked, fresh.
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")

@@ -107,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
     if main:
         if args.json:
             write_json(args.json, report)
+        # A resumed run that was already complete trains no step: no rate to state.
+        trained = report["steps"] - (report.get("resumed_from_step") or 0)
+        rate = f"{report['images_per_s']:.0f} images/s" if trained > 0 else "already complete, nothing trained"
         print(f"{report['dataset']}: accuracy {report['accuracy']:.4f} after {report['steps']} steps "
               f"({report['epochs']:.2f} epochs) at global batch {report['global_batch']} on "
-              f"{report['world_size']} process(es); {report['images_per_s']:.0f} images/s; "
-              f"run dir {report['run_dir']}")
+              f"{report['world_size']} process(es); {rate}; run dir {report['run_dir']}")
     return 0
