@@ -5,7 +5,8 @@ from itertools import groupby
 import pytest
 import torch
 
-from hasten.echo import EchoCounters, echo_batches, echo_copies, echo_examples, shuffle_buffer
+from hasten.echo import (AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer, echo_batches, echo_copies,
+                         echo_examples, shuffle_buffer)
 
 
 def runs(seq):
@@ -315,11 +316,10 @@ def test_a_buffer_holds_size_items_before_its_first_output():
             pulled.append(i)
             yield i
 
-    for size_arg in (8, lambda: 8):
-        pulled.clear()
-        it = shuffle_buffer(source(), size_arg, seed=1)
-        first = next(it)
-        assert len(pulled) == 9 and first < 8  # the ninth arrival pushes out one of the first eight
+    pulled.clear()
+    it = shuffle_buffer(source(), 8, seed=1)
+    first = next(it)
+    assert len(pulled) == 9 and first < 8  # the ninth arrival pushes out one of the first eight
     # A size-1 buffer (fixed or from a function) passes each item on before pulling the next.
     for size_arg in (1, lambda: 1, 0, lambda: 0):
         pulled.clear()
@@ -327,13 +327,25 @@ def test_a_buffer_holds_size_items_before_its_first_output():
         assert [next(it) for _ in range(5)] == [0, 1, 2, 3, 4] and len(pulled) == 5
 
 
-@pytest.mark.parametrize("size", [2, 3, 8])
-def test_constant_size_function_gives_the_fixed_buffers_order(size):
-    # The dynamic buffer generalises the fixed one: read a constant size, it must make the same
-    # draws and give the same order for the same seed (and a shuffled one: size >= 2).
-    fixed = list(shuffle_buffer(range(60), size, seed=4))
-    assert list(shuffle_buffer(range(60), lambda: size, seed=4)) == fixed
-    assert fixed != list(range(60)) and sorted(fixed) == list(range(60))
+@pytest.mark.parametrize("size", [2, 3, 8, 50])
+def test_a_growing_size_function_buffer_lets_one_item_out_per_two_taken_in(size):
+    # While it fills, a dynamic buffer must not stall its consumer (every rise of AutoEcho's
+    # e grows it): after m arrivals below its size it has given out m // 2 items; once full,
+    # one per arrival; every item exactly once, shuffled.
+    pulled = []
+
+    def source():
+        for i in range(200):
+            pulled.append(i)
+            yield i
+
+    it = shuffle_buffer(source(), lambda: size, seed=4)
+    out = []
+    while len(out) < size:
+        out.append(next(it))
+        assert len(pulled) == 2 * len(out), (len(pulled), len(out))
+    out += list(it)
+    assert sorted(out) == list(range(200)) and out != list(range(200))
 
 
 def test_shuffle_buffer_is_reproducible_and_its_default_seed_is_zero():
@@ -427,3 +439,36 @@ def test_small_buffer_warning_threshold_and_where_it_points():
 
     # Levels 4, 5, 6 land on three different frames of this chain (whatever a harness adds).
     assert len({f3(4), f3(5), f3(6)}) == 3
+
+
+def test_the_echo_stage_reads_its_clock_per_fresh_item_not_per_copy(monkeypatch):
+    # Per-copy clock reads were a measurable share of a short step at e = 1; two per fresh
+    # item (plus one at the start) are enough for the wait and the downstream time.
+    import hasten.echo.stages as stages
+
+    reads = []
+    real = stages.time.perf_counter
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            reads.append(1)
+            return real()
+
+    monkeypatch.setattr(stages, "time", Clock)
+    c = EchoCounters()
+    out = list(echo_examples(range(10), 3, counters=c))
+    assert len(out) == 30 and c.items_emitted == 30 and c.fresh_examples == 10
+    assert len(reads) <= 2 * 10 + 1, len(reads)
+
+
+def test_auto_shuffle_buffer_follows_the_factor():
+    auto = AutoEcho(e_max=8)
+    size = auto_shuffle_buffer(auto, 64)
+    assert size() == 0
+    auto.factor = 3.0
+    assert size() == default_shuffle_buffer(3.0, 64)
+    auto.factor = 1.0
+    assert size() == 0
+    with pytest.raises(ValueError, match="batch_size"):
+        auto_shuffle_buffer(auto, 0)

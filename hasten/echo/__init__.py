@@ -10,6 +10,7 @@ from hasten.echo.auto import AutoEcho
 from hasten.echo.counters import EchoCounters, timed_loader
 from hasten.echo.stages import (
     VARIANTS,
+    auto_shuffle_buffer,
     check_buffer_size,
     check_factor,
     check_variant,
@@ -26,6 +27,7 @@ __all__ = [
     "AutoEcho",
     "EchoCounters",
     "VARIANTS",
+    "auto_shuffle_buffer",
     "check_buffer_size",
     "check_factor",
     "check_variant",

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from hasten.data.host_augment import keyed_crop_flip
 from hasten.data.normalize import normalize
-from hasten.echo import (AutoEcho, EchoCounters, default_shuffle_buffer, echo_batches, echo_examples,
+from hasten.echo import (AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer, echo_batches, echo_examples,
                          expected_duplicate_rate, shuffle_buffer)
 from hasten.echo.stages import check_variant
 from hasten.errors import ConfigError
@@ -304,7 +304,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     elif spec.shuffle_buffer is not None:
         buffer = spec.shuffle_buffer
     elif auto is not None:
-        buffer = lambda: default_shuffle_buffer(auto.factor, cfg.batch_size)  # noqa: E731 - grows with e
+        buffer = auto_shuffle_buffer(auto, cfg.batch_size)  # grows with e
     else:
         buffer = default_shuffle_buffer(factor, cfg.batch_size)
     storage = None
@@ -348,9 +348,9 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
             opt.zero_grad(set_to_none=True)
             losses.mean().backward()
             opt.step()
-            if auto is not None and spec.variant != "batch":
+            if auto is not None and spec.variant != "batch" and numbers.any():
                 repeat = torch.from_numpy(numbers > 0)
-                if 0 < int(repeat.sum()) < len(copies):  # the value of repeats (hasten.echo.auto)
+                if int(repeat.sum()) < len(copies):  # the value of repeats (hasten.echo.auto)
                     per = losses.detach()
                     auto.observe_loss(float(per[~repeat].mean()), float(per[repeat].mean()))
             stepped = stepping.stop()

@@ -47,6 +47,7 @@ from hasten.data.normalize import normalize
 from hasten.echo.auto import AutoEcho
 from hasten.echo.counters import EchoCounters
 from hasten.echo.stages import (
+    auto_shuffle_buffer,
     check_buffer_size,
     check_factor,
     check_variant,
@@ -238,10 +239,9 @@ class StreamLoader(torch.utils.data.IterableDataset):
         if not example_echo:
             return 0
         if isinstance(self.echo, AutoEcho):
-            auto, batch = self.echo, self.batch_size
             # Follows e: a buffer sized for e_max while e is still 1 would hold back
             # thousands of fresh examples before the first step.
-            return lambda: default_shuffle_buffer(auto.factor, batch)
+            return auto_shuffle_buffer(self.echo, self.batch_size)
         return default_shuffle_buffer(self.echo, self.batch_size) if self.echo > 1 else 0
 
     def set_epoch(self, epoch: int) -> None:
