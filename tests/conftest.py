@@ -74,15 +74,26 @@ def photo_jpeg():
     return make
 
 
+def write_image_folder(root, classes, per_class: dict, image_bytes, name="{i:03d}.jpg"):
+    """``root/<split>/<class>/<name>`` for each split of ``per_class`` ({"train": n, "test": m}
+    images per class), each file ``image_bytes(class, i)``, made in split, class, index order
+    (so a seeded generator inside ``image_bytes`` gives the same files every time)."""
+    for split, n in per_class.items():
+        for c in classes:
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                (root / split / c / name.format(c=c, i=i)).write_bytes(image_bytes(c, i))
+    return root
+
+
 @pytest.fixture(scope="module")
 def photo_folder(tmp_path_factory, photo_jpeg):
     """train/ and test/ folders of 3 classes of photo-like JPEGs of varied sizes (18 + 6 per class)."""
-    root = tmp_path_factory.mktemp("photos")
     rng = np.random.default_rng(1)
-    for split, n in (("train", 18), ("test", 6)):
-        for name in ("ant", "bee", "cat"):
-            (root / split / name).mkdir(parents=True)
-            for i in range(n):
-                h, w = (int(v) for v in rng.integers(90, 200, 2))
-                (root / split / name / f"{name}{i:02d}.jpg").write_bytes(photo_jpeg(rng, h, w))
-    return root
+
+    def photo(c, i):
+        h, w = (int(v) for v in rng.integers(90, 200, 2))
+        return photo_jpeg(rng, h, w)
+
+    return write_image_folder(tmp_path_factory.mktemp("photos"), ("ant", "bee", "cat"), {"train": 18, "test": 6},
+                              photo, name="{c}{i:02d}.jpg")

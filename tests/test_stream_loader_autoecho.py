@@ -7,26 +7,22 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import write_image_folder
+from test_echo_auto import _FakeRanks
+from test_stream_loader import jpeg_bytes
 
 import hasten.stream.loader as loader_module
 from hasten.echo.auto import AutoEcho
 from hasten.stream.loader import StreamLoader, threaded
 from hasten.stream.records import open_records
-from test_echo_auto import _FakeRanks
-from test_stream_loader import jpeg_bytes
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """train/<class>/NNN.jpg: 60 random 16x16 images in 3 classes (and a test split of 3)."""
-    root = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(0)
-    for split, per_class in (("train", 20), ("test", 1)):
-        for c in ("cat", "dog", "emu"):
-            (root / split / c).mkdir(parents=True)
-            for i in range(per_class):
-                (root / split / c / f"{i:03d}.jpg").write_bytes(jpeg_bytes(rng))
-    return root
+    return write_image_folder(tmp_path_factory.mktemp("images"), ("cat", "dog", "emu"), {"train": 20, "test": 1},
+                              lambda c, i: jpeg_bytes(rng))
 
 
 def _pipeline_on_a_thread(monkeypatch, pin_s=0.0):

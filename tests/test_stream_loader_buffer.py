@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import write_image_folder
 from PIL import Image
 
 from hasten.echo import default_shuffle_buffer
@@ -17,16 +18,15 @@ from hasten.stream.records import open_records
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     """120 random 8x8 JPEGs in train/<class>/ (and 3 in test/<class>/, which the layout needs)."""
-    root = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(0)
-    for split, n in (("train", 40), ("test", 1)):
-        for c in ("a", "b", "c"):
-            (root / split / c).mkdir(parents=True)
-            for i in range(n):
-                buf = io.BytesIO()
-                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buf, format="JPEG")
-                (root / split / c / f"{i:03d}.jpg").write_bytes(buf.getvalue())
-    return open_records(root)
+
+    def jpeg(c, i):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buf, format="JPEG")
+        return buf.getvalue()
+
+    return open_records(write_image_folder(tmp_path_factory.mktemp("images"), ("a", "b", "c"),
+                                           {"train": 40, "test": 1}, jpeg))
 
 
 def test_default_buffer_is_sized_from_e_and_batch(records):
