@@ -87,7 +87,7 @@ MODULES: dict[str, Target] = {
     "recipes.speedrun": Target("hasten/recipes/speedrun.py", SPEEDRUN_TESTS, keyword="not cifar_subset"),
     "optim.schedules": Target("hasten/optim/schedules.py", ("tests/test_optim_schedules.py",)),
     "echo.stages": Target("hasten/echo/stages.py", ("tests/test_echo_stages.py",)),
-    "echo.auto": Target("hasten/echo/auto.py", ("tests/test_echo_auto.py",)),
+    "echo.auto": Target("hasten/echo/auto.py", ("tests/test_echo_auto.py", "tests/test_echo_auto_rules.py")),
     # 2-5 ranks cover odd and even rings and fewer elements than ranks; 6 and 8 ranks add
     # little for the ring and cost more than the rest together. The torus keeps 6 (2x3, 3x2).
     "distributed.ring": Target("hasten/distributed/ring.py", (

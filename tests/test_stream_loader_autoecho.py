@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import write_image_folder
-from test_echo_auto import _FakeRanks
+from test_echo_auto_rules import _FakeRanks
 from test_stream_loader import jpeg_bytes
 
 import hasten.stream.loader as loader_module
