@@ -182,13 +182,24 @@ def scheduling_priority() -> dict:
     Linux shares the CPU between autogroups (one per session) before processes, so
     ``nice`` alone does not rank a job against other sessions; the autogroup's does.
     """
-    autogroup = None
     try:
-        text = Path("/proc/self/autogroup").read_text().split()
-        autogroup = int(text[text.index("nice") + 1])
-    except (OSError, ValueError, IndexError):
-        pass
+        autogroup = autogroup_nice(Path("/proc/self/autogroup").read_text())
+    except OSError:
+        autogroup = None
     return {"nice": os.nice(0), "autogroup_nice": autogroup}
+
+
+def autogroup_nice(text: str) -> int | None:
+    """The nice value in a ``/proc/<pid>/autogroup`` line (``/autogroup-7 nice -5``).
+
+    None where the line carries none: kernels built or booted without autogroups
+    leave the file empty (seen on CI machines).
+    """
+    words = text.split()
+    try:
+        return int(words[words.index("nice") + 1])
+    except (ValueError, IndexError):
+        return None
 
 
 class MeasuredConditions:

@@ -110,13 +110,28 @@ def test_command_drops_the_local_install_path_of_the_program(tmp_path, monkeypat
     assert command_line(["/elsewhere/run.py"]) == "/elsewhere/run.py"
 
 
+def test_autogroup_line_parsing():
+    """The nice value is read from a real autogroup line; an empty or odd file gives None."""
+    from hasten.environment import autogroup_nice
+    assert autogroup_nice("/autogroup-1175 nice 0\n") == 0
+    assert autogroup_nice("/autogroup-7 nice -20\n") == -20
+    assert autogroup_nice("/autogroup-7 nice 19") == 19
+    assert autogroup_nice("") is None
+    assert autogroup_nice("/autogroup-7 nice") is None
+    assert autogroup_nice("/autogroup-7 nice x") is None
+
+
 def test_measured_conditions_record_the_scheduling_priority():
     """A job given a raised CPU share feels other jobs' load less: the share is recorded."""
     from hasten.environment import MeasuredConditions, scheduling_priority
     prio = scheduling_priority()
     assert prio["nice"] == os.nice(0)
     if Path("/proc/self/autogroup").exists():
-        assert prio["autogroup_nice"] == int(Path("/proc/self/autogroup").read_text().split()[-1])
+        words = Path("/proc/self/autogroup").read_text().split()
+        expected = int(words[-1]) if "nice" in words else None
+        assert prio["autogroup_nice"] == expected
+    else:
+        assert prio["autogroup_nice"] is None
     with MeasuredConditions("cpu") as cond:
         pass
     assert cond.as_dict()["cpu_priority"] == prio
