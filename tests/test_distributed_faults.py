@@ -199,7 +199,8 @@ def test_rank_sigkilled_under_torchrun_restart_resumes_to_the_same_weights(colou
                      r"checkpoint: \S+checkpoint.pt \(step (\d+)\); torchrun restarts the workers", log)
     assert lost, log
     resumed = re.search(r"hasten train: resuming from \S+checkpoint.pt \(step (\d+)\)", log)
-    assert resumed and int(resumed[1]) == int(lost[2]) and 10 <= int(resumed[1]) < int(lost[1]) <= 60, log
+    # The checkpoint may be the lost step's own when the kill lands just after it was written.
+    assert resumed and int(resumed[1]) == int(lost[2]) and 10 <= int(resumed[1]) <= int(lost[1]) <= 60, log
     subprocess.run(_torchrun(3, *_train_args(colours, straight, 15, batch=48)), env=env, check=True,
                    capture_output=True, timeout=120)
     a = torch.load(killed / "checkpoint.pt", weights_only=True)

@@ -116,9 +116,9 @@ def test_paused_time_is_left_out_of_the_downstream_time():
     # (a paused() that does nothing).
     auto.observe(fresh=10, emitted=10, wait_s=0.1, downstream_s=0.2)
     assert auto.ratio_estimate >= 1.95, auto.ratio_estimate
-    # Only the pause since the last window is subtracted.
-    auto.observe(fresh=10, emitted=10, wait_s=0.1, downstream_s=0.1)
-    assert auto.ratio_estimate == pytest.approx(2.0)
+    # Only the pause since the last window is subtracted: R = 1 x (1 + 0.3 / 0.1) = 4.
+    auto.observe(fresh=10, emitted=10, wait_s=0.3, downstream_s=0.1)
+    assert auto.ratio_estimate == pytest.approx(4.0)
 
 
 def test_loss_on_repeats_below_fresh_loss_lowers_the_cap_and_agreement_raises_it():

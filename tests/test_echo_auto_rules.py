@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from hasten.echo import AutoEcho, echo_examples
+from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
+from hasten.recipes.echo_value import steps_multiplier
 
 # --- Hand-computed checks of each rule in AutoEcho's docstring -------------------------------
 
@@ -302,17 +304,27 @@ def test_a_rank_never_exceeds_its_own_e_max_whatever_the_mean_cap(monkeypatch):
 
 # ----------------------------------------------------------------------------- The budget in effective examples
 def test_a_copy_is_worth_less_the_later_it_comes_and_less_still_when_memorised(monkeypatch):
-    auto = AutoEcho(repeat_decay=10.0)
+    auto = AutoEcho(repeat_value=0.8, later_repeat_value=0.7, repeat_decay=10.0)
     values = [auto.copy_value(k) for k in range(6)]
-    assert values[0] == 1.0 and values == pytest.approx([math.exp(-k / 10) for k in range(6)])
+    assert values[0] == 1.0
+    assert values == pytest.approx([1.0, 0.8] + [0.7 * math.exp(-(k - 2) / 10) for k in range(2, 6)])
     assert all(a > b for a, b in zip(values, values[1:]))
+    # The measured defaults: no decay over later copies.
+    default = AutoEcho()
+    assert [default.copy_value(k) for k in (1, 2, 7)] == [REPEAT_VALUE, LATER_REPEAT_VALUE, LATER_REPEAT_VALUE]
+    for name in ("repeat_value", "later_repeat_value"):
+        for bad in (0, 1.5, -0.1, "0.5"):
+            with pytest.raises(ValueError, match=f"{name} must be in"):
+                AutoEcho(**{name: bad})
     # The agreed loss ratio scales repeats (never fresh items), and never above their decay.
     _FakeRanks(other_estimate=math.nan, other_cap=10.0, other_loss_ratio=0.5).install(monkeypatch)
     started = _started(loss_smoothing=1.0)
     started.observe_loss(fresh_loss=2.0, repeat_loss=1.8)  # this rank: 0.9; the other: 0.5
     started.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
     assert started.value_ratio == pytest.approx(0.7)
-    assert started.copy_value(0) == 1.0 and started.copy_value(2) == pytest.approx(0.7 * math.exp(-2 / 15.4))
+    assert started.copy_value(0) == 1.0
+    assert started.copy_value(1) == pytest.approx(0.7 * REPEAT_VALUE)
+    assert started.copy_value(3) == pytest.approx(0.7 * LATER_REPEAT_VALUE * math.exp(-1 / REPEAT_DECAY))
     started.observe_loss(fresh_loss=1.0, repeat_loss=3.0)  # repeats' loss above: ratio 3, capped at 1
     _FakeRanks(other_estimate=math.nan, other_cap=10.0, other_loss_ratio=3.0).install(monkeypatch)
     started.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
@@ -336,19 +348,22 @@ def _steps_to_budget(auto, e, steps, batch=8):
 def test_the_budget_in_effective_examples_gives_echoed_runs_the_steps_their_repeats_need(e):
     auto = AutoEcho()
     taken = _steps_to_budget(auto, e, steps=200)
-    # e = 1 is exactly the baseline's budget; e copies are worth sum_k exp(-k / 15.4) fresh ones.
-    worth = sum(math.exp(-k / 15.4) for k in range(e))
+    # e = 1 is exactly the baseline's budget; e copies are worth 1 + first + later x (e - 2) fresh
+    # ones (no decay by default), the model the calibration (hasten.recipes.echo_value) fits.
+    worth = 1 + (REPEAT_VALUE if e > 1 else 0) + sum(LATER_REPEAT_VALUE * math.exp(-(k - 2) / REPEAT_DECAY)
+                                                     for k in range(2, e))
     assert taken == math.ceil(200 * e / worth - 1e-9) or (e == 1 and taken == 200)
-    assert taken == 200 if e == 1 else taken > 200 * (1 + 0.02 * (e - 1))
+    assert taken == pytest.approx(200 * steps_multiplier(e, REPEAT_VALUE, LATER_REPEAT_VALUE, REPEAT_DECAY), abs=1)
+    assert taken == 200 if e == 1 else 1.1 * 200 <= taken <= 1.3 * 200  # the calibration's ~1.2x
 
 
 def test_items_are_valued_in_the_order_the_stage_emitted_them():
-    auto = AutoEcho(repeat_decay=5.0)
+    auto = AutoEcho(repeat_value=0.9, later_repeat_value=0.8, repeat_decay=5.0)
     for k in (0, 1, 2):
         auto.emitted(k)
     assert auto.count(1) == 1.0  # the oldest emitted item: a fresh one
-    assert auto.count(2) == pytest.approx(1 + math.exp(-1 / 5) + math.exp(-2 / 5))
-    assert auto.count(2) == pytest.approx(3 + math.exp(-1 / 5) + math.exp(-2 / 5))  # none recorded: fresh
+    assert auto.count(2) == pytest.approx(1 + 0.9 + 0.8)
+    assert auto.count(2) == pytest.approx(3 + 0.9 + 0.8)  # none recorded: fresh
     with pytest.raises(ValueError, match="budget_examples must be > 0"):
         auto.progress(0)
     with pytest.raises(ValueError, match="repeat_decay must be > 0"):
@@ -356,11 +371,11 @@ def test_items_are_valued_in_the_order_the_stage_emitted_them():
 
 
 def test_an_echo_stage_records_every_copy_it_emits():
-    auto = AutoEcho(repeat_decay=5.0)
-    auto.factor = 3.0
+    auto = AutoEcho(repeat_value=0.9, later_repeat_value=0.8, repeat_decay=5.0)
+    auto.factor = 4.0
     items = list(echo_examples(range(4), auto))
-    assert len(items) == 12
-    assert auto.count(12) == pytest.approx(4 * sum(math.exp(-k / 5) for k in range(3)))
+    assert len(items) == 16
+    assert auto.count(16) == pytest.approx(4 * (1 + 0.9 + 0.8 + 0.8 * math.exp(-1 / 5)))
 
 
 def test_setup_distributed_gives_autoecho_its_own_gloo_group_for_the_agreement(monkeypatch):
@@ -405,7 +420,7 @@ def test_paused_time_accumulates_over_the_run():
 
 def test_small_but_positive_decays_and_budgets_are_accepted():
     auto = AutoEcho(repeat_decay=0.5)
-    assert auto.copy_value(1) == pytest.approx(math.exp(-2))
+    assert auto.copy_value(3) == pytest.approx(LATER_REPEAT_VALUE * math.exp(-2))
     auto.count(1)
     assert auto.progress(0.5) == 2.0
 
@@ -424,12 +439,12 @@ def test_run_length_counting_matches_item_by_item_values():
     import random
 
     rng = random.Random(3)
-    auto = AutoEcho(repeat_decay=4.0)
+    auto = AutoEcho(repeat_value=0.6, later_repeat_value=0.5, repeat_decay=4.0)
     expected = []
     for _ in range(300):
         n = rng.choice([1, 1, 2, 3, 5])
         auto.emitted_copies(n)
-        expected += [math.exp(-k / 4.0) for k in range(n)]
+        expected += [1.0, 0.6][:n] + [0.5 * math.exp(-(k - 2) / 4.0) for k in range(2, n)]
     taken, total = 0, 0.0
     while taken < len(expected):
         k = rng.randint(1, 40)
@@ -437,3 +452,23 @@ def test_run_length_counting_matches_item_by_item_values():
         total += sum(expected[taken : taken + k]) + max(0, taken + k - len(expected))
         taken += k
         assert got == pytest.approx(total)
+
+
+# ----------------------------------------------------------------------------- Jitter at e = R holds e
+def test_a_short_wait_within_half_the_headroom_holds_e_instead_of_creeping_up():
+    auto = _started(headroom=0.1, e_max=8)
+    auto.observe(fresh=10, emitted=10, wait_s=0.4, downstream_s=0.1)  # R = 5: e = 5.5
+    assert auto.factor == pytest.approx(5.5)
+    # At e = 5.5 the upstream jitters: 3% waiting gives R = 5.5 x 1.03 = 5.67 < 5.5 x 1.05.
+    # Taken as R it would set e = 6.2, then 7.0, 7.9: the creep to e_max.
+    for _ in range(5):
+        auto.observe(fresh=10, emitted=55, wait_s=0.03, downstream_s=1.0)
+    assert auto.factor == pytest.approx(5.5) and auto.ratio_estimate == pytest.approx(5.0)
+    # A wait beyond half the headroom is a real rise of R: R = 5.5 x 1.2 = 6.6, e = 7.26.
+    auto.observe(fresh=10, emitted=55, wait_s=0.2, downstream_s=1.0)
+    assert auto.factor == pytest.approx(6.6 * 1.1)
+    # Without headroom there is no band: the same 3% wait is a measurement.
+    bare = _started(headroom=0.0, e_max=8)
+    bare.observe(fresh=10, emitted=10, wait_s=0.4, downstream_s=0.1)
+    bare.observe(fresh=10, emitted=50, wait_s=0.03, downstream_s=1.0)
+    assert bare.factor == pytest.approx(5 * 1.03)

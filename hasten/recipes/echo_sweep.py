@@ -53,6 +53,7 @@ from hasten.data.host_augment import keyed_crop_flip
 from hasten.data.normalize import normalize
 from hasten.echo import (AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer, echo_batches, echo_examples,
                          expected_duplicate_rate, shuffle_buffer)
+from hasten.echo.auto import REPEAT_DECAY, REPEAT_VALUE
 from hasten.echo.stages import check_variant
 from hasten.errors import ConfigError
 from hasten.nn.tta import evaluate
@@ -74,6 +75,7 @@ class SweepConfig:
     example of its subset several times, as in the paper."""
     data: str
     train_images: int = 10_000  # fixed class-balanced subset of the training set
+    subset_seed: int = 2019  # which subset (the repeat-value calibration holds out its own)
     test_images: int = 5_000  # fixed test images that detect the target (final accuracy: all 10,000)
     image_size: int = 16  # decoded at 1/2 DCT scale
     width: int = 16  # SmallNet: conv widths 16, 32, 64
@@ -174,7 +176,7 @@ def load_data(cfg: SweepConfig) -> MemoryData:
     if len(train_records) < cfg.train_images:
         raise ConfigError(f"{cfg.data} has {len(train_records)} training images; the sweep's subset needs "
                           f"{cfg.train_images}")
-    idx = balanced_subset(np.asarray(train_records.labels), cfg.train_images)
+    idx = balanced_subset(np.asarray(train_records.labels), cfg.train_images, cfg.subset_seed)
     train = decode_records(read_records(train_records, idx), cfg.image_size)
     test = decode_records(read_records(test_records, np.arange(len(test_records))), cfg.image_size)
     if len(train.bad) or len(test.bad):
@@ -564,6 +566,7 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
         "dataset": "CIFAR-10-JPEG" if "cifar10-jpeg" in os.path.basename(cfg.data) else cfg.data,
         "torch": torch.__version__, "config": asdict(cfg), "budget_steps": cfg.steps, "target": target,
         "step_time_s": step_s, "tuning": tuning, "loader": loader_report,
+        "autoecho": {"e_max": cfg.e_max, "repeat_value": REPEAT_VALUE, "repeat_decay": REPEAT_DECAY},
         "baseline": [e for e in entries if e["echo_factor"] == 1.0],
         "results": entries, "summary": rows, "goals": goals(rows, cfg.ratios),
         "sweep_wall_s": time.perf_counter() - t_start,
