@@ -2,10 +2,10 @@
 
 Runs ``hasten.recipes.echo_value.calibrate`` (its module docstring has the method)
 on a class-balanced CIFAR-10-JPEG subset held out from the echo sweep (subset
-seed 2020, seeds 100-103), with the sweep's network, budget and learning rate.
+seed 2020, seeds 100-107), with the sweep's network, budget and learning rate.
 Counts only: no slow source, so the result does not depend on this machine's speed.
 
-    python benchmarks/echo_repeat_value.py [--data PATH] [--seeds 4]
+    python benchmarks/echo_repeat_value.py [--data PATH] [--seeds 8]
 
 Writes benchmarks/results/echo_repeat_value.json and prints a short table.
 """
@@ -32,7 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
                     help=f"CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else {DEFAULT_DATA})")
-    ap.add_argument("--seeds", type=int, default=4, help="seeds per setting (default 4; at least 2)")
+    ap.add_argument("--seeds", type=int, default=8, help="seeds per setting (default 8; at least 2)")
     ap.add_argument("--subset-seed", type=int, default=2020, help="held-out subset (the sweep uses 2019)")
     ap.add_argument("--out", default=str(RESULTS / "echo_repeat_value.json"), help="results JSON (default %(default)s)")
     args = ap.parse_args()
@@ -48,7 +48,8 @@ def main() -> int:
                                 "torch": torch.__version__, **report})
     print(f"baseline (e = 1, {report['config']['budget_steps']} steps): "
           f"{100 * report['baseline_mean']:.2f} ± {100 * report['baseline_std']:.2f}%")
-    print("| e | end acc % at 1.0 / 1.25 / 1.5x steps (mean ± std) | steps needed | repeat value |")
+    steps = " / ".join(f"{m:g}" for m in report["config"]["multipliers"])
+    print(f"| e | end acc % at {steps}x steps (mean ± std) | steps needed | repeat value |")
     print("| --- | --- | --- | --- |")
     for f in report["per_factor"]:
         accs = " / ".join(f"{100 * p['mean']:.1f} ± {100 * p['std']:.1f}" for p in f["points"])

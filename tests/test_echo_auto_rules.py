@@ -310,6 +310,7 @@ def test_a_copy_is_worth_less_the_later_it_comes_and_less_still_when_memorised(m
     assert values == pytest.approx([1.0, 0.8] + [0.7 * math.exp(-(k - 2) / 10) for k in range(2, 6)])
     assert all(a > b for a, b in zip(values, values[1:]))
     # The measured defaults: no decay over later copies.
+    assert AutoEcho(repeat_value=1.0, later_repeat_value=1.0).copy_value(3) == 1.0  # as good as fresh: allowed
     default = AutoEcho()
     assert [default.copy_value(k) for k in (1, 2, 7)] == [REPEAT_VALUE, LATER_REPEAT_VALUE, LATER_REPEAT_VALUE]
     for name in ("repeat_value", "later_repeat_value"):
@@ -464,6 +465,11 @@ def test_a_short_wait_within_half_the_headroom_holds_e_instead_of_creeping_up():
     for _ in range(5):
         auto.observe(fresh=10, emitted=55, wait_s=0.03, downstream_s=1.0)
     assert auto.factor == pytest.approx(5.5) and auto.ratio_estimate == pytest.approx(5.0)
+    # Just under half the headroom (4% < 5%) still holds; each held window is in the history.
+    held = len(auto.history)
+    auto.observe(fresh=10, emitted=55, wait_s=0.04, downstream_s=1.0)
+    assert auto.factor == pytest.approx(5.5) and len(auto.history) == held + 1
+    assert auto.history[-1] == (5.5, pytest.approx(5.5 * 1.04))
     # A wait beyond half the headroom is a real rise of R: R = 5.5 x 1.2 = 6.6, e = 7.26.
     auto.observe(fresh=10, emitted=55, wait_s=0.2, downstream_s=1.0)
     assert auto.factor == pytest.approx(6.6 * 1.1)

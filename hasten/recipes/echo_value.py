@@ -99,8 +99,8 @@ def fit(needed: dict[int, float], grid: int = 101) -> dict:
             "steps_multiplier": {e: steps_multiplier(e, first, later) for e in (2, 4, 6, 8)}}
 
 
-def calibrate(cfg: SweepConfig, *, factors: tuple[int, ...] = (2, 4, 8),
-              multipliers: tuple[float, ...] = (1.0, 1.25, 1.5), seeds: tuple[int, ...] = (100, 101, 102, 103),
+def calibrate(cfg: SweepConfig, *, factors: tuple[int, ...] = (2, 4, 6, 8),
+              multipliers: tuple[float, ...] = (1.0, 1.2, 1.4, 1.6), seeds: tuple[int, ...] = tuple(range(100, 108)),
               log: Callable[..., None] | None = None) -> dict:
     """Measure the repeat value (module docstring) on ``cfg``'s subset at the baseline's
     learning rate ``cfg.lr``: every seed at e = 1, then every (e, multiplier, seed),
