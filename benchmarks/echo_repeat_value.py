@@ -13,31 +13,27 @@ Writes benchmarks/results/echo_repeat_value.json and prints a short table.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 from hasten.environment import MeasuredConditions
-from hasten.recipes.echo_sweep import SweepConfig
+from hasten.recipes.echo_sweep import SweepConfig, add_data_argument, require_data
 from hasten.recipes.echo_value import calibrate
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
-                    help=f"CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else {DEFAULT_DATA})")
+    add_data_argument(ap)
     ap.add_argument("--seeds", type=int, default=8, help="seeds per setting (default 8; at least 2)")
     ap.add_argument("--subset-seed", type=int, default=2020, help="held-out subset (the sweep uses 2019)")
     ap.add_argument("--out", default=str(RESULTS / "echo_repeat_value.json"), help="results JSON (default %(default)s)")
     args = ap.parse_args()
-    if not os.path.exists(args.data):
-        sys.exit(f"echo_repeat_value: no data at {args.data}; pass --data PATH or set HASTEN_DATA")
+    require_data(args.data, "echo_repeat_value")
     if args.seeds < 2:
         sys.exit("echo_repeat_value: --seeds must be at least 2 (the method uses the spread over seeds)")
     torch.set_num_threads(1)

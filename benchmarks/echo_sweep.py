@@ -27,7 +27,6 @@ CPU a second thread made steps 5x slower). Run under the shared benchmark lock.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -35,17 +34,15 @@ import torch
 
 from hasten.environment import MeasuredConditions
 from hasten.recipes.echo_report import format_table, markdown_tables, write_plots
-from hasten.recipes.echo_sweep import SweepConfig, run
+from hasten.recipes.echo_sweep import SweepConfig, add_data_argument, require_data, run
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
-                    help=f"CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else {DEFAULT_DATA})")
+    add_data_argument(ap)
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default 3)")
     ap.add_argument("--train-images", type=int, default=10_000, help="training subset (default 10000)")
     ap.add_argument("--epochs", type=float, default=3.0, help="the baseline's budget in epochs (default 3)")
@@ -57,8 +54,7 @@ def main() -> int:
 
         print(markdown_tables(json.loads(Path(args.markdown).read_text())))
         return 0
-    if not os.path.exists(args.data):
-        sys.exit(f"echo_sweep: no data at {args.data}; pass --data PATH or set HASTEN_DATA")
+    require_data(args.data, "echo_sweep")
     torch.set_num_threads(1)
     cfg = SweepConfig(data=args.data, seeds=args.seeds, train_images=args.train_images, epochs=args.epochs)
 

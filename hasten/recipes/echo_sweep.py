@@ -37,6 +37,7 @@ training.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import time
@@ -65,6 +66,24 @@ from hasten.stream.records import open_records
 from hasten.stream.slow_storage import SlowStorage, concurrent_reads
 from hasten.timing import Stopwatch, interleaved
 
+
+
+# ----------------------------------------------------------------------------- The data argument
+# Where the echo benchmarks look for CIFAR-10-JPEG when neither --data nor $HASTEN_DATA says
+# (relative to the directory they run from: a checkout beside the shared data).
+DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
+
+
+def add_data_argument(parser: argparse.ArgumentParser) -> None:
+    """The echo benchmarks' ``--data``: ``$HASTEN_DATA`` if set, else ``DEFAULT_DATA``."""
+    parser.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
+                        help=f"CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else {DEFAULT_DATA})")
+
+
+def require_data(path: str, prog: str) -> None:
+    """Stop with one line when ``path`` does not exist."""
+    if not os.path.exists(path):
+        raise SystemExit(f"{prog}: no data at {path}; pass --data PATH or set HASTEN_DATA")
 
 
 # ----------------------------------------------------------------------------- Hyperparameters
