@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from hasten.environment import MeasuredConditions
-from hasten.recipes.echo_sweep import SweepConfig, add_data_argument, require_data
+from hasten.recipes.echo_data import add_data_argument, require_data
+from hasten.recipes.echo_sweep import SweepConfig
 from hasten.recipes.echo_value import calibrate
 from hasten.rundir import write_json
 

@@ -34,7 +34,8 @@ import torch
 
 from hasten.environment import MeasuredConditions
 from hasten.recipes.echo_report import format_table, markdown_tables, write_plots
-from hasten.recipes.echo_sweep import SweepConfig, add_data_argument, require_data, run
+from hasten.recipes.echo_data import add_data_argument, require_data
+from hasten.recipes.echo_sweep import SweepConfig, run
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"

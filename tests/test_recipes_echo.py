@@ -15,17 +15,8 @@ from hasten.nn.tta import evaluate
 from hasten.recipes.echo import MEAN, STD, EchoRunConfig, EvalSet, train_to_target
 from hasten.recipes.echo_compare import ComparisonConfig, compare, comparison_jobs
 from hasten.recipes.echo_report import format_table, goals, stats, summarize, write_plots
-from hasten.recipes.echo_sweep import (
-    MemoryData,
-    RunSpec,
-    Source,
-    SweepConfig,
-    balanced_subset,
-    best_loader,
-    lr_at,
-    pipeline,
-    train_budget,
-)
+from hasten.recipes.echo_data import MemoryData, Source, balanced_subset, pipeline
+from hasten.recipes.echo_sweep import RunSpec, SweepConfig, best_loader, lr_at, train_budget
 from hasten.stream.records import open_records
 
 

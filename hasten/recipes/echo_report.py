@@ -125,12 +125,17 @@ def _md(stat: dict, scale: float = 1.0, digits: int = 0) -> str:
     return _fmt(stat, scale, digits).replace("±", " ± ")
 
 
+def _head(*columns: str) -> list[str]:
+    """A markdown table's header and separator lines."""
+    return ["| " + " | ".join(columns) + " |", "| --- " * len(columns) + "|"]
+
+
 def markdown_tables(report: dict) -> str:
     """The results page's tables, from a report of ``run``: counts per variant and factor,
     the shuffle-buffer study, wall time to the target per R."""
     rows = report["summary"]
-    out = ["| variant | e | n | lr | budget steps | reached | fresh examples to target | steps to target | "
-           "end acc % (5k) | final acc % (10k) | duplicates % |", "| --- " * 11 + "|"]
+    out = _head("variant", "e", "n", "lr", "budget steps", "reached", "fresh examples to target", "steps to target",
+                "end acc % (5k)", "final acc % (10k)", "duplicates %")
     for r in rows:
         if r["group"] != "a":
             continue
@@ -138,8 +143,8 @@ def markdown_tables(report: dict) -> str:
                    f"{r['reached']}/{r['n']} | {_md(r['fresh_examples_to_target'])} | {_md(r['steps_to_target'])} | "
                    f"{_md(r['end_accuracy'], 100, 1)} | {_md(r['final_accuracy'], 100, 1)} | "
                    f"{_md(r['duplicate_rate'], 100, 1)} |")
-    out += ["", "| shuffle buffer (items) | predicted duplicates % | measured duplicates % | reached | "
-            "fresh examples to target | steps to target | end acc % |", "| --- " * 7 + "|"]
+    out += ["", *_head("shuffle buffer (items)", "predicted duplicates %", "measured duplicates %", "reached",
+                       "fresh examples to target", "steps to target", "end acc %")]
     for e in report["results"]:
         if e["group"] != "buffer":
             continue
@@ -147,8 +152,8 @@ def markdown_tables(report: dict) -> str:
                    f"{100 * e['duplicate_rate']:.1f} | {'yes' if e['reached_target'] else 'no'} | "
                    f"{e['fresh_examples_to_target'] or '-'} | {e['steps_to_target'] or '-'} | "
                    f"{100 * e['end_accuracy']:.1f} |")
-    out += ["", "| R (asked) | measured R | e | n | reached | wall s to target | speedup | fresh examples | "
-            "steps | idle % |", "| --- " * 10 + "|"]
+    out += ["", *_head("R (asked)", "measured R", "e", "n", "reached", "wall s to target", "speedup",
+                       "fresh examples", "steps", "idle %")]
     for r in sorted((r for r in rows if r["group"].startswith("R")),
                     key=lambda r: (r["group"] != "R<1", r["group"], r["echo_factor"] == "auto",
                                    r["echo_factor"])):

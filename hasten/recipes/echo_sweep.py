@@ -27,7 +27,8 @@ CPU:
   AutoEcho against no echoing where the source is faster than the step (R < 1);
   final accuracy on the full test set at the full budget with and without echoing.
 
-Every run is ``train_budget``. Evaluations (a fixed set of ``test_images`` test
+The data, the slow source's description and the input pipeline are in
+``hasten.recipes.echo_data``. Every run is ``train_budget``. Evaluations (a fixed set of ``test_images`` test
 images at ``eval_points`` fractions of the budget) stop the run's clock, the slow
 source's clock and AutoEcho's measurement.
 
@@ -37,13 +38,11 @@ training.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import time
-from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -52,38 +51,18 @@ import torch.nn.functional as F
 
 from hasten.data.host_augment import keyed_crop_flip
 from hasten.data.normalize import normalize
-from hasten.echo import (AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer, echo_batches, echo_examples,
-                         expected_duplicate_rate, shuffle_buffer)
-from hasten.echo.auto import REPEAT_DECAY, REPEAT_VALUE
+from hasten.echo import AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer, expected_duplicate_rate
+from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
 from hasten.echo.stages import check_variant
 from hasten.errors import ConfigError
 from hasten.nn.tta import evaluate
 from hasten.progress import progress
 from hasten.recipes.echo import MEAN, STD, SmallNet
+from hasten.recipes.echo_data import (IdentityStore, MemoryData, Source, fresh_keys, load_data, pipeline,
+                                      test_batches)
 from hasten.recipes.echo_report import goals, summarize
-from hasten.stream.decode_pool import decode_records, read_records
-from hasten.stream.records import open_records
-from hasten.stream.slow_storage import SlowStorage, concurrent_reads
+from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import Stopwatch, interleaved
-
-
-
-# ----------------------------------------------------------------------------- The data argument
-# Where the echo benchmarks look for CIFAR-10-JPEG when neither --data nor $HASTEN_DATA says
-# (relative to the directory they run from: a checkout beside the shared data).
-DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
-
-
-def add_data_argument(parser: argparse.ArgumentParser) -> None:
-    """The echo benchmarks' ``--data``: ``$HASTEN_DATA`` if set, else ``DEFAULT_DATA``."""
-    parser.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
-                        help=f"CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else {DEFAULT_DATA})")
-
-
-def require_data(path: str, prog: str) -> None:
-    """Stop with one line when ``path`` does not exist."""
-    if not os.path.exists(path):
-        raise SystemExit(f"{prog}: no data at {path}; pass --data PATH or set HASTEN_DATA")
 
 
 # ----------------------------------------------------------------------------- Hyperparameters
@@ -143,16 +122,6 @@ class SweepConfig:
 
 
 @dataclass(frozen=True)
-class Source:
-    """The slow source: per-request latency, concurrent requests, one shared link."""
-    latency_s: float
-    link_bytes_per_s: float
-    request_examples: int = 32
-    in_flight: int = 1  # requests at once: the loader configuration ...
-    prefetch: int = 0  # ... and finished requests held ahead of the consumer
-
-
-@dataclass(frozen=True)
 class RunSpec:
     """One training run: echo setting, learning rate, budget in steps, seed."""
     variant: str = "example-before"
@@ -166,127 +135,6 @@ class RunSpec:
     @property
     def label(self) -> str:
         return "none" if self.echo == 1.0 else self.variant
-
-
-# ----------------------------------------------------------------------------- Data
-@dataclass
-class MemoryData:
-    """Decoded images in host memory: the fixed training subset and the test set."""
-    train: np.ndarray  # (N, H, W, 3) uint8
-    train_labels: np.ndarray  # (N,) int64
-    wire_bytes: np.ndarray  # (N,) JPEG bytes of each training image: what a read transfers
-    test: torch.Tensor  # (M, 3, H, W) uint8
-    test_labels: torch.Tensor
-    eval_order: torch.Tensor  # a fixed permutation of the test set; its head detects the target
-    classes: list[str] = field(default_factory=list)
-
-
-def balanced_subset(labels: np.ndarray, n: int, seed: int = 2019) -> np.ndarray:
-    """``n`` indices, as equal a share of each class as possible, fixed by ``seed``."""
-    rng = np.random.default_rng(seed)
-    classes = np.unique(labels)
-    per = [n // len(classes) + (1 if i < n % len(classes) else 0) for i in range(len(classes))]
-    picks = [rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, per)]
-    return np.sort(np.concatenate(picks))
-
-
-def load_data(cfg: SweepConfig) -> MemoryData:
-    train_records, test_records = open_records(cfg.data, "train"), open_records(cfg.data, "test")
-    if len(train_records) < cfg.train_images:
-        raise ConfigError(f"{cfg.data} has {len(train_records)} training images; the sweep's subset needs "
-                          f"{cfg.train_images}")
-    idx = balanced_subset(np.asarray(train_records.labels), cfg.train_images, cfg.subset_seed)
-    train = decode_records(read_records(train_records, idx), cfg.image_size)
-    test = decode_records(read_records(test_records, np.arange(len(test_records))), cfg.image_size)
-    if len(train.bad) or len(test.bad):
-        raise ConfigError(f"unreadable images in {cfg.data}: {(train.bad + test.bad)[:3]}")
-    offsets = np.asarray(train_records.offsets)
-    return MemoryData(
-        train=train.images, train_labels=train.labels, wire_bytes=(offsets[idx + 1] - offsets[idx]),
-        test=torch.from_numpy(test.images).permute(0, 3, 1, 2).contiguous(), test_labels=torch.from_numpy(test.labels),
-        eval_order=torch.from_numpy(np.random.default_rng(12345).permutation(len(test.labels))),
-        classes=list(train_records.classes))
-
-
-def test_batches(data: MemoryData, n: int | None, device, batch_size: int = 1000):
-    """Normalised test batches: the first ``n`` of the fixed order (None: all)."""
-    mean, std = torch.tensor(MEAN, device=device), torch.tensor(STD, device=device)
-    idx = data.eval_order[:n] if n else data.eval_order
-    for part in idx.split(batch_size):
-        yield normalize(data.test[part].to(device), mean, std), data.test_labels[part].to(device)
-
-
-# ----------------------------------------------------------------------------- The input pipeline
-# The stream runs on across epochs, as a repeated tf.data pipeline does: epoch k's item
-# with training-set index i has the key k * N + i. Keys identify a (example, epoch) pair
-# for the augmentation, and a shuffle buffer is filled once per run, not once per epoch.
-class _Identity:
-    """A store whose record for key k is k itself (a request names its byte range)."""
-
-    def __getitem__(self, part):
-        return part
-
-
-def fresh_keys(n: int, seed: int, storage: SlowStorage | None, source: Source | None) -> Iterator[int]:
-    """Keys of fresh examples, a new permutation of the ``n`` examples each epoch, read
-    through the slow source if any (requests of ``source.request_examples``)."""
-    def epochs():
-        epoch = 0
-        while True:
-            yield np.random.default_rng([seed, 7919, epoch]).permutation(n) + epoch * n
-            epoch += 1
-
-    if storage is None:
-        for keys in epochs():
-            yield from keys.tolist()
-        return
-    parts = (keys[i : i + source.request_examples] for keys in epochs()
-             for i in range(0, n, source.request_examples))
-    for part in concurrent_reads(storage, parts, in_flight=source.in_flight, prefetch=source.prefetch):
-        yield from part.tolist()
-
-
-def _number_copies(items: Iterator[int]) -> Iterator[tuple[int, int, int]]:
-    """(key, copy number, copy number): a key repeats only as an echoed copy."""
-    previous, copy = None, 0
-    for k in items:
-        copy = copy + 1 if k == previous else 0
-        previous = k
-        yield k, copy, copy
-
-
-def _batches(items, batch_size: int) -> Iterator[np.ndarray]:
-    """(3, B) int64 arrays: keys, augmentation copy keys, copy numbers (0: a fresh item)."""
-    group = []
-    for item in items:
-        group.append(item)
-        if len(group) == batch_size:
-            yield np.array(group, dtype=np.int64).T
-            group = []
-
-
-def _counted(items, counters: EchoCounters):
-    for k in items:
-        counters.fresh_examples += 1
-        yield k
-
-
-def pipeline(fresh: Iterator[int], spec: RunSpec, factor, buffer, batch_size: int,
-             counters: EchoCounters) -> Iterator[np.ndarray]:
-    """(keys, copy numbers) batches: echo stage, shuffle buffer and batching as in
-    ``hasten.stream.loader``. The copy numbers key the augmentation: example-before
-    augments every copy afresh, example-after and batch echoing repeat identical copies.
-    Row 2 numbers the copies of example echoing (AutoEcho's loss on repeats)."""
-    echoing = isinstance(factor, AutoEcho) or factor != 1.0
-    if not echoing:
-        return _batches(((k, 0, 0) for k in _counted(fresh, counters)), batch_size)
-    if spec.variant == "batch":
-        batches = _batches(((k, 0, 0) for k in _counted(fresh, counters)), batch_size)
-        return echo_batches(batches, factor, seed=spec.seed, counters=counters)
-    copies = _number_copies(echo_examples(fresh, factor, seed=spec.seed, counters=counters))
-    if spec.variant == "example-after":
-        copies = ((k, 0, n) for k, _, n in copies)  # identical copies: one augmentation per example
-    return _batches(shuffle_buffer(copies, buffer, seed=spec.seed), batch_size)
 
 
 # ----------------------------------------------------------------------------- One run
@@ -330,7 +178,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         buffer = default_shuffle_buffer(factor, cfg.batch_size)
     storage = None
     if source is not None:
-        storage = SlowStorage(_Identity(), latency_s=source.latency_s, link_bytes_per_s=source.link_bytes_per_s,
+        storage = SlowStorage(IdentityStore(), latency_s=source.latency_s, link_bytes_per_s=source.link_bytes_per_s,
                               size_of=lambda part: int(data.wire_bytes[part % n].sum()))
     torch.manual_seed(spec.seed)
     model = SmallNet(cfg.width, len(data.classes) or 10).to(dev)
@@ -446,7 +294,7 @@ def best_loader(cfg: SweepConfig, data: MemoryData, source: Source, step_s: floa
     grid = [(k, p) for k in cfg.in_flight_grid for p in cfg.prefetch_grid]
     for _, (k, p) in interleaved(grid, 1, seed):
         candidate = replace(source, in_flight=k, prefetch=p)
-        storage = SlowStorage(_Identity(), latency_s=candidate.latency_s,
+        storage = SlowStorage(IdentityStore(), latency_s=candidate.latency_s,
                               link_bytes_per_s=candidate.link_bytes_per_s, size_of=lambda part: int(wire[part].sum()))
         keys = fresh_keys(n, seed, storage, candidate)
         t0 = time.perf_counter()
@@ -585,7 +433,8 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
         "dataset": "CIFAR-10-JPEG" if "cifar10-jpeg" in os.path.basename(cfg.data) else cfg.data,
         "torch": torch.__version__, "config": asdict(cfg), "budget_steps": cfg.steps, "target": target,
         "step_time_s": step_s, "tuning": tuning, "loader": loader_report,
-        "autoecho": {"e_max": cfg.e_max, "repeat_value": REPEAT_VALUE, "repeat_decay": REPEAT_DECAY},
+        "autoecho": {"e_max": cfg.e_max, "repeat_value": REPEAT_VALUE, "later_repeat_value": LATER_REPEAT_VALUE,
+                     "repeat_decay": REPEAT_DECAY},
         "baseline": [e for e in entries if e["echo_factor"] == 1.0],
         "results": entries, "summary": rows, "goals": goals(rows, cfg.ratios),
         "sweep_wall_s": time.perf_counter() - t_start,

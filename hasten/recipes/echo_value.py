@@ -36,7 +36,8 @@ from typing import Callable
 import numpy as np
 
 from hasten.progress import progress
-from hasten.recipes.echo_sweep import RunSpec, SweepConfig, load_data, train_budget
+from hasten.recipes.echo_data import load_data
+from hasten.recipes.echo_sweep import RunSpec, SweepConfig, train_budget
 
 
 
