@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from speedrun_helpers import SMALL, TINY_DATA
+from speedrun_helpers import SMALL, TINY_DATA, colours_split
 from speedrun_helpers import run_result as _result
 
 import hasten.recipes.speedrun as speedrun
@@ -395,3 +395,34 @@ def test_ladder_order_is_shuffled_within_repeats(monkeypatch):
         assert sorted(name for _, name in order) == sorted(name for name, _ in rungs)
         firsts.add(order[0][1])
     assert len(firsts) > 1
+
+
+def test_whitening_sample_covers_every_class_of_class_ordered_data():
+    # Image folders and JPEG archives load in class order: 5,000 per class in CIFAR-10's
+    # layout. The first 5,000 images would all be class 0.
+    labels = torch.arange(10).repeat_interleave(5000)
+    sample = speedrun.whitening_sample(len(labels), seed=0)
+    assert len(sample) == speedrun.WHITENING_SAMPLE and len(set(sample.tolist())) == len(sample)
+    counts = torch.bincount(labels[sample], minlength=10)
+    assert counts.min() > 400 and counts.max() < 600  # about 500 each (binomial sd ~21)
+    assert torch.equal(sample, speedrun.whitening_sample(len(labels), seed=0))
+    assert not torch.equal(sample, speedrun.whitening_sample(len(labels), seed=1))
+    assert len(speedrun.whitening_sample(300, seed=0)) == 300
+
+
+def test_train_run_whitens_from_a_sample_of_every_class(monkeypatch):
+    # Class-ordered data larger than the sample: the whitening statistics must see every class.
+    n = 3 * speedrun.WHITENING_SAMPLE
+    labels = torch.arange(3).repeat_interleave(n // 3)
+    images = torch.zeros(n, 3, 16, 16, dtype=torch.uint8)
+    images[torch.arange(n), labels] = 200  # the class is the bright channel
+    data = ImageDataset("ordered", ["r", "g", "b"], Split(images, labels), colours_split(30, 1), "memory")
+    seen = []
+    original = speedrun.init_whitening_conv
+    monkeypatch.setattr(speedrun, "init_whitening_conv",
+                        lambda conv, x: seen.append(x) or original(conv, x))
+    speedrun.train_run(SMALL, data, torch.device("cpu"), mean_std=([100.0] * 3, [90.0] * 3), max_steps=1)
+    (whitened,) = seen
+    bright = whitened.mean(dim=(2, 3)).argmax(dim=1)
+    assert len(whitened) == speedrun.WHITENING_SAMPLE
+    assert torch.bincount(bright, minlength=3).min() > 1300

@@ -1,16 +1,23 @@
 """``hasten data``: prepare data sets for the streaming pipeline.
 
     hasten data pack SRC OUTDIR [--shard-size-mb 64] [--seed 0]
+    hasten data jpeg [SRC] OUT [--quality 75]
+
 
 ``pack`` writes an image folder or archive (``train/<class>/*``, ``test/<class>/*``)
 as tar shards in the web-dataset layout plus ``index.json`` (``hasten.stream.pack``),
 which ``hasten train --loader stream --data OUTDIR`` streams with a bounded amount
 of memory (``hasten.stream.shards``).
+
+``jpeg`` writes a data set (default: the canonical CIFAR-10, downloaded and
+md5-checked) as JPEG files in the image-folder layout, as a directory or a .tar.xz
+archive (``hasten.data.jpeg_export``): how the CIFAR-10-JPEG archive is made.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from hasten.errors import ConfigError
 
@@ -26,11 +33,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pack.add_argument("--shard-size-mb", type=float, default=64.0, help="largest shard, MiB")
     pack.add_argument("--seed", type=int, default=0, help="seed of the order examples are written in")
     pack.add_argument("--no-shuffle", action="store_true", help="write in class/name order instead")
+    jpeg = sub.add_parser("jpeg", help="data set -> JPEG image folder or archive (makes CIFAR-10-JPEG)",
+                          description="Write a data set as JPEG files (train/<class>/NNNN.jpg, test/<class>/NNNN.jpg) "
+                          "into a new directory or a .tar/.tar.gz/.tar.xz archive. With no SRC: the canonical "
+                          "CIFAR-10, downloaded and md5-checked, which at the default quality gives CIFAR-10-JPEG.")
+    jpeg.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    jpeg.add_argument("paths", nargs="+", metavar="[SRC] OUT",
+                      help="SRC: CIFAR-10 binary archive or folder, or an image folder/archive (default: download "
+                           "canonical CIFAR-10); OUT: new directory or archive (e.g. cifar10-jpeg.tar.xz)")
+    jpeg.add_argument("--quality", type=int, default=75, help="JPEG quality (Pillow), 4:2:0 chroma subsampling")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "jpeg":
+        return _jpeg(args)
     if args.action != "pack":
-        raise ConfigError("hasten data needs an action: pack (see hasten data --help)")
+        raise ConfigError("hasten data needs an action: pack or jpeg (see hasten data --help)")
     if not args.shard_size_mb > 0:
         raise ConfigError(f"--shard-size-mb must be > 0, got {args.shard_size_mb}")
     from hasten.stream.pack import pack
@@ -41,4 +59,20 @@ def run(args: argparse.Namespace) -> int:
         size = sum(s["bytes"] for s in entry["shards"])
         print(f"{split}: {entry['examples']} images in {len(entry['shards'])} shard(s), {size / 1e6:.1f} MB")
     print(f"{len(index['classes'])} classes; index {args.outdir}/index.json")
+    return 0
+
+
+def _jpeg(args: argparse.Namespace) -> int:
+    if len(args.paths) > 2:
+        raise ConfigError(f"hasten data jpeg takes [SRC] OUT, got {len(args.paths)} paths")
+    src, out = (None, args.paths[0]) if len(args.paths) == 1 else args.paths
+    from hasten.data import load_dataset
+    from hasten.data.jpeg_export import tar_mode, write_jpeg_folder
+
+    if tar_mode(Path(out)) is None and Path(out).suffix.lower() in (".zip", ".bz2", ".gz", ".xz", ".tbz2"):
+        raise ConfigError(f"OUT {out!r}: name a directory or a .tar, .tar.gz or .tar.xz archive")
+    dataset = load_dataset(src, cache=False)
+    counts = write_jpeg_folder(dataset, out, quality=args.quality)
+    print(f"wrote {out}: {counts['train']} train and {counts['test']} test images of {dataset.name} "
+          f"({len(dataset.classes)} classes) as JPEG quality {args.quality}")
     return 0
