@@ -120,12 +120,26 @@ def test_timed_span_holds_set_up_steps_and_final_evaluation_only(monkeypatch):
     inst, result = _run(monkeypatch, TIMED)
     assert len(inst.steps) == 9
     # In: loader set-up, whitening set-up, 9 steps, the final TTA evaluation. Out: 4
-    # copies to the device, building the network, 3 per-epoch validations.
+    # copies to the device, building the network, one validation after the last epoch
+    # (no per-epoch validation unless asked for: on a CPU each costs a fifth of an epoch).
     assert result.time_s == LOADER + WHITEN + 9 * STEP + FINAL
     assert result.cpu_time_s == result.time_s
-    assert inst.now == 4 * COPY + BUILD + 3 * VALIDATE + result.time_s
+    assert inst.now == 4 * COPY + BUILD + VALIDATE + result.time_s
     assert [e["time_s"] for e in result.epochs] == [LOADER + WHITEN + k * STEP for k in (3, 6)] + [result.time_s]
+    assert [e["level"] for e in inst.evaluations] == ["none", "flip"]
+    assert [e["val_accuracy"] is None for e in result.epochs] == [True, True, False]
+
+
+def test_validation_every_epoch_when_asked_and_untimed(monkeypatch):
+    inst, result = _run(monkeypatch, TIMED, validate_every_epoch=True)
+    assert result.time_s == LOADER + WHITEN + 9 * STEP + FINAL
+    assert inst.now == 4 * COPY + BUILD + 3 * VALIDATE + result.time_s
     assert [e["level"] for e in inst.evaluations] == ["none"] * 3 + ["flip"]
+
+
+def test_warm_up_run_evaluates_nothing(monkeypatch):
+    inst, result = _run(monkeypatch, TIMED, max_steps=2)
+    assert len(inst.steps) == 2 and inst.evaluations == [] and result.epochs == []
 
 
 def test_time_to_target_excludes_the_per_epoch_tta_evaluations(monkeypatch):
@@ -378,7 +392,7 @@ def test_ema_evaluation_network_is_built_outside_the_timed_span(monkeypatch):
     inst, result = _run(monkeypatch, TIMED.replace(averaging="ema", ema_every=2))
     assert len(inst.models) == 2  # the live network and the EMA's evaluation network, built once
     assert result.time_s == LOADER + WHITEN + 9 * STEP + FINAL
-    assert inst.now == 4 * COPY + 2 * BUILD + 3 * VALIDATE + result.time_s
+    assert inst.now == 4 * COPY + 2 * BUILD + VALIDATE + result.time_s
 
 
 @pytest.mark.parametrize("compile", [False, True])
@@ -400,5 +414,5 @@ def test_flops_per_run_is_what_a_run_computes(monkeypatch, compile):
     model = SpeedrunNet(recipe.net).eval()
     with FlopCounterMode(display=False) as forward, torch.no_grad():
         model(torch.zeros(len(TINY_DATA.test.labels), 3, 16, 16))
-    validations = len(result.epochs) * forward.get_total_flops()
+    validations = sum(e["val_accuracy"] is not None for e in result.epochs) * forward.get_total_flops()
     assert total.get_total_flops() - whitening.get_total_flops() - validations == flops_per_run(recipe, TINY_DATA)

@@ -15,7 +15,7 @@ and copied to the device, the networks built, warm-up runs excluded (``warm_up``
 every distinct recipe that compiles or runs on CUDA, ladder rungs included), the device
 synchronised before every clock read; included are the loader set-up
 (normalisation, padding on the device), the whitening set-up, every training step
-and the final (TTA) evaluation; excluded is the per-epoch validation that only
+and the final (TTA) evaluation; excluded is the validation (after the last epoch; every epoch for the ablation) that only
 feeds the progress table.
 
 Changes the training math: yes (it is a training recipe).
@@ -549,7 +549,7 @@ def warm_up(recipes: list[Recipe], data: ImageDataset, device: torch.device, mea
 
 def _timed_runs(config, data, device, mean_std, run_dir, say) -> dict:
     say("timed: loader set-up, whitening set-up, training, final TTA evaluation; untimed: data loading "
-        "and copy to the device, building the network, warm-up, per-epoch validation")
+        "and copy to the device, building the network, warm-up, validation")
     say(TABLE_HEADER)
     results = []
     for i in range(config.runs):
