@@ -92,3 +92,67 @@ def test_size_of_sets_the_bytes_on_the_wire_and_bad_arguments_raise():
         concurrent_reads(store, [0], in_flight=0)
     with pytest.raises(ValueError, match="prefetch"):
         concurrent_reads(store, [0], prefetch=-1)
+
+
+# -- one storage shared by forked reader processes (decode workers) ---------------------------
+def _read_all(storage, keys):
+    return [storage[k] for k in keys]
+
+
+def test_forked_workers_read_through_one_shared_storage():
+    """Decode workers are forked processes: before the storage's state was shared, each
+    worker read through its own copy (the parent counted no reads: a storage ratio of 0),
+    and concurrent readers each got the full rate."""
+    from functools import partial
+
+    from hasten.data.workers import ordered_map
+
+    chunks = [list(range(i, i + 5)) for i in range(0, 40, 5)]
+    store = SlowStorage(list(range(40)), latency_s=0.002)
+    out = [x for chunk in ordered_map(partial(_read_all, store), chunks, workers=4, prefetch=4) for x in chunk]
+    assert out == list(range(40))
+    assert store.reads == 40  # counted in the parent, though read in the workers
+    assert store.delay_s >= 40 * 0.002
+    # A throughput (item_s): one record per 10 ms for all readers together, so 40 records
+    # read by 4 workers at once take 0.4 s, not 0.1 s.
+    rate = SlowStorage(list(range(40)), item_s=0.01)
+    t0 = time.perf_counter()
+    assert [x for c in ordered_map(partial(_read_all, rate), chunks, workers=4, prefetch=4) for x in c] == out
+    elapsed = time.perf_counter() - t0
+    assert rate.reads == 40 and rate.link_busy_s == pytest.approx(40 * 0.01)
+    assert elapsed >= 40 * 0.01 - 0.02, elapsed
+
+
+def _timed_child_reads(storage, n, out):
+    t0 = time.monotonic()
+    for i in range(n):
+        storage[i]
+    out.put(time.monotonic() - t0)
+
+
+def test_a_pause_in_the_parent_stops_reads_in_forked_workers():
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    store = SlowStorage(list(range(10)), latency_s=0.02)
+    out = ctx.Queue()
+    child = ctx.Process(target=_timed_child_reads, args=(store, 10, out))
+    child.start()
+    time.sleep(0.05)
+    with store.paused():
+        time.sleep(0.4)
+    child.join(timeout=10)
+    took = out.get(timeout=1)
+    # 10 x 20 ms of storage time plus the 0.4 s pause: a pause that only stopped the
+    # parent's copy would let the child finish in about 0.2 s.
+    assert took >= 0.2 + 0.4 - 0.03, took
+    assert store.reads == 10
+
+
+def test_item_s_is_a_throughput_that_concurrent_requests_cannot_beat():
+    store = SlowStorage(list(range(20)), item_s=0.01)
+    t0 = time.perf_counter()
+    assert list(concurrent_reads(store, range(20), in_flight=8, prefetch=4)) == list(range(20))
+    assert time.perf_counter() - t0 >= 20 * 0.01 - 0.02
+    with pytest.raises(ValueError, match="item_s"):
+        SlowStorage([], item_s=-1)

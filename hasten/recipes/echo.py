@@ -64,7 +64,7 @@ class EchoRunConfig:
     data: str
     variant: str = "example-before"
     echo: float | str = 1.0  # a factor >= 1 or "auto" (AutoEcho)
-    upstream_delay_s: float = 0.0  # slow-storage latency per example read
+    upstream_delay_s: float = 0.0  # slow storage's time per example read (shared by all decode workers)
     e_max: float = 8.0  # AutoEcho's largest factor
     seed: int = 0
     device: str = "cpu"
@@ -210,7 +210,10 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     records = open_records(cfg.data, "train")
     if eval_set is None:
         eval_set = EvalSet(open_records(cfg.data, "test"), cfg.image_size, dev)
-    storage = SlowStorage(records, latency_s=cfg.upstream_delay_s)
+    # The delay is the storage's time per example, whatever the number of readers: decode
+    # workers (processes) reading at once queue on its one link instead of each getting the
+    # full rate (with 8 workers and a prefetch of 4, a per-request latency was hidden 4 times over).
+    storage = SlowStorage(records, item_s=cfg.upstream_delay_s)
     auto = AutoEcho(e_max=cfg.e_max, interval=4 * cfg.batch_size) if cfg.echo == "auto" else None
     if auto is not None and cfg.variant == "batch":
         auto.interval = 4
@@ -272,8 +275,9 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
             break
     c = loader.counters
     wait_s, step_s = waiting.elapsed, stepping.elapsed
-    # Storage delay per batch over step time: the part of R the slow storage adds (decoding adds more).
-    storage_ratio = (storage.delay_s / max(c.fresh_examples, 1)) * cfg.batch_size / (step_s / max(steps, 1))
+    # The storage's time per batch over step time: the part of R the slow storage adds (decoding adds
+    # more), from the reads of every process (the decode workers read through the shared storage).
+    storage_ratio = (storage.link_busy_s / max(storage.reads, 1)) * cfg.batch_size / (step_s / max(steps, 1))
     return {
         "variant": cfg.variant,
         "echo_factor": cfg.echo,

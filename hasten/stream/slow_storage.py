@@ -12,10 +12,20 @@ takes no CPU from the training step.
 
 Timing model of one request for a record of ``n`` bytes started at time t:
 the latency ends at t + ``latency_s``; its bytes then cross the shared link
-(``link_bytes_per_s``) after any bytes queued before them, each request also
-limited to ``bandwidth_bytes_per_s``; the record is returned when both are done.
-All of it runs on a storage clock that stands still inside ``paused()``: an
-evaluation pause lets no read, started or not, run ahead for free.
+(``link_bytes_per_s``, plus ``item_s`` per record) after any queued before them,
+each request also limited to ``bandwidth_bytes_per_s``; the record is returned
+when both are done. ``item_s`` alone makes a storage that delivers one record
+per ``item_s`` seconds however many readers ask at once (a throughput, where
+``latency_s`` is hidden by concurrent requests). All of it runs on a storage
+clock that stands still inside ``paused()``: an evaluation pause lets no read,
+started or not, run ahead for free.
+
+One storage, many processes: its state (the storage clock and its pauses, the
+shared link's queue, the counters) lives in shared memory, so decode worker
+processes forked (or spawned) from the process that made it read through the
+same storage: their reads queue on one link, stop when the parent pauses, and
+count in the parent's ``reads``, ``delay_s`` and ``link_busy_s``. The storage
+clock is ``time.monotonic``, one clock for every process of the machine.
 
 Changes the training math: no (timing only).
 """
@@ -23,7 +33,8 @@ Changes the training math: no (timing only).
 from __future__ import annotations
 
 import math
-import threading
+import multiprocessing as mp
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -48,34 +59,62 @@ def _check_rate(name: str, value) -> float:
     return float(value)
 
 
+# Slots of the shared state (doubles).
+_PAUSED_TOTAL, _PAUSED_SINCE, _LINK_FREE_AT, _DELAY, _LINK_BUSY = range(5)
+
+
 class SlowStorage:
     """``source[i]`` after the delay of one request (module docstring).
 
     ``latency_s``: per request. ``bandwidth_bytes_per_s``: per request (one
-    connection). ``link_bytes_per_s``: shared by all concurrent requests.
+    connection). ``link_bytes_per_s``: shared by all concurrent requests, and
+    ``item_s``: link seconds per record on top (``item_s`` alone: a storage that
+    serves 1 / ``item_s`` records per second to all its readers together).
     ``size_of(record)``: bytes a record costs on the wire; by default the total
     length of the bytes it holds (a bytes object, or a tuple containing some).
-    Reads from several threads overlap, as concurrent requests to object storage do.
-    ``reads`` and ``delay_s`` (summed per-request delays) count what was read.
+    Reads from several threads or processes overlap, as concurrent requests to
+    object storage do. ``reads``, ``delay_s`` (summed per-request delays, queueing
+    included) and ``link_busy_s`` (seconds the shared link carried records) count
+    what was read, in every process. ``mp_context``: the start method the readers'
+    processes use (default: fork on Linux, else spawn), whose shared memory holds the state.
     """
 
     def __init__(self, source: Any, *, latency_s: float = 0.0, bandwidth_bytes_per_s: float = math.inf,
-                 link_bytes_per_s: float = math.inf, size_of: Callable[[Any], int] | None = None):
+                 link_bytes_per_s: float = math.inf, item_s: float = 0.0,
+                 size_of: Callable[[Any], int] | None = None, mp_context: str | None = None):
         if not (isinstance(latency_s, (int, float)) and math.isfinite(latency_s) and latency_s >= 0):
             raise ValueError(f"latency_s must be a finite number >= 0 (seconds per item); got {latency_s!r}")
+        if not (isinstance(item_s, (int, float)) and math.isfinite(item_s) and item_s >= 0):
+            raise ValueError(f"item_s must be a finite number >= 0 (link seconds per record); got {item_s!r}")
         self.source = source
         self.latency_s = float(latency_s)
+        self.item_s = float(item_s)
         self.bandwidth = _check_rate("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
         self.link = _check_rate("link_bytes_per_s", link_bytes_per_s)
         self.size_of = size_of or _nbytes
-        self._running = threading.Event()
+        ctx = mp.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
+        # Shared memory: forked or spawned readers see and change the same clock, link and counters.
+        self._lock = ctx.Lock()
+        self._running = ctx.Event()
         self._running.set()
-        self._lock = threading.Lock()
-        self._paused_total = 0.0  # storage clock = wall clock - time spent paused
-        self._paused_since: float | None = None
-        self._link_free_at = 0.0  # storage-clock time the shared link finishes its queued bytes
-        self.reads = 0
-        self.delay_s = 0.0
+        self._state = ctx.RawArray("d", 5)  # storage clock = wall clock - time spent paused
+        self._state[_PAUSED_SINCE] = math.nan
+        self._reads = ctx.RawValue("q", 0)
+
+    @property
+    def reads(self) -> int:
+        """Records read, by every process."""
+        return self._reads.value
+
+    @property
+    def delay_s(self) -> float:
+        """Summed per-request delays (latency, transfer and queueing), by every process."""
+        return self._state[_DELAY]
+
+    @property
+    def link_busy_s(self) -> float:
+        """Seconds the shared link spent on records (``item_s`` each plus their bytes), by every process."""
+        return self._state[_LINK_BUSY]
 
     def __len__(self) -> int:
         return len(self.source)
@@ -86,27 +125,31 @@ class SlowStorage:
         self.wait_for(record)
         return record
 
+    def _clock(self) -> float:  # the lock held
+        now = time.monotonic()
+        since = self._state[_PAUSED_SINCE]
+        return now - self._state[_PAUSED_TOTAL] - (0.0 if math.isnan(since) else now - since)
+
     def clock(self) -> float:
         """Seconds on the storage clock, which does not advance inside ``paused()``."""
         with self._lock:
-            now = time.perf_counter()
-            paused = self._paused_total + (now - self._paused_since if self._paused_since is not None else 0.0)
-            return now - paused
+            return self._clock()
 
     def wait_for(self, record: Any) -> None:
         """Sleep as long as reading ``record`` from this storage would take."""
         nbytes = self.size_of(record) if (self.bandwidth != math.inf or self.link != math.inf) else 0
-        start = self.clock()
-        done = start + self.latency_s + (nbytes / self.bandwidth if self.bandwidth != math.inf else 0.0)
-        if self.link != math.inf:
-            with self._lock:
-                # Bytes queue on the shared link in request order, after the latency.
-                link_start = max(start + self.latency_s, self._link_free_at)
-                self._link_free_at = link_start + nbytes / self.link
-                done = max(done, self._link_free_at)
         with self._lock:
-            self.reads += 1
-            self.delay_s += done - start
+            start = self._clock()
+            done = start + self.latency_s + (nbytes / self.bandwidth if self.bandwidth != math.inf else 0.0)
+            on_link = (nbytes / self.link if self.link != math.inf else 0.0) + self.item_s
+            if on_link:
+                # Records queue on the shared link in request order, after the latency.
+                link_start = max(start + self.latency_s, self._state[_LINK_FREE_AT])
+                self._state[_LINK_FREE_AT] = link_start + on_link
+                self._state[_LINK_BUSY] += on_link
+                done = max(done, self._state[_LINK_FREE_AT])
+            self._reads.value += 1
+            self._state[_DELAY] += done - start
         while True:
             self._running.wait()
             remaining = done - self.clock()
@@ -124,20 +167,21 @@ class SlowStorage:
 
     @contextmanager
     def paused(self):
-        """Stop the storage clock inside this ``with`` block: no read starts or progresses."""
+        """Stop the storage clock inside this ``with`` block: no read starts or progresses,
+        in this process or any reader process."""
         with self._lock:
-            nested = self._paused_since is not None
+            nested = not math.isnan(self._state[_PAUSED_SINCE])
             if not nested:
-                self._paused_since = time.perf_counter()
-        self._running.clear()
+                self._state[_PAUSED_SINCE] = time.monotonic()
+                self._running.clear()
         try:
             yield
         finally:
             if not nested:
                 with self._lock:
-                    self._paused_total += time.perf_counter() - self._paused_since
-                    self._paused_since = None
-                self._running.set()
+                    self._state[_PAUSED_TOTAL] += time.monotonic() - self._state[_PAUSED_SINCE]
+                    self._state[_PAUSED_SINCE] = math.nan
+                    self._running.set()
 
 
 def concurrent_reads(storage, keys: Iterable, *, in_flight: int = 1, prefetch: int = 0) -> Iterator:
