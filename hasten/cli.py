@@ -9,11 +9,17 @@ dependencies never break another.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import importlib
+import os
+import signal
 import sys
+import threading
+from typing import NoReturn
 
 from hasten import __version__
-from hasten.errors import HastenError
+from hasten.errors import HastenError, Terminated
 
 # name -> one-line help. The module hasten.commands.<name> implements it.
 COMMANDS = {
@@ -26,8 +32,47 @@ COMMANDS = {
 }
 
 
+def _shows_default(action: argparse.Action) -> bool:
+    # Identity, not equality: a default of 0 is worth showing, False (a switch) is not.
+    return not any(action.default is v for v in (None, False, True, argparse.SUPPRESS)) and action.nargs != 0
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, except where there is none to show
+    (None, a switch's False) or the help text already says it."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and action.option_strings and _shows_default(action):
+            action = copy.copy(action)
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or "default" in text.lower() or not _shows_default(action):
+            return text
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr and exit status 2:
+
+        hasten echo: error: argument --workers: must be an integer >= 0, got '-1'
+
+    (argparse prints the whole usage first; ``--help`` still shows it). Sub-command
+    parsers are of this class too, and show their options' defaults."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        message = " ".join(str(message).split())
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hasten",
         description="Make neural-network training as fast as the hardware allows.",
     )
@@ -47,19 +92,63 @@ def main(argv: list[str] | None = None) -> int:
     # before parsing, so `hasten speedrun --help` lists them.
     words = argv[:argv.index("--")] if "--" in argv else argv
     command = next((a for a in words if a in COMMANDS), next((a for a in words if not a.startswith("-")), None))
-    module = None
-    if command in COMMANDS:
-        module = importlib.import_module(f"hasten.commands.{command}")
-        module.add_arguments(sub.choices[command])
-    args = parser.parse_args(argv)
-    if module is None:
-        parser.print_help()
-        return 0
+    name = f"hasten {command}" if command in COMMANDS else "hasten"
+    # From here on (importing torch takes seconds), SIGTERM and SIGINT stop with one line.
+    with _signals_raise():
+        try:
+            module = None
+            if command in COMMANDS:
+                module = importlib.import_module(f"hasten.commands.{command}")
+                module.add_arguments(sub.choices[command])
+            args = parser.parse_args(argv)
+            if module is None:
+                parser.print_help()
+                return 0
+            return int(module.run(args) or 0)
+        except HastenError as exc:
+            print(f"{name}: error: {one_line(exc)}", file=sys.stderr, flush=True)
+            return 2
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted (SIGINT)", file=sys.stderr, flush=True)
+            return 128 + signal.SIGINT
+        except Terminated as exc:
+            print(f"{name}: stopped by {exc}", file=sys.stderr, flush=True)
+            return 128 + exc.signum
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message as one line (a command's error is one line on stderr)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """While a command runs, SIGTERM (``timeout``, Slurm, ``docker stop``) raises
+    ``Terminated`` in the main thread, as SIGINT raises KeyboardInterrupt, so the
+    command unwinds (removing what it made) and says in one line that it stopped;
+    a second SIGTERM or SIGINT while it does ends the process at once, quietly,
+    with the same exit status 128 + signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = []
+
+    def handler(signum, frame):
+        if stopping:
+            os._exit(128 + signum)
+        stopping.append(signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Only signals left at their defaults: an embedding program's own handlers stay.
+    installed = [sig for sig, h in previous.items()
+                 if h in (signal.SIG_DFL, signal.default_int_handler)]
+    for sig in installed:
+        signal.signal(sig, handler)
     try:
-        return int(module.run(args) or 0)
-    except HastenError as exc:
-        print(f"hasten {command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"hasten {command}: interrupted", file=sys.stderr)
-        return 130
+        yield
+    finally:
+        for sig in installed:
+            signal.signal(sig, previous[sig])

@@ -5,6 +5,8 @@ them by type. Each subclass also derives from the built-in type a plain PyTorch
 user would expect (ValueError, RuntimeError, ...).
 """
 
+import signal
+
 
 class HastenError(Exception):
     """Base class: the message says what went wrong and what to do about it."""
@@ -16,3 +18,15 @@ class DataError(HastenError, ValueError):
 
 class ConfigError(HastenError, ValueError):
     """An invalid combination of options, caught before any work starts."""
+
+
+class Terminated(BaseException):
+    """Raised in the main thread when SIGTERM arrives (``hasten.cli`` and
+    ``hasten.distributed.faults.stop_on_sigterm`` install the handler).
+
+    A BaseException, like KeyboardInterrupt, so that ``except Exception`` blocks in
+    user code do not swallow the request to stop."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum

@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -76,14 +77,24 @@ class RunDir:
     directory instead (made if missing, reused if present: a resumed run appends to
     its metrics). ``environment.json`` is written at once, so even a run that
     crashes says what code and command it was.
+
+    A command that fails before it logs anything leaves no run directory behind:
+    ``close(failed=True)`` (and leaving a ``with`` block by an exception, Ctrl-C
+    included) removes the directory if this object made it and it holds nothing
+    but the empty metrics file, config and environment.
     """
+
+    # What a run directory holds before its command has produced anything.
+    BARE = frozenset({"environment.json", "config.json", "metrics.jsonl"})
 
     def __init__(self, command: str, root: str | os.PathLike | None = None, device=None, *,
                  path: str | os.PathLike | None = None):
         if path is not None:
             path = Path(path)
+            self._made = not path.exists()
             path.mkdir(parents=True, exist_ok=True)
         else:
+            self._made = True
             root = Path(root) if root is not None else runs_root()
             stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
             path = root / f"{command}-{stamp}"
@@ -96,13 +107,17 @@ class RunDir:
         self.environment = describe_environment(device)
         write_json(path / "environment.json", self.environment)
         self._metrics = open(path / "metrics.jsonl", "a", buffering=1)
+        self.logged = False
 
     def write_config(self, config: dict) -> None:
         write_json(self.path / "config.json", config)
 
     def log(self, **record: Any) -> None:
-        """Append one JSON line to metrics.jsonl (line-buffered: survives a crash)."""
+        """Append one JSON line to metrics.jsonl, flushed at once: a reader (``tail -f``,
+        a dashboard) sees it now, and it survives a crash."""
         self._metrics.write(json.dumps(_jsonable(record)) + "\n")
+        self._metrics.flush()
+        self.logged = True
 
     def drop_metrics_after(self, step: int) -> None:
         """Forget metrics lines logged after ``step``: a run resumed from a checkpoint
@@ -126,11 +141,23 @@ class RunDir:
     def write_results(self, results: dict) -> Path:
         return write_json(self.path / "results.json", results)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Close the metrics file; with ``failed``, remove the directory if it is bare
+        (see the class docstring)."""
         self._metrics.close()
+        if failed and self._made and self._bare():
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def _bare(self) -> bool:
+        try:
+            entries = list(self.path.iterdir())
+            return (all(e.name in self.BARE and e.is_file() for e in entries)
+                    and (self.path / "metrics.jsonl").stat().st_size == 0)
+        except OSError:
+            return False
 
     def __enter__(self) -> "RunDir":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)

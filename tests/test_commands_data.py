@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from hasten.cli import main
 from hasten.stream.shards import open_shards
 
@@ -19,10 +21,15 @@ def test_pack_writes_shards_and_index_and_prints_counts(photo_folder, tmp_path, 
 def test_errors_are_one_line(photo_folder, tmp_path, capsys):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("x")
-    assert main(["data", "pack", str(photo_folder), str(tmp_path / "busy")]) == 2
-    assert main(["data", "pack", str(tmp_path / "missing"), str(tmp_path / "o")]) == 2
-    assert main(["data", "pack", str(photo_folder), str(tmp_path / "o2"), "--shard-size-mb", "0"]) == 2
+    for argv in (["data", "pack", str(photo_folder), str(tmp_path / "busy")],
+                 ["data", "pack", str(tmp_path / "missing"), str(tmp_path / "o")],
+                 ["data", "pack", str(photo_folder), str(tmp_path / "o2"), "--shard-size-mb", "0"]):
+        with pytest.raises(SystemExit) as exc:  # argparse: the values are checked where they are read
+            main(argv)
+        assert exc.value.code == 2
     assert main(["data"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 4 and all(line.startswith("hasten data: error: ") for line in lines)
-    assert "not an empty directory" in lines[0] and "does not exist" in lines[1]
+    assert len(lines) == 4 and all(line.startswith("hasten data") and ": error: " in line for line in lines)
+    assert "argument outdir:" in lines[0] and "is not empty" in lines[0]
+    assert "argument src:" in lines[1] and "does not exist" in lines[1]
+    assert "argument --shard-size-mb:" in lines[2]

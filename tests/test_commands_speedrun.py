@@ -53,17 +53,25 @@ def test_cli_writes_run_directory_and_json(tmp_path, capsys):
     assert "preset: tiny" in printed and "val_acc" in printed
 
 
+def _exit_code(argv):
+    """main's return value, or argparse's exit status for an option it rejected."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
 def test_cli_rejects_bad_input_with_one_line(tmp_path, capsys):
-    assert main(["speedrun", "--runs", "0", "--data", str(tmp_path)]) == 2
+    assert _exit_code(["speedrun", "--runs", "0", "--data", str(tmp_path)]) == 2
     assert "--runs" in capsys.readouterr().err
-    assert main(["speedrun", "--data", str(tmp_path / "missing"), "--device", "cpu"]) == 2
+    assert _exit_code(["speedrun", "--data", str(tmp_path / "missing"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "missing" in err and "Traceback" not in err
     data = _image_folder(tmp_path / "small")
     assert main(["speedrun", "--data", str(data), "--preset", "tiny", "--device", "cpu"]) == 2
     assert "--batch-size" in capsys.readouterr().err
-    assert main(["speedrun", "--data", str(data), "--epochs", "-1", "--device", "cpu"]) == 2
-    assert "epochs" in capsys.readouterr().err
+    assert _exit_code(["speedrun", "--data", str(data), "--epochs", "-1", "--device", "cpu"]) == 2
+    assert "--epochs" in capsys.readouterr().err
 
 
 def test_cli_ablation_prints_the_ladder(tmp_path, capsys):

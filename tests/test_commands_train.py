@@ -13,7 +13,11 @@ from hasten.recipes.train import TrainConfig
 
 
 def _cli(*args):
-    return main(["train", *args])
+    """The exit status: main's return value, or argparse's for an option it rejected."""
+    try:
+        return main(["train", *args])
+    except SystemExit as exc:
+        return exc.code
 
 
 @pytest.mark.parametrize(
@@ -21,17 +25,18 @@ def _cli(*args):
     [
         ("3", ["--batch-size", "16"], "global batch 16 is not divisible by the world size 3"),
         ("4", ["--bn-group", "3"], r"--bn-group 3 does not divide the world size 4; use one of \[1, 2, 4\]"),
-        ("1", ["--lr", "-1"], "--lr must be > 0, got -1"),
+        ("1", ["--lr", "-1"], "argument --lr: must be a finite number > 0, got '-1'"),
         ("1", ["--ghost-batch", "5", "--batch-size", "16"], "--ghost-batch 5 must divide the per-replica batch 16"),
-        ("1", ["--warmup-epochs", "5", "--epochs", "2"], r"--warmup-epochs must be in \[0, epochs=2.0\)"),
-        ("1", ["--model", "vgg"], "unknown model 'vgg'"),
-        ("1", ["--label-smoothing", "1.5"], "--label-smoothing must be in"),
-        ("1", ["--batch-size", "0"], "--batch-size must be >= 1"),
+        ("1", ["--warmup-epochs", "5", "--epochs", "2"], r"--warmup-epochs 5 must be >= 0 and less than --epochs 2"),
+        ("1", ["--model", "vgg"], "argument --model: invalid choice: 'vgg'"),
+        ("1", ["--label-smoothing", "1.5"], "argument --label-smoothing: must be a finite number >= 0 and < 1"),
+        ("1", ["--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got '0'"),
         ("1", ["--loader", "stream", "--train-subset", "10"], "--train-subset needs --loader device"),
     ],
 )
 def test_bad_configuration_is_one_clear_line_before_any_work(world, args, match, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", world)
+    (tmp_path / "never-read").mkdir()
     assert _cli("--data", str(tmp_path / "never-read"), *args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(match, err), err
@@ -41,11 +46,11 @@ def test_bad_configuration_is_one_clear_line_before_any_work(world, args, match,
 def test_corrupt_or_mismatched_checkpoint_is_a_clear_error(tmp_path, capsys):
     bad = tmp_path / "checkpoint.pt"
     bad.write_bytes(b"PK\x03\x04 truncated")
-    assert _cli("--data", "x", "--resume", str(bad)) == 2
+    assert _cli("--data", str(tmp_path), "--resume", str(bad)) == 2
     assert "corrupt or truncated" in capsys.readouterr().err
     save_checkpoint(bad, {"config": {**TrainConfig().__dict__, "batch_size": 64}, "model": {}})
-    assert _cli("--data", "x", "--resume", str(bad)) == 2
-    assert "batch_size: checkpoint 64, now 512" in capsys.readouterr().err
+    assert _cli("--data", str(tmp_path), "--resume", str(bad)) == 2
+    assert "--batch-size: checkpoint 64, now 512" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,lr,scaling", [
@@ -53,7 +58,7 @@ def test_corrupt_or_mismatched_checkpoint_is_a_clear_error(tmp_path, capsys):
     (["--optimizer", "sgd"], 0.1, "linear"),
     (["--optimizer", "lars", "--lr", "3", "--lr-scaling", "linear"], 3.0, "linear"),
 ])
-def test_learning_rate_defaults_by_optimizer(args, lr, scaling, monkeypatch):
+def test_learning_rate_defaults_by_optimizer(args, lr, scaling, monkeypatch, tmp_path):
     import hasten.recipes.train as recipe
 
     seen = []
@@ -63,7 +68,7 @@ def test_learning_rate_defaults_by_optimizer(args, lr, scaling, monkeypatch):
         raise KeyboardInterrupt  # stop before any work
 
     monkeypatch.setattr(recipe, "train", fake_train)
-    assert _cli("--data", "x", *args) == 130
+    assert _cli("--data", str(tmp_path), *args) == 130
     assert isinstance(seen[0], TrainConfig) and (seen[0].lr, seen[0].lr_scaling) == (lr, scaling)
 
 
@@ -117,5 +122,5 @@ def test_two_processes_on_one_gpu_is_one_line_not_a_cuda_traceback(colours, monk
 
 
 def test_collective_timeout_must_be_positive(tmp_path, capsys):
-    assert _cli("--data", "x", "--collective-timeout", "0") == 2
-    assert "--collective-timeout must be > 0 seconds, got 0.0" in capsys.readouterr().err
+    assert _cli("--data", str(tmp_path), "--collective-timeout", "0") == 2
+    assert "argument --collective-timeout: must be a finite number > 0, got '0'" in capsys.readouterr().err

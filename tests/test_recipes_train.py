@@ -254,7 +254,7 @@ def test_plan_resume_fresh_auto_explicit_and_restarted(tmp_path):
     assert plan_resume(cfg, tmp_path / "new", str(other)).state["step"] == 5
     # A restarted worker prefers the run's own newer checkpoint to the one it was started from.
     assert plan_resume(cfg, run, str(run / "checkpoint-previous.pt"), restarted=True).state["step"] == 10
-    with pytest.raises(ConfigError, match="batch_size: checkpoint 64, now 128"):
+    with pytest.raises(ConfigError, match="--batch-size: checkpoint 64, now 128"):
         plan_resume(TrainConfig(batch_size=128), run, "auto")
 
 

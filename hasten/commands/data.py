@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hasten import cli_types as t
 from hasten.errors import ConfigError
 
 
@@ -27,21 +28,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pack = sub.add_parser("pack", help="image folder or archive -> tar shards + index.json",
                           description="Pack an image folder or archive into size-bounded tar shards (web-dataset "
                           "layout: KEY.jpg + KEY.cls) with an index of counts and class names.")
-    pack.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    pack.add_argument("src", help="image folder or archive with train/<class>/* and test/<class>/*")
-    pack.add_argument("outdir", help="new or empty directory for the shards and index.json")
-    pack.add_argument("--shard-size-mb", type=float, default=64.0, help="largest shard, MiB")
-    pack.add_argument("--seed", type=int, default=0, help="seed of the order examples are written in")
+    pack.add_argument("src", type=t.existing_path,
+                      help="image folder or archive with train/<class>/* and test/<class>/*")
+    pack.add_argument("outdir", type=t.new_or_empty_dir, help="new or empty directory for the shards and index.json")
+    pack.add_argument("--shard-size-mb", type=t.positive_float, default=64.0, help="largest shard, MiB")
+    pack.add_argument("--seed", type=t.seed, default=0, help="seed of the order examples are written in")
     pack.add_argument("--no-shuffle", action="store_true", help="write in class/name order instead")
     jpeg = sub.add_parser("jpeg", help="data set -> JPEG image folder or archive (makes CIFAR-10-JPEG)",
                           description="Write a data set as JPEG files (train/<class>/NNNN.jpg, test/<class>/NNNN.jpg) "
                           "into a new directory or a .tar/.tar.gz/.tar.xz archive. With no SRC: the canonical "
                           "CIFAR-10, downloaded and md5-checked, which at the default quality gives CIFAR-10-JPEG.")
-    jpeg.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     jpeg.add_argument("paths", nargs="+", metavar="[SRC] OUT",
                       help="SRC: CIFAR-10 binary archive or folder, or an image folder/archive (default: download "
                            "canonical CIFAR-10); OUT: new directory or archive (e.g. cifar10-jpeg.tar.xz)")
-    jpeg.add_argument("--quality", type=int, default=75, help="JPEG quality (Pillow), 4:2:0 chroma subsampling")
+    jpeg.add_argument("--quality", type=t.int_range(1, 100), default=75,
+                      help="JPEG quality (Pillow), 4:2:0 chroma subsampling")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +67,10 @@ def _jpeg(args: argparse.Namespace) -> int:
     if len(args.paths) > 2:
         raise ConfigError(f"hasten data jpeg takes [SRC] OUT, got {len(args.paths)} paths")
     src, out = (None, args.paths[0]) if len(args.paths) == 1 else args.paths
+    if not all(str(path).strip() for path in args.paths):
+        raise ConfigError("SRC and OUT must not be empty")
+    if src is not None and not Path(src).expanduser().exists():
+        raise ConfigError(f"SRC {src!r} does not exist")
     from hasten.data import load_dataset
     from hasten.data.jpeg_export import tar_mode, write_jpeg_folder
 

@@ -22,6 +22,7 @@ import os
 
 import torch
 
+from hasten import cli_types as t
 from hasten.echo import VARIANTS
 from hasten.environment import hardware_label, pick_device
 from hasten.errors import ConfigError
@@ -29,25 +30,30 @@ from hasten.rundir import RunDir, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default=os.environ.get("HASTEN_DATA"),
+    p.add_argument("--data", type=t.existing_path, default=os.environ.get("HASTEN_DATA") or None,
                    help="image folder or archive with train/<class>/* and test/<class>/* (default $HASTEN_DATA)")
-    p.add_argument("--echo", default="auto", help="echo factor: a number >= 1 or 'auto' (default auto)")
-    p.add_argument("--variant", default="example-before", help=f"one of {', '.join(VARIANTS)}")
+    p.add_argument("--echo", type=t.echo_factor, default="auto", help="echo factor: a number >= 1 or 'auto'")
+    p.add_argument("--variant", default="example-before", choices=VARIANTS, help="where examples are repeated")
     delay = p.add_mutually_exclusive_group()
-    delay.add_argument("--upstream-delay", type=float, default=None, metavar="SECONDS",
+    delay.add_argument("--upstream-delay", type=t.nonneg_float, default=None, metavar="SECONDS",
                        help="simulated storage latency per example read")
-    delay.add_argument("--upstream-ratio", type=float, default=4.0, metavar="R",
-                       help="set the latency so that upstream/step time is about R (measured first; default 4)")
-    p.add_argument("--target", type=float, default=None, help="test accuracy to reach (CPU default 0.40)")
-    p.add_argument("--e-max", type=float, default=8.0, help="AutoEcho's largest factor")
+    delay.add_argument("--upstream-ratio", type=t.nonneg_float, default=4.0, metavar="R",
+                       help="set the latency so that upstream/step time is about R (measured first)")
+    p.add_argument("--target", type=t.float_range(0, 1, lo_open=True, hi_open=True), default=None,
+                   help="test accuracy to reach (CPU default 0.40)")
+    p.add_argument("--e-max", type=t.float_range(1), default=8.0, help="AutoEcho's largest factor")
     p.add_argument("--sweep", action="store_true", help="run the paper's two sweeps instead of one comparison")
-    p.add_argument("--repeats", type=int, default=1, help="runs (seeds) per configuration (--sweep: default 3)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--repeats", type=t.positive_int, default=1,
+                   help="runs (seeds) per configuration (--sweep: default 3)")
+    p.add_argument("--device", type=t.device, default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=t.int_range(1, t.MAX_THREADS), default=1,
                    help="torch CPU threads (1: on a shared CPU a second thread made steps 5x slower)")
-    p.add_argument("--workers", type=int, default=0, help="decode processes (0: a decode thread)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the results JSON here")
-    p.add_argument("--plots", default=None, metavar="DIR", help="also write the sweep's PNG plots here")
+    p.add_argument("--workers", type=t.int_range(0, t.MAX_WORKERS), default=0,
+                   help="decode processes (0: a decode thread)")
+    p.add_argument("--json", type=t.output_file, default=None, metavar="PATH",
+                   help="also write the results JSON here")
+    p.add_argument("--plots", type=t.output_dir, default=None, metavar="DIR",
+                   help="also write the sweep's PNG plots here")
 
 
 def config_from(args: argparse.Namespace, device: torch.device):
@@ -96,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         rd.write_results(report)
         if args.json:
             write_json(args.json, report)
-        print(echo_report.format_table(report["summary"]))
+        print(echo_report.format_table(report["summary"], legend=True))
         if args.sweep:
             for directory in [rd.path] + ([args.plots] if args.plots else []):
                 for path in echo_report.write_plots(report["summary"], directory):

@@ -15,7 +15,9 @@ import gc
 import os
 import sys
 
+from hasten import cli_types as t
 from hasten.distributed.hooks import HOOKS
+from hasten.models.resnet import MODELS
 from hasten.recipes.train import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, LOADERS, LR_SCALINGS, OPTIMIZERS,
                                   TrainConfig)
 
@@ -23,51 +25,58 @@ _D = TrainConfig()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    p.add_argument("--data", help="dataset: image folder or archive (ImageNet layout too), CIFAR-10 binary, or "
-                   "with --loader stream a directory of tar shards (hasten data pack); default $HASTEN_DATA or "
-                   "the CIFAR-10 download")
-    p.add_argument("--model", default=_D.model, help="resnet10|resnet18|resnet34|resnet50")
-    p.add_argument("--width", type=int, default=_D.width, help="channels of the first stage")
-    p.add_argument("--image-size", type=int, default=None, help="resize image folders to SxS")
-    p.add_argument("--train-subset", type=int, default=0, help="train on N random images (0 = all)")
+    p.add_argument("--data", type=t.existing_path, default=os.environ.get("HASTEN_DATA") or None,
+                   help="dataset: image folder or archive (ImageNet layout too), CIFAR-10 binary, or with --loader "
+                   "stream a directory of tar shards (hasten data pack); default $HASTEN_DATA or the CIFAR-10 download")
+    p.add_argument("--model", default=_D.model, choices=sorted(MODELS))
+    p.add_argument("--width", type=t.positive_int, default=_D.width, help="channels of the first stage")
+    p.add_argument("--image-size", type=t.positive_int, default=None, help="resize image folders to SxS")
+    p.add_argument("--train-subset", type=t.nonneg_int, default=0, help="train on N random images (0 = all)")
     p.add_argument("--loader", choices=LOADERS, default=_D.loader,
                    help="device: decode once, keep the set on the device; stream: decode per epoch in "
                    "worker processes (datasets larger than memory)")
-    p.add_argument("--workers", type=int, default=0, help="decode processes per rank (--loader stream)")
-    p.add_argument("--batch-size", type=int, default=_D.batch_size, help="global batch, all ranks")
-    p.add_argument("--epochs", type=float, default=_D.epochs)
+    p.add_argument("--workers", type=t.int_range(0, t.MAX_WORKERS), default=0,
+                   help="decode processes per rank (--loader stream)")
+    p.add_argument("--batch-size", type=t.positive_int, default=_D.batch_size, help="global batch, all ranks")
+    p.add_argument("--epochs", type=t.positive_float, default=_D.epochs)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=_D.optimizer)
-    p.add_argument("--lr", type=float, default=None,
+    p.add_argument("--lr", type=t.positive_float, default=None,
                    help=f"base learning rate (when not given, by optimizer: {DEFAULT_BASE_LR})")
     p.add_argument("--lr-scaling", choices=LR_SCALINGS, default=None,
                    help=f"linear: peak = lr x batch / base-batch (when not given, by optimizer: "
                    f"{DEFAULT_LR_SCALING})")
-    p.add_argument("--base-batch", type=int, default=_D.base_batch, help="for linear scaling")
-    p.add_argument("--momentum", type=float, default=_D.momentum)
-    p.add_argument("--weight-decay", type=float, default=_D.weight_decay)
-    p.add_argument("--trust-coefficient", type=float, default=_D.trust_coefficient, help="LARS eta")
-    p.add_argument("--warmup-epochs", type=float, default=_D.warmup_epochs)
-    p.add_argument("--decay-power", type=float, default=_D.decay_power, help="polynomial decay power")
-    p.add_argument("--label-smoothing", type=float, default=_D.label_smoothing)
-    p.add_argument("--bn-group", type=int, default=_D.bn_group, help="replicas sharing BN statistics")
-    p.add_argument("--ghost-batch", type=int, default=0, help="virtual BN batch inside a replica (0 = off)")
+    p.add_argument("--base-batch", type=t.positive_int, default=_D.base_batch, help="for linear scaling")
+    p.add_argument("--momentum", type=t.fraction, default=_D.momentum)
+    p.add_argument("--weight-decay", type=t.nonneg_float, default=_D.weight_decay)
+    p.add_argument("--trust-coefficient", type=t.positive_float, default=_D.trust_coefficient, help="LARS eta")
+    p.add_argument("--warmup-epochs", type=t.nonneg_float, default=None,
+                   help=f"linear warm-up; less than --epochs (default: {_D.warmup_epochs:g}, or --epochs / 5 when "
+                   "that is less)")
+    p.add_argument("--decay-power", type=t.nonneg_float, default=_D.decay_power, help="polynomial decay power")
+    p.add_argument("--label-smoothing", type=t.fraction, default=_D.label_smoothing)
+    p.add_argument("--bn-group", type=t.positive_int, default=_D.bn_group, help="replicas sharing BN statistics")
+    p.add_argument("--ghost-batch", type=t.nonneg_int, default=0, help="virtual BN batch inside a replica (0 = off)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (BN, loss, gradients in fp32)")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--hook", choices=HOOKS, default=_D.hook, help="gradient all-reduce (hasten.distributed)")
     p.add_argument("--compress", choices=["bf16"], default=None, help="compress gradients on the wire")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: end)")
-    p.add_argument("--resume", help="checkpoint file, a run directory holding checkpoint.pt, or 'auto': the "
-                   "newest complete checkpoint in this run's directory (fresh if none); workers that "
+    p.add_argument("--checkpoint-every", type=t.nonneg_int, default=0, help="steps between checkpoints (0: end)")
+    p.add_argument("--resume", type=resume_type, help="checkpoint file, a run directory holding checkpoint.pt, or "
+                   "'auto': the newest complete checkpoint in this run's directory (fresh if none); workers that "
                    "torchrun restarts always resume as 'auto'")
-    p.add_argument("--run-dir", help="run directory (default: $HASTEN_RUNS/train-<digest of the data and "
-                   "training settings>, the same for every rank and restart)")
-    p.add_argument("--collective-timeout", type=float, default=_D.collective_timeout,
+    p.add_argument("--run-dir", type=t.output_dir, help="run directory (default: $HASTEN_RUNS/train-<digest of the "
+                   "data and training settings>, the same for every rank and restart)")
+    p.add_argument("--collective-timeout", type=t.positive_float, default=_D.collective_timeout,
                    help="seconds a collective waits for a dead or hung peer rank before stopping")
-    p.add_argument("--seed", type=int, default=_D.seed)
+    p.add_argument("--seed", type=t.seed, default=_D.seed)
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms only")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--json", help="also write the final report to this JSON file")
+    p.add_argument("--device", type=t.device, default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--json", type=t.output_file, help="also write the final report to this JSON file")
+
+
+def resume_type(text: str) -> str:
+    """``--resume``: ``auto``, or a checkpoint file or run directory that exists."""
+    return text if str(text).strip() == "auto" else t.existing_path(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         fields["lr"] = DEFAULT_BASE_LR[args.optimizer]
     if args.lr_scaling is None:
         fields["lr_scaling"] = DEFAULT_LR_SCALING[args.optimizer]
+    # The warm-up defaults to 2 epochs, scaled down for short runs (--epochs 1: 0.2).
+    if args.warmup_epochs is None:
+        fields["warmup_epochs"] = min(_D.warmup_epochs, args.epochs / 5)
     cfg = TrainConfig(**fields)
     # Validate before making a run directory or starting any process group.
     cfg.validate(int(os.environ.get("WORLD_SIZE", "1")))
@@ -92,18 +104,21 @@ def run(args: argparse.Namespace) -> int:
     if main and plan.note:
         print(f"hasten train: {plan.note}", file=sys.stderr, flush=True)
     run_dir = RunDir("train", path=run_path) if main else None
+    failed = True  # until train returns: a run directory it made and left bare is removed
     try:
         report = train(cfg, run_dir=run_dir, resume=plan.state, run_path=run_path)
+        failed = False
     except PeerLostError as exc:
-        # The survivors' last words: one line, no traceback.
+        # The last words of a lost peer's survivors, or of a run stopped by SIGTERM or
+        # SIGINT: one line, with the checkpoint to resume from; no traceback.
         print(f"hasten train: {exc}", file=sys.stderr, flush=True)
         # Interpreter teardown garbage-collects every object torch made (seconds on a
         # busy machine) while torchrun waits to restart the job: skip that work.
         gc.freeze()
-        return 1
+        return exc.exit_code
     finally:
         if run_dir is not None:
-            run_dir.close()
+            run_dir.close(failed=failed)
     if main:
         if args.json:
             write_json(args.json, report)

@@ -71,7 +71,8 @@ def _clean_name(raw: str, archive: Path) -> str:
         raise DataError(f"archive {archive.name} has a member with an absolute path: {raw!r}; refusing to read it")
     if ".." in name.split("/"):
         raise DataError(f"archive {archive.name} has a member that escapes its directory: {raw!r}; refusing to read it")
-    return name.rstrip("/")
+    name = name.rstrip("/")
+    return "" if name == "." else name  # "." is the archive's root (tar -C DIR .): nothing to make
 
 
 def _check_tar_member(member: tarfile.TarInfo, archive: Path) -> str:
@@ -135,8 +136,22 @@ def iter_entries(path: str | os.PathLike, container: str | None = None) -> Itera
     except DataError:
         raise
     except _READ_ERRORS as e:
-        raise DataError(f"cannot read archive {str(path)!r}: {type(e).__name__}: {e} "
-                        "(truncated, corrupt or not the format its name says)") from None
+        raise DataError(f"cannot read archive {str(path)!r}: {_why_unreadable(path, e)}") from None
+
+
+def _why_unreadable(path: Path, exc: BaseException) -> str:
+    """One short reason an archive could not be read (tarfile's own message for a
+    file it cannot open lists every decompressor it tried, each with its error)."""
+    try:
+        if path.stat().st_size == 0:
+            return "the file is empty (0 bytes)"
+    except OSError:
+        pass
+    text = str(exc)
+    if isinstance(exc, tarfile.ReadError) and "could not be opened successfully" in text:
+        return "not a tar archive, plain or gzip/bzip2/xz-compressed (truncated, corrupt or another format?)"
+    text = " ".join(text.split())
+    return f"{type(exc).__name__}: {text[:200]} (truncated, corrupt or not the format its name says)"
 
 
 # Magic bytes of the compressions a .tar may come in, and how to undo each.
@@ -263,7 +278,7 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
     except DataError:
         raise
     except _READ_ERRORS as e:
-        raise DataError(f"cannot extract archive {str(archive)!r}: {type(e).__name__}: {e}") from None
+        raise DataError(f"cannot extract archive {str(archive)!r}: {_why_unreadable(archive, e)}") from None
     return dest
 
 

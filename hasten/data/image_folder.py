@@ -222,6 +222,6 @@ def _check_sizes(where: str, named_shapes: list[tuple[str, tuple[int, int]]]) ->
     name, (oh, ow) = odd[0]
     raise DataError(
         f"{where}: images have different sizes: most are {h}x{w}, but {name} is {oh}x{ow}"
-        f"{f' (and {len(odd) - 1} more)' if len(odd) > 1 else ''}; pass image_size=S to resize the "
-        "shorter side to S and center-crop SxS"
+        f"{f' (and {len(odd) - 1} more)' if len(odd) > 1 else ''}; pass --image-size S (image_size=S in Python) "
+        "to resize the shorter side to S and center-crop SxS"
     )

@@ -32,6 +32,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
@@ -97,6 +98,10 @@ class _Failure:
 def _worker_main(fn, tasks, results) -> None:
     # Ctrl-C is the parent's to handle; a worker just stops when told to.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the parent's SIGTERM handler, which raises an exception
+    # for the parent to report; here it would print a traceback per worker when the
+    # whole process group is stopped (timeout, Slurm). The default action: exit quietly.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The stop signal only comes once the consumer has everything it wants, so a
     # worker may exit without flushing results nobody will read.
     results.cancel_join_thread()
@@ -199,6 +204,12 @@ class _OrderedMap:
 def _check_alive(procs) -> None:
     for k, p in enumerate(procs):
         if p.exitcode is not None:
+            stopped = p.exitcode in (-signal.SIGTERM, -signal.SIGINT)
+            if stopped and threading.current_thread() is threading.main_thread():
+                # Sent to the whole process group (timeout, Slurm, a terminal), the signal
+                # reaches this process too: give its handler the moment it needs to stop
+                # the run with its own message rather than this one.
+                time.sleep(0.5)
             how = (f"killed by signal {signal.Signals(-p.exitcode).name}" if p.exitcode < 0
                    else f"exit code {p.exitcode}")
             raise DecodeWorkerError(f"a decode worker process died (worker {k}, pid {p.pid}, {how}): out of memory, "

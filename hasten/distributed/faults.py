@@ -35,24 +35,20 @@ from typing import Iterator
 import torch.distributed as dist
 
 from hasten.distributed.p2p import CollectiveError
-from hasten.errors import HastenError
+from hasten.errors import HastenError, Terminated
 
-__all__ = ["PeerLostError", "SigtermGuard", "Terminated", "peer_failure", "stop_on_sigterm", "terminated"]
+__all__ = ["PeerLostError", "SigtermGuard", "Terminated", "peer_failure", "stop_on_sigterm", "stop_signal",
+           "terminated"]
 
 
 class PeerLostError(HastenError, RuntimeError):
-    """Training stopped because a peer rank died, hung past the timeout, or the job was torn down."""
+    """Training stopped because a peer rank died, hung past the timeout, or the job was torn down
+    (SIGTERM) or interrupted (SIGINT). ``exit_code``: what the process should exit with
+    (1, or 128 + the signal's number)."""
 
-
-class Terminated(BaseException):
-    """Raised in the main thread by :func:`stop_on_sigterm` when SIGTERM arrives.
-
-    A BaseException, like KeyboardInterrupt, so that ``except Exception`` blocks in
-    user code do not swallow the request to stop."""
-
-    def __init__(self, signum: int = signal.SIGTERM):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    def __init__(self, message: str = "", exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 # Messages of collective failures caused by a peer, as gloo, NCCL and the store word them.
@@ -111,6 +107,17 @@ def peer_failure(exc: BaseException) -> str | None:
 def terminated(exc: BaseException) -> Terminated | None:
     """The :class:`Terminated` in ``exc``'s chain, if any."""
     return next((e for e in _chain(exc) if isinstance(e, Terminated)), None)
+
+
+def stop_signal(exc: BaseException) -> signal.Signals | None:
+    """The signal that stopped the process, when ``exc`` (or its cause or context)
+    is SIGTERM's :class:`Terminated` or SIGINT's ``KeyboardInterrupt``."""
+    for e in _chain(exc):
+        if isinstance(e, Terminated):
+            return signal.Signals(e.signum)
+        if isinstance(e, KeyboardInterrupt):
+            return signal.SIGINT
+    return None
 
 
 class SigtermGuard:

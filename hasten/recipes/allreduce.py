@@ -52,29 +52,29 @@ class AllreduceConfig:
 
     def __post_init__(self) -> None:
         if not self.sizes:
-            raise ConfigError("sizes: give at least one message size, e.g. 1M")
+            raise ConfigError("--sizes: give at least one message size, e.g. 1M")
         bad = [s for s in self.sizes if s < 4 or s % 4]
         if bad:
-            raise ConfigError(f"sizes {bad} are not positive multiples of 4 bytes (float32 elements)")
+            raise ConfigError(f"--sizes {bad} are not positive multiples of 4 bytes (float32 elements)")
         unknown = [a for a in self.algos if a not in HOOKS]
         if not self.algos or unknown:
-            raise ConfigError(f"algorithms must be among {', '.join(HOOKS)}; got {list(self.algos)}")
+            raise ConfigError(f"--algo must be among {', '.join(HOOKS)}; got {list(self.algos)}")
         if self.world < 1:
-            raise ConfigError(f"world must be >= 1, got {self.world}")
+            raise ConfigError(f"--world must be >= 1, got {self.world}")
         if self.iters < 1 or self.warmup < 0:
-            raise ConfigError(f"iters must be >= 1 and warmup >= 0, got {self.iters}, {self.warmup}")
+            raise ConfigError(f"--iters must be >= 1 and --warmup >= 0, got {self.iters}, {self.warmup}")
         if self.network not in NETWORKS:
-            raise ConfigError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
+            raise ConfigError(f"--network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
         if (self.inter_gbit is None) != (self.local_size is None):
-            raise ConfigError("inter-gbit and local-size go together (a two-level network)")
+            raise ConfigError("--inter-gbit and --local-size go together (a two-level network)")
         if self.inter_gbit is not None and self.network != "emulated":
-            raise ConfigError("inter-gbit needs the emulated network")
+            raise ConfigError("--inter-gbit needs --network emulated")
         if self.local_size is not None and (self.local_size < 1 or self.world % self.local_size):
-            raise ConfigError(f"local-size must divide world {self.world}, got {self.local_size}")
+            raise ConfigError(f"--local-size must divide --world {self.world}, got {self.local_size}")
         if self.link_gbit <= 0 or (self.inter_gbit is not None and self.inter_gbit <= 0):
-            raise ConfigError("link-gbit and inter-gbit must be positive")
+            raise ConfigError("--link-gbit and --inter-gbit must be positive")
         if self.timeout_s <= 0:
-            raise ConfigError(f"timeout must be positive, got {self.timeout_s}")
+            raise ConfigError(f"--timeout must be positive, got {self.timeout_s}")
         object.__setattr__(self, "grid", self._resolve_grid())
 
     def _resolve_grid(self) -> tuple[int, int]:
@@ -82,7 +82,7 @@ class AllreduceConfig:
             try:
                 return parse_grid(self.grid, self.world)
             except ValueError as exc:
-                raise ConfigError(f"grid: {exc}") from None
+                raise ConfigError(f"--grid: {exc}") from None
         if self.local_size:
             return self.world // self.local_size, self.local_size
         return default_grid(self.world)
@@ -112,7 +112,7 @@ def measure(cfg: AllreduceConfig) -> tuple[RankTimings | None, dict]:
 
         info = init_distributed(device="cpu", timeout_s=cfg.timeout_s)
         if info.world_size != cfg.world:
-            raise ConfigError(f"world {cfg.world} differs from torchrun's WORLD_SIZE {info.world_size}")
+            raise ConfigError(f"--world {cfg.world} differs from torchrun's WORLD_SIZE {info.world_size}")
         timings = bench_worker(info.rank, info.world_size, bench)
         return (timings if info.rank == 0 else None), {"kind": "torchrun"}
     if cfg.network == "emulated":
@@ -190,6 +190,7 @@ def format_table(rows: list[dict]) -> str:
              f"{'busbw GB/s':>10} {'model ms':>9}"]
     for r in rows:
         pred = f"{r['predicted_time_s'] * 1e3:9.3f}" if r["predicted_time_s"] is not None else f"{'-':>9}"
+        std = f"{r['time_std_s'] * 1e3:7.3f}" if r["n"] > 1 else f"{'-':>7}"  # one iteration: no spread
         lines.append(f"{r['algo']:<7} {human(r['bytes']):>6} {r['time_s'] * 1e3:10.3f} "
-                     f"{r['time_std_s'] * 1e3:7.3f} {r['algbw_gbps']:10.4f} {r['busbw_gbps']:10.4f} {pred}")
+                     f"{std} {r['algbw_gbps']:10.4f} {r['busbw_gbps']:10.4f} {pred}")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from torch import nn
 
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, check_factor, check_variant, default_shuffle_buffer, warn_if_small_buffer
-from hasten.errors import ConfigError
+from hasten.errors import ConfigError, DataError
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
 from hasten.recipes.common import optimizer_step
@@ -240,12 +240,17 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     for epoch in count():
         loader.set_epoch(epoch)
         it = iter(loader)
+        epoch_start = steps
         try:
             while True:
                 waiting.start()
                 batch = next(it, None)
                 waiting.stop()
                 if batch is None:
+                    if steps == epoch_start:  # else the next epoch would be as empty, forever
+                        raise DataError(f"{cfg.data}: an epoch gave no training batch: {len(records)} training "
+                                        f"image(s), {len(loader.skipped)} of them unreadable, batches of "
+                                        f"{cfg.batch_size}")
                     break
                 stepping.start()
                 x, y = batch

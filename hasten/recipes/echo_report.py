@@ -63,7 +63,19 @@ def _fmt(stat: dict, scale: float = 1.0, digits: int = 0) -> str:
     return s
 
 
-def format_table(rows: list[dict]) -> str:
+# What format_table's columns mean, printed under it.
+TABLE_LEGEND = (
+    "e: echo factor (a2.9: AutoEcho, its mean factor 2.9); n: runs; lr: learning rate (-: the preset's); "
+    "R meas: upstream time / step time, measured at e = 1\n"
+    "fresh to tgt, steps, wall s: fresh examples, steps and seconds until the target accuracy; speedup: "
+    "e = 1's wall time / the row's\n"
+    "end acc: % at the end of the step budget (--sweep); final acc: % on the test set after the run; "
+    "dup %: examples repeating another of their batch;\n"
+    "idle: % of wall time waiting for input; ±: standard deviation over the n runs; -: not measured or not reached")
+
+
+def format_table(rows: list[dict], legend: bool = False) -> str:
+    """The summary rows as a text table; with ``legend``, :data:`TABLE_LEGEND` under it."""
     g = max([5] + [len(r["group"]) for r in rows])
     head = (f"{'group':{g}} {'variant':15} {'e':>5} {'n':>2} {'lr':>5} {'R meas':>8} {'fresh to tgt':>13} "
             f"{'steps':>9} {'wall s':>10} {'speedup':>7} {'end acc':>9} {'final acc':>9} {'dup %':>5} {'idle':>4}")
@@ -72,12 +84,19 @@ def format_table(rows: list[dict]) -> str:
         e = r["echo_factor"] if r["echo_factor"] != "auto" else f"a{r['mean_echo_factor']['mean']:.1f}"
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         lines.append(
-            f"{r['group']:{g}} {r['variant']:15} {e:>5} {r['n']:>2} {r['lr'] or 0:>5.3g} {_fmt(r['upstream_ratio'], 1, 1):>8} "
+            f"{r['group']:{g}} {r['variant']:15} {e:>5} {r['n']:>2} {_lr(r['lr']):>5} "
+            f"{_fmt(r['upstream_ratio'], 1, 1):>8} "
             f"{_fmt(r['fresh_examples_to_target']):>13} {_fmt(r['steps_to_target']):>9} "
             f"{_fmt(r['wall_time_to_target_s'], 1, 1):>10} {speedup:>7} {_fmt(r['end_accuracy'], 100, 1):>9} "
             f"{_fmt(r['final_accuracy'], 100, 1):>9} {_fmt(r['duplicate_rate'], 100, 1):>5} "
             f"{_fmt(r['idle_fraction'], 100, 0):>4}")
+    if legend:
+        lines.append(TABLE_LEGEND)
     return "\n".join(lines)
+
+
+def _lr(lr) -> str:
+    return f"{lr:.3g}" if lr is not None else "-"
 
 
 def goals(rows: list[dict], ratios) -> dict:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from torch import nn
 from hasten.checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, newest_checkpoint, rng_state,
                                save_checkpoint, set_rng_state)
 from hasten.distributed.data_parallel import DEFAULT_TIMEOUT_S, init_distributed, seed_everything, shutdown, wrap_ddp
-from hasten.distributed.faults import PeerLostError, peer_failure, stop_on_sigterm, terminated
+from hasten.distributed.faults import PeerLostError, peer_failure, stop_on_sigterm, stop_signal
 from hasten.distributed.hooks import HOOKS
 from hasten.errors import ConfigError
 from hasten.models.resnet import MODELS, build_model
@@ -48,7 +49,7 @@ from hasten.nn.group_bn import convert_batchnorm
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
 from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups, scaled_lr
-from hasten.progress import progress
+from hasten.progress import progress, progress_interval, progress_mode, status
 from hasten.recipes.common import TrainMeter, optimizer_step
 from hasten.recipes.train_input import device_input, stream_input
 from hasten.rundir import stable_run_path
@@ -135,7 +136,7 @@ class TrainConfig:
         if not self.epochs > 0:
             bad(f"--epochs must be > 0, got {self.epochs}")
         if not 0 <= self.warmup_epochs < self.epochs:
-            bad(f"--warmup-epochs must be in [0, epochs={self.epochs}), got {self.warmup_epochs}")
+            bad(f"--warmup-epochs {self.warmup_epochs:g} must be >= 0 and less than --epochs {self.epochs:g}")
         if not self.lr > 0:
             bad(f"--lr must be > 0, got {self.lr}")
         if not self.collective_timeout > 0:
@@ -252,7 +253,8 @@ def _train_guarded(cfg: TrainConfig, run_dir, state, dataset, run_path, world_si
         raise failure
     # No shutdown: tearing down a group whose peer is gone can block or log; the
     # process is about to exit, which frees it.
-    raise PeerLostError(lost) from None
+    sig = stop_signal(failure) if peer_failure(failure) is None or world == 1 else None
+    raise PeerLostError(lost, exit_code=128 + sig if sig is not None else 1) from None
 
 
 @dataclass
@@ -264,12 +266,12 @@ class _Where:
 def _lost_peer_message(exc: BaseException, world: int, step: int, cfg: TrainConfig, run_path) -> str | None:
     """The one line for a lost peer or a SIGTERM, or None for any other exception."""
     what = peer_failure(exc) if world > 1 else None
+    sig = stop_signal(exc)
     if what is not None:
         head = f"lost contact with a peer rank at step {step} ({what})"
-    elif terminated(exc) is not None:
-        sig = terminated(exc).args[0]
-        head = (f"stopped by {sig} at step {step} (torchrun sends it when another rank fails)"
-                if world > 1 else f"stopped by {sig} at step {step}")
+    elif sig is not None:
+        head = (f"stopped by {sig.name} at step {step} (torchrun sends it when another rank fails)"
+                if world > 1 and sig == signal.SIGTERM else f"stopped by {sig.name} at step {step}")
     else:
         return None
     newest = newest_checkpoint(run_path) if run_path is not None else None
@@ -359,7 +361,7 @@ def load_resume(resume: str | os.PathLike, cfg: TrainConfig) -> dict:
     if "config" not in state or "model" not in state:
         raise CheckpointError(f"{path} is not a hasten train checkpoint (no config/model entries)")
     saved = state["config"]
-    diff = [f"{k}: checkpoint {saved.get(k)!r}, now {getattr(cfg, k)!r}"
+    diff = [f"--{k.replace('_', '-')}: checkpoint {saved.get(k)!r}, now {getattr(cfg, k)!r}"
             for k in MATH_FIELDS if saved.get(k) != getattr(cfg, k)]
     if diff:
         raise ConfigError(f"cannot resume {path} with a different training configuration: "
@@ -456,7 +458,11 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
 
     # --- loop ---------------------------------------------------------------
     start_step = step
-    bar = progress(total=total_steps, initial=step, desc="train", **({} if main else {"disable": True}))
+    if main and progress_mode() == "lines":  # on a terminal the bar says this
+        status(f"train: {total_steps - step} steps to go ({steps_per_epoch} per epoch at global batch "
+               f"{cfg.batch_size}, {cfg.loader} loader, {world} process(es)); progress every "
+               f"{progress_interval():g} s")
+    bar = progress(total=total_steps, initial=step, desc="train", unit="step", **({} if main else {"disable": True}))
     clock = Stopwatch(device)
     clock.start()
     meter = TrainMeter(device)

@@ -65,7 +65,8 @@ def decode_records(
     if arrays:
         shapes = {a.shape for a in arrays}
         if len(shapes) > 1:
-            raise DataError(f"images differ in size ({sorted(shapes)[:3]}); pass image_size to resize them")
+            raise DataError(f"images differ in size ({sorted(shapes)[:3]}); pass --image-size S (image_size=S in "
+                            "Python) to resize them")
         images = np.stack(arrays)
     else:
         images = np.zeros((0, 0, 0, 3), dtype=np.uint8)

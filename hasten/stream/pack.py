@@ -84,8 +84,11 @@ def pack(src: str | os.PathLike, outdir: str | os.PathLike, *, shard_bytes: int 
     out = Path(outdir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"output {str(out)!r} exists and is not an empty directory; choose a new one")
+    # A failed or interrupted pack leaves nothing behind: the directories it made, or
+    # the contents of the empty one it was given.
+    made = next((d for d in reversed([out, *out.parents]) if not d.exists()), None)
     out.mkdir(parents=True, exist_ok=True)
-    unpacked = None
+    unpacked, done = None, False
     try:
         root = source.path
         if source.container != "dir":
@@ -93,14 +96,28 @@ def pack(src: str | os.PathLike, outdir: str | os.PathLike, *, shard_bytes: int 
             log.info("extracting %s to read it in shuffled order", source.path)
             root = safe_extract(source.path, unpacked)
         index = _pack_tree(root, out, shard_bytes=shard_bytes, seed=seed, shuffle=shuffle, where=str(source.path))
+        index["source"] = source.path.name
+        tmp = out / f".{INDEX}.tmp"
+        tmp.write_text(json.dumps(index, indent=1) + "\n")
+        os.replace(tmp, out / INDEX)
+        done = True
     finally:
         if unpacked is not None:
             shutil.rmtree(unpacked, ignore_errors=True)
-    index["source"] = source.path.name
-    tmp = out / f".{INDEX}.tmp"
-    tmp.write_text(json.dumps(index, indent=1) + "\n")
-    os.replace(tmp, out / INDEX)
+        if not done:
+            _remove_output(out, made)
     return index
+
+
+def _remove_output(out: Path, made: Path | None) -> None:
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        return
+    for child in out.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: bool, where: str) -> dict:

@@ -31,6 +31,7 @@ from hasten.data.decode import describe_skipped
 from hasten.data.layout import SPLITS, parse_layout
 from hasten.data.sources import resolve_source
 from hasten.errors import DataError
+from hasten.progress import progress, status
 
 log = logging.getLogger("hasten.stream")
 
@@ -61,12 +62,15 @@ class ByteRecords:
 
 def _build(source: Source) -> tuple[dict[str, np.ndarray], dict]:
     names, dirs, blobs = [], [], []
-    for name, data in iter_entries(source.path, source.container):
-        if data is None:
-            dirs.append(name)
-        else:
-            names.append(name)
-            blobs.append(data)
+    status(f"reading {source.path.name} once into the record cache (later runs map it)")
+    with progress(desc=f"reading {source.path.name}", unit="file") as bar:
+        for name, data in iter_entries(source.path, source.container):
+            if data is None:
+                dirs.append(name)
+            else:
+                names.append(name)
+                blobs.append(data)
+                bar.update()
     layout = parse_layout(names, dirs, source=str(source.path))
     if layout.stray:
         log.warning("%s: %d file(s) outside any class folder left out: %s", source.path, len(layout.stray),

@@ -1,0 +1,129 @@
+"""Stopping a command: SIGINT (Ctrl-C) and SIGTERM (timeout, Slurm, docker stop) end ``hasten train``
+with one line naming the newest checkpoint and ``--resume auto``, exit status 130 / 143, no
+traceback from the process or its decode workers; a failed command leaves no bare run directory
+or output directory behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hasten.cli import main
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"hasten train ended (rc {proc.returncode}) before {path.name} appeared"
+        assert time.monotonic() < deadline, f"no {path} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def _group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_train_with_one_line_naming_the_checkpoint(sig, code, colours, tmp_path):
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "hasten", "train", "--data", str(colours), "--loader", "stream", "--workers", "2",
+            "--model", "resnet10", "--width", "4", "--batch-size", "32", "--epochs", "500",
+            "--checkpoint-every", "3", "--device", "cpu", "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HASTEN_CACHE": str(tmp_path / "cache"),
+           "HASTEN_RUNS": str(tmp_path / "runs"), "HASTEN_PROGRESS": "0"}
+    # Its own process group, signalled as a whole: what a terminal's Ctrl-C, `timeout` and
+    # Slurm do, so the decode workers receive the signal too.
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _wait_for(run / "checkpoint.pt", proc)
+        time.sleep(0.3)  # into the next steps: the decode workers are busy
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "Error" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert re.fullmatch(rf"hasten train: stopped by {sig.name} at step \d+; newest checkpoint: "
+                        rf"{re.escape(str(run))}/checkpoint(-previous)?\.pt \(step \d+\); rerun with --resume auto",
+                        lines[0]), lines[0]
+    assert _group_gone(proc.pid), "decode workers outlived the command"
+
+
+@pytest.mark.parametrize("command", [
+    ["speedrun", "--preset", "tiny", "--device", "cpu", "--no-warmup"],
+    ["echo", "--device", "cpu"],
+    ["train", "--model", "resnet10", "--width", "4", "--batch-size", "16", "--device", "cpu"],
+])
+def test_a_failed_command_leaves_no_bare_run_directory(command, tmp_path, capsys):
+    """Data that cannot be read: the command fails after making its run directory, which goes."""
+    bad = tmp_path / "bad"
+    (bad / "train" / "cat").mkdir(parents=True)
+    (bad / "test" / "cat").mkdir(parents=True)
+    (bad / "train" / "cat" / "x.jpg").write_bytes(b"not an image")
+    (bad / "test" / "cat" / "y.jpg").write_bytes(b"not an image")
+    assert main([command[0], "--data", str(bad), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
+
+
+def test_run_directory_kept_once_it_holds_anything(tmp_path):
+    from hasten.rundir import RunDir
+
+    with pytest.raises(KeyError):
+        with RunDir("x", root=tmp_path) as rd:
+            rd.log(step=1)
+            raise KeyError
+    assert json.loads((rd.path / "metrics.jsonl").read_text()) == {"step": 1}
+    with pytest.raises(KeyError):
+        with RunDir("x", root=tmp_path) as rd2:
+            (rd2.path / "checkpoint.pt").write_bytes(b"state")
+            raise KeyError
+    assert rd2.path.exists()
+    existing = tmp_path / "mine"
+    existing.mkdir()
+    RunDir("x", path=existing).close(failed=True)
+    assert existing.exists()  # not made by this RunDir: not its to remove
+    with pytest.raises(KeyError):
+        with RunDir("x", root=tmp_path) as rd3:
+            raise KeyError
+    assert not rd3.path.exists()
+
+
+def test_a_failed_pack_leaves_no_output_directory(tmp_path, capsys):
+    empty = tmp_path / "empty.tar.xz"
+    empty.write_bytes(b"")
+    out = tmp_path / "new" / "shards"
+    assert main(["data", "pack", str(empty), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"hasten data: error: cannot extract archive '{empty}': the file is empty (0 bytes)\n"
+    assert not (tmp_path / "new").exists()  # nor the parent it made
+    given = tmp_path / "given"
+    given.mkdir()
+    nothing = tmp_path / "nothing"
+    (nothing / "train").mkdir(parents=True)
+    assert main(["data", "pack", str(nothing), str(given)]) == 2
+    capsys.readouterr()
+    assert given.is_dir() and not any(given.iterdir())  # the user's empty directory stays, empty
