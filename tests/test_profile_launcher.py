@@ -67,7 +67,7 @@ def test_communication_bound_ddp_under_torchrun():
 
 @pytest.mark.parametrize("args, code, words", [
     (("--crash-after", "2"), 1, "failed with exit code 1"),
-    (("--exit-after", "5"), 3, "exit code 3 after 5 batches"),
+    (("--exit-after", "5"), 3, "exit code 3 after 5 optimizer steps"),
 ])
 def test_a_command_that_fails_early_gets_its_exit_code(args, code, words):
     with pytest.raises(ProfileFailed) as exc:
@@ -75,10 +75,29 @@ def test_a_command_that_fails_early_gets_its_exit_code(args, code, words):
     assert exc.value.exit_code == code and words in str(exc.value)
 
 
-def test_a_command_that_never_iterates_a_loader():
+def test_a_command_that_never_steps_an_optimizer_says_what_it_saw():
     with pytest.raises(ProfileFailed) as exc:
         profile(_config("no_loader.py"), log=lambda m: None)
-    assert exc.value.exit_code == 2 and "without iterating a torch DataLoader" in str(exc.value)
+    msg = str(exc.value)
+    assert exc.value.exit_code == 2 and "without calling optimizer.step()" in msg
+    assert "3 backward calls" in msg and "no DataLoader" in msg
+
+
+def test_a_missing_script_is_named_not_blamed_on_the_loop():
+    with pytest.raises(ProfileFailed) as exc:
+        profile(ProfileConfig((sys.executable, "missing_train.py"), capture=True), log=lambda m: None)
+    assert exc.value.exit_code == 2 and "'missing_train.py' does not exist" in str(exc.value)
+    assert "DataLoader" not in str(exc.value) and "optimizer" not in str(exc.value)
+
+
+def test_a_script_that_fails_before_any_step_gets_its_error_line(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import torch\nraise FileNotFoundError('data/train.bin')\n")
+    with pytest.raises(ProfileFailed) as exc:
+        profile(ProfileConfig((sys.executable, str(script)), capture=True), log=lambda m: None)
+    msg = str(exc.value)
+    assert exc.value.exit_code == 1 and "before any optimizer step" in msg
+    assert "FileNotFoundError: data/train.bin (at bad.py:2)" in msg
 
 
 def test_a_command_that_ends_before_the_probes_says_so():
@@ -93,6 +112,7 @@ def test_a_hanging_command_is_stopped_at_the_timeout():
     with pytest.raises(ProfileFailed) as exc:
         profile(cfg, log=lambda m: None)
     assert exc.value.exit_code == 124 and "--timeout" in str(exc.value)
+    assert "0 optimizer steps seen" in str(exc.value)
 
 
 def test_bad_config_is_rejected_before_running():

@@ -62,12 +62,18 @@ def test_input_bound_analysis_measures_r_and_recommends_input_fixes():
     assert a.recommendations == sorted(a.recommendations, key=lambda r: -round(r.predicted_speedup, 1))
 
 
-def test_workers_prediction_is_capped_by_free_cores_for_a_cpu_heavy_loader():
+def test_workers_prediction_is_capped_by_measured_cpu_for_a_cpu_heavy_loader():
     rank = _rank(wait=0.032, work=0.008, loader=0.032)
-    rank["loader_probe"]["main_cpu_s"] = 0.032  # all CPU: 2 cores less the step's own
-    a = analyse([rank])
+    for r in rank["records"]["measure"]:  # the wait is all CPU, measured in the loop's process
+        r.update(cpu_s=0.040, data_cpu_s=0.032)
+    a = analyse([rank], cpus={"available": 2.0})
     workers = next(r for r in a.recommendations if "workers" in r.fix)
-    assert workers.predicted_speedup < 0.040 / 0.016  # at most ~1 free core's worth of producers
+    # 40 ms of CPU per step on 2 cores: no step below 20 ms, however many workers
+    assert workers.predicted_speedup == pytest.approx(0.040 / 0.020, rel=0.01)
+    # the same loop with one core available: no gain at all, so not recommended
+    b = analyse([rank], cpus={"available": 1.0})
+    assert not any("workers" in r.fix for r in b.recommendations)
+    assert any("workers" in r["fix"] for r in b.rejected)
 
 
 def test_compute_bound_gets_no_input_fix():
@@ -91,8 +97,11 @@ def test_communication_bound_from_the_noop_probe_and_cost_model():
     a = analyse(ranks)
     assert a.verdict == "communication-bound" and a.ranks == 2
     assert a.comm_fraction == pytest.approx(0.6)
-    (rec,) = a.recommendations
+    rec = next(r for r in a.recommendations if r.apply)
     assert rec.fix == "bf16 gradient compression" and rec.apply == "comm=bf16"
+    # the other, a code change: more micro-batches per all-reduce, bounded by Amdahl
+    (accum,) = [r for r in a.recommendations if r.apply is None]
+    assert "accumulate 2 micro-batches" in accum.fix and accum.predicted_speedup <= accum.bound
     # alpha 2 ms, half the bytes: comm 60 ms -> 60 * 34/66 ms
     assert rec.predicted_speedup == pytest.approx(0.100 / (0.040 + 0.060 * 0.034 / 0.066), rel=0.02)
 
@@ -100,3 +109,28 @@ def test_communication_bound_from_the_noop_probe_and_cost_model():
 def test_slowest_rank_sets_the_step_time():
     ranks = [_rank(wait=0.0, work=0.050, rank=0), _rank(wait=0.0, work=0.080, rank=1, world=2)]
     assert analyse(ranks).step_time_s == pytest.approx(0.080)
+
+
+def test_a_data_fix_never_promises_more_than_the_data_wait_allows():
+    # 12 ms of a 176 ms step is compute: no data fix can exceed 176 / 12
+    a = analyse([_rank(wait=0.164, work=0.012, loader=0.164)])
+    assert a.recommendations
+    for r in a.recommendations:
+        assert r.predicted_speedup <= 0.176 / 0.012 + 1e-9 and r.bound == pytest.approx(0.176 / 0.012)
+
+
+def test_verification_reranks_demotes_and_promotes():
+    from hasten.profile.verdict import Recommendation, rerank
+
+    a = analyse([_rank(wait=0.032, work=0.008, loader=0.032)])
+    a.recommendations = [
+        Recommendation("A", "", 3.0, "", False, apply="a", verified_speedup=0.92),  # verified slower
+        Recommendation("B", "", 2.0, "", False, apply="b", verified_speedup=1.5),
+        Recommendation("C", "", 9.0, "", False),  # unverified: a code change
+    ]
+    a.rejected = [{"fix": "D", "why": "predicted x0.95: not worth it", "predicted_speedup": 0.95, "apply": "d",
+                   "step_rate_factor": 1.0, "verified_speedup": 2.05}]
+    rerank(a)
+    assert [r.fix for r in a.recommendations] == ["D", "B", "C"]  # verified first, by what was measured
+    assert a.recommendations[0].promoted and a.recommendations[0].prediction_error == pytest.approx(0.95 / 2.05 - 1)
+    assert any(r["fix"] == "A" and "verified x0.92" in r["why"] for r in a.rejected)

@@ -9,9 +9,14 @@ the ranks' reports into one :class:`~hasten.profile.verdict.Analysis` and, with
 (``HASTEN_PROFILE_APPLY``), and the baseline once more, to measure the speedup
 each fix was predicted to give.
 
-A command that fails, ends before the warm-up is over, never iterates a
-DataLoader or outlasts the timeout raises :class:`ProfileFailed` with one clear
-message and the exit code to return.
+While the command runs, its output passes through (and a tail is kept), and the
+ranks' status files are read every half second: when no optimizer step comes for
+``stall_s`` seconds, the launcher says what it looked for and what it saw (batches
+per loader, model forwards, backward calls, where the main thread spends its
+time). A command that fails, ends before the profile is complete, never calls
+``optimizer.step()`` or outlasts the timeout raises :class:`ProfileFailed` with
+one clear message (each failing rank's error line included) and the exit code to
+return.
 
 Changes the training math: no (the verification runs apply fixes that may; they
 are separate, short runs).
@@ -20,19 +25,21 @@ are separate, short runs).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import hasten
 from hasten.errors import HastenError
-from hasten.profile.verdict import Analysis, Recommendation, analyse
+from hasten.profile.verdict import Analysis, Recommendation, analyse, cpu_available, rerank
 
 SITECUSTOMIZE = '''\
 # Written by `hasten profile`: instrument this process, then run the sitecustomize this one shadows.
@@ -69,12 +76,14 @@ class ProfileFailed(HastenError, RuntimeError):
 @dataclass(frozen=True)
 class ProfileConfig:
     command: tuple[str, ...]
-    warmup: int = 5  # steps discarded before measuring
-    steps: int = 20  # steps measured
+    warmup: int = 5  # optimizer steps discarded before measuring
+    steps: int = 20  # optimizer steps measured
     probe_steps: int = 8  # steps per counterfactual probe
     verify: bool = False  # re-run with each fix applied
     timeout_s: float = 300.0  # per run of the command
     capture: bool = False  # keep the command's own output off the terminal
+    seconds: float = 0.0  # > 0: measure for about this long instead of `steps` steps
+    stall_s: float = 30.0  # say what is seen when no optimizer step comes for this long
 
     def __post_init__(self):
         if not self.command:
@@ -84,6 +93,10 @@ class ProfileConfig:
                              f"{self.warmup}, {self.steps}, {self.probe_steps}")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be > 0; got {self.timeout_s}")
+        if not (self.seconds >= 0 and math.isfinite(self.seconds)):
+            raise ValueError(f"--seconds must be >= 0; got {self.seconds}")
+        if not self.stall_s > 0:
+            raise ValueError(f"stall_s must be > 0; got {self.stall_s}")
 
 
 @dataclass(frozen=True)
@@ -91,8 +104,9 @@ class RunOutcome:
     returncode: int
     ranks: list
     timed_out: bool
-    output: str  # the command's output when captured, else ""
+    output: str  # the tail of the command's output
     wall_s: float
+    statuses: list = field(default_factory=list)  # each instrumented process's last status
 
 
 def _environment(out_dir: Path, site_dir: Path, config: ProfileConfig, apply: str, probes: bool) -> dict:
@@ -102,43 +116,149 @@ def _environment(out_dir: Path, site_dir: Path, config: ProfileConfig, apply: st
     paths = [str(site_dir)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [package_root]
     env.update(PYTHONPATH=os.pathsep.join(paths), HASTEN_PROFILE_DIR=str(out_dir),
                HASTEN_PROFILE_WARMUP=str(config.warmup), HASTEN_PROFILE_STEPS=str(config.steps),
+               HASTEN_PROFILE_SECONDS=str(config.seconds),
                HASTEN_PROFILE_PROBE_STEPS=str(config.probe_steps), HASTEN_PROFILE_PROBES="1" if probes else "0",
                HASTEN_PROFILE_APPLY=apply)
     return env
 
 
-def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True) -> RunOutcome:
+def _missing_script(command: tuple[str, ...]) -> str | None:
+    """`python missing.py`: the script's path, when the command names one that does not exist."""
+    if len(command) >= 2 and Path(command[0]).name.startswith("python") and command[1].endswith(".py"):
+        if not Path(command[1]).exists():
+            return command[1]
+    return None
+
+
+def _read_statuses(out_dir: Path) -> list[dict]:
+    out = []
+    for p in sorted(out_dir.glob("status-*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def describe_statuses(statuses: list[dict]) -> str:
+    """What the instrumented processes saw: loaders, forwards, backward calls, where time went."""
+    active = [s for s in statuses if s.get("forwards") or s.get("loaders") or s.get("steps") or s.get("backwards")]
+    if not active:
+        where = _where_text(statuses)
+        return "no model forward, backward or DataLoader batch was seen" + (f"; {where}" if where else "")
+    parts = []
+    for s in sorted(active, key=lambda s: s.get("rank", 0))[:4]:
+        loaders = ", ".join(f"{d['name']}: {d['batches']} batches" + ("" if d.get("training") else " (not training)")
+                            for d in s.get("loaders", [])) or "no DataLoader"
+        desc = (f"rank {s.get('rank', 0)}: {s.get('steps', 0)} optimizer steps, {s.get('train_forwards', 0)} "
+                f"training forwards of {s.get('forwards', 0)}, {s.get('backwards', 0)} backward calls; {loaders}")
+        where = _where_text([s])
+        parts.append(desc + (f"; {where}" if where else ""))
+    return "\n  ".join(parts)
+
+
+def _where_text(statuses: list[dict]) -> str:
+    for s in statuses:
+        if s.get("where"):
+            return "the main thread was in " + ", ".join(f"{w['at']} ({w['share']:.0%})" for w in s["where"])
+    return ""
+
+
+def _error_lines(statuses: list[dict]) -> list[str]:
+    ranked = [s for s in statuses if s.get("ranked")]
+    pool = ranked if any(s.get("error") for s in ranked) else statuses
+    lines = []
+    for s in sorted(pool, key=lambda s: (s.get("rank", 0), s.get("pid", 0))):
+        if s.get("error"):
+            who = f"rank {s.get('rank', 0)}" if s.get("ranked") else f"process {s.get('pid')}"
+            lines.append(f"{who}: {s['error']}")
+    return lines
+
+
+class _Tee(threading.Thread):
+    """Pass the command's output through (unless quiet) and keep its tail."""
+
+    def __init__(self, stream, quiet: bool) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.quiet, self.tail = stream, quiet, bytearray()
+
+    def run(self) -> None:
+        fd = self.stream.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if not self.quiet:
+                try:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                except (AttributeError, ValueError, OSError):
+                    sys.stdout.write(chunk.decode(errors="replace"))
+            self.tail += chunk
+            if len(self.tail) > 65536:
+                del self.tail[:-32768]
+
+
+def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True, log=None) -> RunOutcome:
     """Run the command once with the profiler injected; collect every rank's report."""
+    log = log or (lambda msg: None)
+    missing = _missing_script(config.command)
+    if missing:
+        raise ProfileFailed(f"the script {missing!r} does not exist (nothing was run)", 2)
     work = Path(tempfile.mkdtemp(prefix="hasten-profile-"))
     try:
         site_dir, out_dir = work / "site", work / "ranks"
         site_dir.mkdir()
         out_dir.mkdir()
         (site_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
-        stream = subprocess.PIPE if config.capture else None
         t0 = time.perf_counter()
         try:
             # A session of its own: on a timeout the whole tree (torchrun and its workers) is killed.
             proc = subprocess.Popen(list(config.command), env=_environment(out_dir, site_dir, config, apply, probes),
-                                    stdout=stream, stderr=subprocess.STDOUT if stream else None,
-                                    start_new_session=True)
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise ProfileFailed(f"cannot start {config.command[0]!r}: {exc.strerror}", 127) from None
+        tee = _Tee(proc.stdout, config.capture)
+        tee.start()
         timed_out = False
+        last_steps, last_change, next_warn = 0, t0, config.stall_s
         try:
-            out, _ = proc.communicate(timeout=config.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
+            while proc.poll() is None:
+                time.sleep(0.5)
+                now = time.perf_counter()
+                if now - t0 > config.timeout_s:
+                    timed_out = True
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                statuses = _read_statuses(out_dir)
+                steps = max((s.get("steps", 0) for s in statuses), default=0)
+                if steps != last_steps:
+                    last_steps, last_change, next_warn = steps, now, config.stall_s
+                elif now - last_change >= next_warn:
+                    what = ("no optimizer.step() call" if steps == 0 else
+                            f"no optimizer.step() call after {steps} steps")
+                    log(f"hasten profile: {what} in {now - last_change:.0f} s (looked for torch.optim optimizer "
+                        f"steps; a step's data ends where the model's first training forward begins). Seen so far:"
+                        f"\n  {describe_statuses(statuses)}")
+                    next_warn *= 2
+            proc.wait()
         except KeyboardInterrupt:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
+        tee.join(timeout=5)
         wall = time.perf_counter() - t0
-        ranks = [json.loads(p.read_text()) for p in sorted(out_dir.glob("rank*.json"))]
-        text = out.decode(errors="replace") if out else ""
-        return RunOutcome(proc.returncode, ranks, timed_out, text, wall)
+        ranks = []
+        for p in sorted(out_dir.glob("rank*.json")):
+            try:
+                ranks.append(json.loads(p.read_text()))
+            except (OSError, ValueError):
+                pass
+        text = tee.tail.decode(errors="replace")
+        return RunOutcome(proc.returncode, ranks, timed_out, text, wall, _read_statuses(out_dir))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -146,33 +266,46 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
 def check_outcome(outcome: RunOutcome, config: ProfileConfig) -> list[dict]:
     """The ranks' complete reports, or ProfileFailed saying why there are none."""
     code = outcome.returncode
+    lines = [ln for ln in outcome.output.splitlines() if ln.strip()]
     tail = ""
-    if outcome.output:
-        tail = "\n--- last lines of the command's output ---\n" + "\n".join(outcome.output.splitlines()[-15:])
-    seen = max((d["batches_seen"] for d in outcome.ranks), default=0)
-    need = f"{config.warmup} warm-up + {config.steps} measured steps"
+    if lines and config.capture:
+        tail = "\n--- last lines of the command's output ---\n" + "\n".join(lines[-15:])
+    errors = _error_lines(outcome.statuses)
+    err = "".join(f"\n  {e}" for e in errors)
+    seen = max([d.get("steps_seen", 0) for d in outcome.ranks] +
+               [s.get("steps", 0) for s in outcome.statuses], default=0)
+    need = (f"{config.warmup} warm-up + {config.steps if not config.seconds else f'{config.seconds:g} s of'} "
+            f"measured optimizer steps")
     if outcome.timed_out:
-        raise ProfileFailed(f"the command did not reach {need} within --timeout {config.timeout_s:g} s "
-                            f"({seen} batches seen); it was stopped{tail}", 124)
+        raise ProfileFailed(f"the command did not reach {need} and the probes within --timeout {config.timeout_s:g} "
+                            f"s ({seen} optimizer steps seen); it was stopped. Seen:\n  "
+                            f"{describe_statuses(outcome.statuses)}{tail}", 124)
     complete = [d for d in outcome.ranks if d["complete"]]
     world = max((d["world_size"] for d in outcome.ranks), default=1)
     if complete and len(complete) == world:
         return complete
     exit_code = code if code else 2
-    if not outcome.ranks:
-        raise ProfileFailed(f"the command exited with code {code} without iterating a torch DataLoader: "
-                            f"hasten profile times the steps of the first DataLoader a command iterates{tail}",
+    if code and seen == 0:
+        last = "" if errors or not lines else f"; its last line: {lines[-1].strip()}"
+        raise ProfileFailed(f"the command failed with exit code {code} before any optimizer step{last}{err}{tail}",
                             exit_code)
     if code:
-        raise ProfileFailed(f"the command failed with exit code {code} after {seen} batches{tail}", exit_code)
-    raise ProfileFailed(f"the command ended after {seen} batches, before {need} and the probes "
+        raise ProfileFailed(f"the command failed with exit code {code} after {seen} optimizer steps{err}{tail}",
+                            exit_code)
+    if seen == 0:
+        raise ProfileFailed(f"the command exited without calling optimizer.step(): hasten profile counts the steps "
+                            f"of torch.optim optimizers. Seen:\n  {describe_statuses(outcome.statuses)}{tail}",
+                            exit_code)
+    raise ProfileFailed(f"the command ended after {seen} optimizer steps, before {need} and the probes "
                         f"(about {4 * config.probe_steps} more) were done: lower --warmup/--steps{tail}", exit_code)
 
 
 def _measured_step_s(ranks: list[dict]) -> float:
-    """The slowest rank's mean wall-clock step."""
-    return max(sum(r["wait_s"] + r["work_s"] for r in d["records"]["measure"]) / len(d["records"]["measure"])
-               for d in ranks)
+    """The slowest rank's mean wall-clock step (excluded steps left out)."""
+    def mean_step(d):
+        recs = [r for r in d["records"]["measure"] if not r.get("excluded")] or d["records"]["measure"]
+        return sum(r["wait_s"] + r["work_s"] for r in recs) / len(recs)
+    return max(mean_step(d) for d in ranks)
 
 
 def _memory_bytes(device: str) -> float:
@@ -188,17 +321,21 @@ def _memory_bytes(device: str) -> float:
 def profile(config: ProfileConfig, log=None) -> Analysis:
     """Measure, probe, analyse and (with ``config.verify``) verify: the whole command."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    log(f"hasten profile: running `{' '.join(config.command)}` ({config.warmup} warm-up + {config.steps} "
-        f"measured steps, then probes)")
-    ranks = check_outcome(run_instrumented(config), config)
-    analysis = analyse(ranks, memory_bytes=_memory_bytes(ranks[0]["device"]))
+    window = f"{config.seconds:g} s" if config.seconds else f"{config.steps} optimizer steps"
+    log(f"hasten profile: running `{' '.join(config.command)}` ({config.warmup} warm-up + {window} measured, "
+        f"then probes; stopped after that)")
+    cpus = cpu_available()
+    outcome = run_instrumented(config, log=log)
+    ranks = check_outcome(outcome, config)
+    analysis = analyse(ranks, memory_bytes=_memory_bytes(ranks[0]["device"]), cpus=cpus)
+    analysis.cost = {"profile_run_s": outcome.wall_s}
     if config.verify:
         verify(config, analysis, log)
     return analysis
 
 
 def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
-    """Re-run the command once per fix that can be applied from outside; measure its speedup.
+    """Re-run the command once per fix that can be applied from outside; measure its speedup; re-rank.
 
     Rejected fixes that can be applied are verified too: "no gain" is a claim as well.
     The baseline is run again after the fixes and averaged with the first one, so that
@@ -207,19 +344,25 @@ def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
            [(r, r["fix"], r["apply"], r["step_rate_factor"]) for r in analysis.rejected if r.get("apply")]
     if not todo:
         return
-    fixed_steps = []
+    # The verification runs need only the measured window, not the probes; with --seconds, the same steps.
+    vconfig = ProfileConfig(config.command, warmup=config.warmup, steps=max(3, analysis.steps), probe_steps=2,
+                            timeout_s=config.timeout_s, capture=config.capture, stall_s=config.stall_s)
+    fixed_steps, walls = [], []
     for rec, fix, apply, factor in todo:
         log(f"hasten profile: verifying {fix} (re-run with {apply})")
         try:
-            fixed_steps.append(_measured_step_s(check_outcome(run_instrumented(config, apply=apply, probes=False),
-                                                              config)))
+            out = run_instrumented(vconfig, apply=apply, probes=False, log=log)
+            walls.append(out.wall_s)
+            fixed_steps.append(_measured_step_s(check_outcome(out, vconfig)))
         except ProfileFailed as exc:
             analysis.notes.append(f"verification of {fix} failed: {str(exc).splitlines()[0]}")
             fixed_steps.append(None)
     log("hasten profile: re-running the baseline")
     base = analysis.step_time_s
     try:
-        base = (base + _measured_step_s(check_outcome(run_instrumented(config, probes=False), config))) / 2
+        out = run_instrumented(vconfig, probes=False, log=log)
+        walls.append(out.wall_s)
+        base = (base + _measured_step_s(check_outcome(out, vconfig))) / 2
     except ProfileFailed as exc:
         analysis.notes.append(f"baseline re-run failed: {str(exc).splitlines()[0]}")
     for (rec, fix, apply, factor), step_s in zip(todo, fixed_steps):
@@ -233,3 +376,7 @@ def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
                 setattr(rec, k, v)
         else:
             rec.update(verified)
+    n_fixes = len(todo)
+    analysis.cost.update(verify_runs_s=sum(walls), fixes_verified=n_fixes,
+                         per_verified_fix_s=(analysis.cost["profile_run_s"] + sum(walls)) / n_fixes)
+    rerank(analysis)

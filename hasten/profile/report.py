@@ -23,34 +23,71 @@ def _x(v: float | None) -> str:
 
 
 def format_report(a: Analysis) -> str:
-    """Verdict first, then the time breakdown as a bar, then the fixes."""
+    """Verdict first, then the time breakdown as a bar, then the fixes (verified ones first)."""
     head = a.verdict.upper() + (f" ({a.severity})" if a.severity else "")
     why = {"input-bound": f"the step waits for data {a.data_wait_fraction:.0%} of the time",
            "communication-bound": f"exposed gradient communication is {a.comm_fraction:.0%} of the step",
            "compute-bound": "the step's own compute sets the pace",
            "host-bound": "the host cannot launch work as fast as the GPU runs it",
            "balanced": "no single cause stands out (inside the dead band)"}[a.verdict]
+    micro = f", {a.micro_batches:g} micro-batches" if a.micro_batches > 1 else ""
     lines = [f"hasten profile: {head}: {why}",
-             f"  step {a.step_time_s * 1e3:.1f} ms  {_bar(a)}  # data {a.data_wait_fraction:.0%}  "
+             f"  optimizer step {a.step_time_s * 1e3:.1f} ms{micro}  {_bar(a)}  # data {a.data_wait_fraction:.0%}  "
              f"= compute {a.compute_fraction:.0%}  ~ comm {a.comm_fraction:.0%}"]
     if a.upstream_ratio is not None:
-        lines.append(f"  R = {a.upstream_ratio:.2f}: a batch takes {a.loader_batch_s * 1e3:.1f} ms to produce alone, "
+        made = "to produce alone" if a.loader_driven else "to make in the loop"
+        lines.append(f"  R = {a.upstream_ratio:.2f}: a step's batches take "
+                     f"{a.upstream_ratio * a.step_alone_s * 1e3:.1f} ms {made}, "
                      f"{a.step_alone_s * 1e3:.1f} ms to consume alone")
-    lines.append(f"  ({a.ranks} rank{'s' if a.ranks > 1 else ''}, {a.device}, {a.num_workers} loader workers, "
+    source = (f"{a.num_workers} loader workers" if a.loader_driven
+              else "no DataLoader: data wait is the step's time outside forward, backward and optimizer")
+    lines.append(f"  ({a.ranks} rank{'s' if a.ranks > 1 else ''}, {a.device}, {source}, "
                  f"{a.steps} steps after {a.warmup} warm-up)")
+    cpu = a.cpu or {}
+    if cpu.get("available") is not None:
+        parts = [f"{cpu['available']:.2f} cores available (affinity {cpu.get('affinity')}"
+                 + (f", quota {cpu['quota']:g}" if cpu.get("quota") else "")
+                 + (f", probe {cpu['probe']:.2f}" if cpu.get("probe") is not None else "") + ")"]
+        if cpu.get("main_cpu_per_step_s") is not None:
+            parts.append(f"main process {cpu['main_cpu_per_step_s'] * 1e3:.1f} ms CPU per step")
+        if cpu.get("worker_cpu_per_batch_s") is not None:
+            parts.append(f"workers {cpu['worker_cpu_per_batch_s'] * 1e3:.1f} ms CPU per batch")
+        lines.append("  CPU: " + ", ".join(parts))
+    others = [d for d in a.loaders if not d.get("training")]
+    for ex in a.excluded:
+        lines.append(f"  excluded: {ex['steps']} step(s) with {ex['reason']}")
+    for d in others:
+        lines.append(f"  not the training loop: {d['name']} ({d['batches']} batches, eval-mode or no-grad forwards)")
     if a.recommendations:
-        lines.append(f"  fixes, best first{'':22s}predicted  verified")
+        lines.append(f"  fixes, best first{'':36s}predicted  verified  error")
         for i, r in enumerate(a.recommendations, 1):
-            math_note = "  [changes the math]" if r.changes_math else ""
-            lines.append(f"  {i}. {r.fix:34s} {_x(r.predicted_speedup):>9s} {_x(r.verified_speedup):>9s}{math_note}")
+            notes = []
+            if r.verified_speedup is None:
+                notes.append("unverified" if r.apply else "unverified: needs a code change")
+            if r.promoted:
+                notes.append("promoted by its verification")
+            if r.changes_math:
+                notes.append("changes the math")
+            err = r.prediction_error
+            err_s = "-" if err is None else f"{err:+.0%}"
+            note = f"  [{'; '.join(notes)}]" if notes else ""
+            lines.append(f"  {i}. {r.fix[:48]:48s} {_x(r.predicted_speedup):>9s} {_x(r.verified_speedup):>9s} "
+                         f"{err_s:>6s}{note}")
             lines.append(f"     {r.how}")
     else:
-        lines.append("  no fix is predicted to pay more than 5%")
+        lines.append("  no fix is predicted (or verified) to pay more than 5%")
     for r in a.rejected:
-        measured = f" (verified x{r['verified_speedup']:.2f})" if r.get("verified_speedup") else ""
+        v = r.get("verified_speedup")
+        measured = f" (verified x{v:.2f})" if v is not None and "verified x" not in r["why"] else ""
         lines.append(f"  not recommended: {r['fix']}: {r['why']}{measured}")
     for note in a.notes:
         lines.append(f"  note: {note}")
+    if a.cost.get("per_verified_fix_s"):
+        c = a.cost
+        lines.append(f"  cost: profile run {c['profile_run_s']:.0f} s, verification {c['verify_runs_s']:.0f} s: "
+                     f"{c['per_verified_fix_s']:.0f} s per verified fix ({c['fixes_verified']} verified)")
+    elif a.cost.get("profile_run_s"):
+        lines.append(f"  cost: profile run {a.cost['profile_run_s']:.0f} s")
     return "\n".join(lines)
 
 
@@ -58,7 +95,8 @@ def results_json(a: Analysis, command: list[str], environment: dict) -> dict:
     """The report as JSON (verdict, fractions, R, ranks, device, recommendations) and its context."""
     d = a.as_dict()
     d["recommendations"] = [{k: r[k] for k in ("fix", "how", "predicted_speedup", "verified_speedup", "basis",
-                                               "changes_math", "apply", "verified_step_s")}
+                                               "changes_math", "apply", "verified_step_s", "bound", "promoted",
+                                               "prediction_error")}
                             for r in d["recommendations"]]
     d["command"] = command
     d["environment"] = environment
@@ -76,7 +114,7 @@ def plot_timeline(a: Analysis, path: str | Path) -> Path:
     fig, (ax, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110, gridspec_kw={"width_ratios": [3, 1]})
     ax.bar(xs, wait, color="tab:red", label="data wait")
     ax.bar(xs, work, bottom=wait, color="tab:blue", label="step work (compute + comm)")
-    ax.set_xlabel("step")
+    ax.set_xlabel("optimizer step")
     ax.set_ylabel("ms")
     ax.set_title(f"per-step timeline, rank 0: {a.verdict}")
     ax.legend(fontsize=8)

@@ -7,16 +7,21 @@ communication-bound likewise for exposed gradient communication. A dead band of
 shared machine does not flip a verdict between two runs. Warm-up steps and the
 first batch of each epoch never enter an average.
 
-Predictions, each from this run's own measurements:
+A step is an optimizer step; its time T splits into data wait D, exposed
+communication and compute. Predictions, each from this run's own measurements,
+and none above what the measurements allow: a data fix at most T / (T - D), a
+communication fix at most T / (T - comm) (Amdahl: the rest of the step stays):
 
-- more DataLoader workers: w producers overlapped with the step (workers
-  prefetch), with the CPU shared fairly among all runnable processes (the load
-  average says how many others there are), plus the measured cost of receiving a
-  batch from a worker;
-- batch echoing at e <= R: step time T_p / e + T_c (synchronous loader) or
-  max(T_p / e, T_c) (workers), then discounted by the extra steps echoed
-  training needs to reach the same accuracy (``BATCH_ECHO_STEPS``);
-- the device-resident loader: the step-alone time (the batch is already there);
+- more DataLoader workers (or, for a loop without a DataLoader, moving the batch
+  function into one): the step becomes max(T - D + hand-off, P / w, (c + m) / C),
+  with P one producer's time per step's batches, c their measured CPU (workers'
+  /proc times, or the main process's CPU outside compute), m the main process's
+  other CPU per step and C the CPU cores measured available to the job (affinity,
+  cgroup quota and a short busy probe: :func:`cpu_available`);
+- batch echoing at e <= R: the same with P / e and c / e (workers) or D / e + T - D
+  (synchronous), then discounted by the extra steps echoed training needs to reach
+  the same accuracy (``BATCH_ECHO_STEPS``);
+- the device-resident loader: T - D (the batch is already there);
 - bf16 gradient compression: replayed steps with the compressing hook against
   the plain ones (the alpha-beta cost model, fitted to float32 and bfloat16
   all-reduces timed in the same run plus the casts, is given beside it: it
@@ -30,7 +35,9 @@ whether its fix does.
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 
 from hasten.distributed.cost_model import fit_link
@@ -64,6 +71,14 @@ class Recommendation:
     step_rate_factor: float = 1.0  # predicted_speedup / step-rate speedup (echo's data efficiency)
     verified_speedup: float | None = None  # measured by a re-run with the fix applied (wall clock)
     verified_step_s: float | None = None
+    bound: float | None = None  # the most the measurements allow (Amdahl)
+    promoted: bool = False  # rejected by its prediction, recommended by its verification
+
+    @property
+    def prediction_error(self) -> float | None:
+        if self.verified_speedup is None or not self.predicted_speedup:
+            return None
+        return self.predicted_speedup / self.verified_speedup - 1
 
 
 @dataclass
@@ -88,57 +103,125 @@ class Analysis:
     rejected: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     per_step: list[dict] = field(default_factory=list)  # rank 0's measured steps, for the timeline
+    loader_driven: bool = True  # a DataLoader feeds the training steps
+    micro_batches: float = 1.0  # training forwards per optimizer step (gradient accumulation)
+    excluded: list[dict] = field(default_factory=list)  # steps left out: validation passes, worker start-up
+    loaders: list[dict] = field(default_factory=list)  # every DataLoader seen, training or not
+    cpu: dict = field(default_factory=dict)  # measured CPU: cores available, per step and per batch
+    where: list[dict] = field(default_factory=list)  # where the main thread spent its time (sampled)
+    where_data: list[dict] = field(default_factory=list)  # ... when outside compute inside a step
+    cost: dict = field(default_factory=dict)  # the profile's own wall time, and per verified fix
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for rec, r in zip(d["recommendations"], self.recommendations):
+            rec["prediction_error"] = r.prediction_error
+        return d
 
 
 def _mean(xs):
+    xs = list(xs)
     return sum(xs) / len(xs) if xs else math.nan
+
+
+def _g(r: dict, key: str, default=None):
+    if key in r:
+        return r[key]
+    if key == "span_s":
+        return r["wait_s"] + r["work_s"]
+    if key == "own_s":
+        return r["work_s"]
+    return default
 
 
 def _probe_median(recs: list[dict], key: str = "own_s") -> float | None:
     # The first step of a probe pays for the switch (a new autocast cache, a new hook): drop it.
-    # "own_s": the step's wall time less its run-queue waits (other jobs' load).
-    vals = [r.get(key, r["work_s"]) for r in recs[1:]] or [r.get(key, r["work_s"]) for r in recs]
+    # "own_s": the step's time less its data wait and its run-queue waits (other jobs' load).
+    recs = [r for r in recs if not r.get("excluded")] or recs
+    vals = [_g(r, key, r["work_s"]) for r in recs[1:]] or [_g(r, key, r["work_s"]) for r in recs]
     return statistics.median(vals) if vals else None
+
+
+def clean_steps(records: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """The measured steps that count, and how many were left out for what.
+
+    Left out: steps that drew batches from another loader or ran an evaluation
+    (named by the injector), and steps holding the first batch of a loader with
+    workers (start-up is not steady state), unless most steps do (a new iterator
+    per step is how this loop runs)."""
+    excluded: dict[str, int] = {}
+    keep = []
+    for r in records:
+        if r.get("excluded"):
+            reason = r["excluded"]
+            excluded[reason] = excluded.get(reason, 0) + 1
+        else:
+            keep.append(r)
+    starts = [r for r in keep if r.get("epoch_start")]
+    if starts and len(starts) < len(keep) / 2:
+        keep = [r for r in keep if not r.get("epoch_start")]
+        excluded["worker start-up (first batch of an epoch)"] = len(starts)
+    return keep, excluded
 
 
 @dataclass(frozen=True)
 class RankSummary:
     rank: int
     step_s: float
-    own_step_s: float  # the same less run-queue waits: what predictions compare against
+    own_step_s: float
     wait_s: float
     work_s: float
+    comm_direct_s: float  # time in torch.distributed collectives the script calls itself
+    micro: float
+    cpu_s: float | None  # main process CPU per step
+    data_cpu_s: float | None  # main process CPU per step spent on data (loader next / outside compute)
     step_alone_s: float | None
     step_alone_cpu_s: float | None
     comm_off_s: float | None
     comm_bf16_s: float | None
+    step_alone_wall_s: float | None
+    comm_off_wall_s: float | None
     autocast_s: float | None
     host_fraction: float | None
     loader_batch_s: float | None
-    loader_cpu_s: float | None
+    worker_cpu_per_batch_s: float | None
     handoff_s: float | None
+    excluded: dict
 
 
 def summarise_rank(d: dict) -> RankSummary:
-    measured = d["records"]["measure"]
+    measured, excluded = clean_steps(d["records"]["measure"])
+    if not measured:
+        measured = d["records"]["measure"]
     alone = d["records"].get("step_alone", [])
     lp = d.get("loader_probe") or {}
-    cpu = lp.get("worker_cpu_s") if d.get("num_workers") else lp.get("main_cpu_s")
+    wc = d.get("worker_cpu") or {}
+    per_batch = None
+    if wc.get("cpu_s") is not None and wc.get("batches"):
+        per_batch = wc["cpu_s"] / wc["batches"]
+    elif lp.get("worker_cpu_s") is not None:
+        per_batch = lp["worker_cpu_s"]
     host = None
     if d.get("device") == "cuda" and alone and "host_s" in alone[0]:
-        host = _probe_median(alone, "host_s") / _probe_median(alone, "work_s")
+        host = _probe_median(alone, "host_s") / _probe_median(alone, "span_s")
+    cpu = [r["cpu_s"] for r in measured if r.get("cpu_s") is not None]
+    dcpu = [r["data_cpu_s"] for r in measured if r.get("data_cpu_s") is not None]
     return RankSummary(
-        rank=d["rank"], step_s=_mean([r["wait_s"] + r["work_s"] for r in measured]),
-        own_step_s=_mean([r.get("own_wait_s", r["wait_s"]) + r.get("own_s", r["work_s"]) for r in measured]),
-        wait_s=_mean([r["wait_s"] for r in measured]), work_s=_mean([r["work_s"] for r in measured]),
-        step_alone_s=_probe_median(alone), step_alone_cpu_s=_probe_median(alone, "cpu_s"),
+        rank=d["rank"], step_s=_mean(_g(r, "span_s") for r in measured),
+        own_step_s=_mean(r.get("own_wait_s", r["wait_s"]) + _g(r, "own_s") for r in measured),
+        wait_s=_mean(r["wait_s"] for r in measured), work_s=_mean(r["work_s"] for r in measured),
+        comm_direct_s=_mean(r.get("comm_s", 0.0) for r in measured),
+        micro=statistics.median([r.get("micro") or 1 for r in measured]),
+        cpu_s=_mean(cpu) if cpu else None, data_cpu_s=_mean(dcpu) if dcpu else None,
+        step_alone_s=_probe_median(alone), step_alone_cpu_s=_probe_median(alone, "compute_cpu_s")
+        if alone and "compute_cpu_s" in alone[0] else _probe_median(alone, "cpu_s") if alone else None,
         comm_off_s=_probe_median(d["records"].get("comm_off", [])),
+        step_alone_wall_s=_probe_median(alone, "work_s") if alone else None,
+        comm_off_wall_s=_probe_median(d["records"]["comm_off"], "work_s") if d["records"].get("comm_off") else None,
         comm_bf16_s=_probe_median(d["records"].get("comm_bf16", [])),
         autocast_s=_probe_median(d["records"].get("autocast", [])),
-        host_fraction=host, loader_batch_s=lp.get("batch_s"), loader_cpu_s=cpu, handoff_s=lp.get("handoff_s"))
+        host_fraction=host, loader_batch_s=lp.get("batch_s"), worker_cpu_per_batch_s=per_batch,
+        handoff_s=lp.get("handoff_s"), excluded=excluded)
 
 
 def classify(wait: float, comm: float, host_fraction: float | None = None) -> tuple[str, str | None]:
@@ -166,72 +249,188 @@ def echo_steps_factor(e: float) -> float:
     return 1.0
 
 
-def _input_fixes(a: Analysis, s: RankSummary, cpu_count: int, load: float, batch_bytes: int,
-                 dataset_len: int | None, batch_size: int | None, memory_bytes: float) -> list[Recommendation]:
-    recs = []
-    t, tc, tp = a.own_step_s, a.step_alone_s, a.loader_batch_s
-    if tp is None or tc is None or tc <= 0:
-        return recs
-    w0 = a.num_workers
-    per_worker = tp * max(w0, 1)  # seconds one producer needs per batch
-    cpu_per_batch = min(max(s.loader_cpu_s or 0.0, 0.0), per_worker)
-    step_cpu = min(s.step_alone_cpu_s or tc, tc)
-    main_busy = step_cpu / tc
-    handoff = s.handoff_s or 0.0
-    # Other jobs' runnable processes (load average less this loop): cores are shared
-    # fairly among everything runnable, our workers included.
-    other = max(0.0, load - main_busy)
+def _cgroup_quota() -> float | None:
+    """CPU cores the cgroup allows (v2 cpu.max or v1 cfs quota), None when unlimited or unknown."""
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())
+        period = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
 
-    def step_with(w: int) -> tuple[float, float, float]:  # (step, producer, consumer) seconds
-        demand = w * cpu_per_batch / per_worker  # cores the workers would keep busy
-        share = min(1.0, cpu_count / max(1e-9, other + main_busy + demand))
-        producer = (per_worker - cpu_per_batch + cpu_per_batch / share) / w
-        consumer = tc - step_cpu + step_cpu / share + handoff
-        return max(consumer, producer), producer, consumer
+
+def cpu_available(probe_s: float = 0.3) -> dict:
+    """CPU cores this job can actually use: affinity, cgroup quota, and a short busy probe.
+
+    The probe runs one busy process per allowed core for ``probe_s`` and counts the CPU
+    time they got: on a machine shared with other jobs that is the share left to us,
+    which the load average does not say. ``probe_s=0`` skips the probe."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    limit = min(affinity, quota) if quota else float(affinity)
+    measured = None
+    if probe_s > 0 and hasattr(os, "fork"):
+        n = max(1, math.ceil(limit))
+        pipes, pids = [], []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: spin, report its CPU time, leave without cleanup
+                try:
+                    os.close(r)
+                    end = time.perf_counter() + probe_s
+                    x = 0
+                    while time.perf_counter() < end:
+                        x += 1
+                    os.write(w, repr(time.process_time()).encode())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            pipes.append(r)
+            pids.append(pid)
+        total = 0.0
+        for r, pid in zip(pipes, pids):
+            try:
+                total += float(os.read(r, 64).decode() or 0)
+            except ValueError:
+                pass
+            os.close(r)
+            os.waitpid(pid, 0)
+        elapsed = time.perf_counter() - t0
+        measured = total / max(elapsed, 1e-9)
+    available = min(limit, measured) if measured is not None else limit
+    return {"affinity": affinity, "quota": quota, "probe": measured, "available": max(available, 0.05)}
+
+
+def _amdahl(t: float, removable: float) -> float:
+    """The most any fix of a part taking ``removable`` of a step ``t`` can give."""
+    rest = t - removable
+    return t / rest if rest > 1e-12 else math.inf
+
+
+def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> list[Recommendation]:
+    recs = []
+    t = a.step_time_s
+    d = a.data_wait_fraction * t
+    if d <= 0:
+        return recs
+    rest = t - d  # the in-loop step without its data wait: no data fix goes below it
+    bound = _amdahl(t, d)
+    k = max(1.0, s.micro)
+    w0 = a.num_workers if a.loader_driven else 0
+    cores = a.cpu.get("available") or 1.0
+    if a.loader_driven and w0 and a.loader_batch_s:
+        producer = a.loader_batch_s * w0 * k  # one worker's time for one step's batches
+        data_cpu = (s.worker_cpu_per_batch_s or 0.0) * k
+    else:
+        producer = d  # made in the loop: the wait is the production time
+        data_cpu = min(s.data_cpu_s or 0.0, d)
+    data_cpu = min(data_cpu, producer)
+    main_cpu = max(0.0, (s.cpu_s or 0.0) - (0.0 if w0 else data_cpu))
+    handoff = (s.handoff_s or 0.0) * k if not w0 else 0.0
+    a.cpu.update(producer_s=producer, data_cpu_s=data_cpu, main_cpu_s=main_cpu)
+
+    def step_with(w: int, e: float = 1.0) -> tuple[float, str]:
+        parts = {"rest of the step": rest + handoff, "producers": producer / e / w,
+                 "CPU": (data_cpu / e + main_cpu) / cores}
+        key = max(parts, key=parts.get)
+        return parts[key], key
+
+    def basis(w, e=1.0):
+        step, limit = step_with(w, e)
+        return (f"one producer makes a step's {k:g} batch(es) in {producer * 1e3:.1f} ms ({data_cpu * 1e3:.1f} ms CPU), "
+                f"main process {main_cpu * 1e3:.1f} ms CPU per step, {cores:.2f} cores available (measured), "
+                f"{handoff * 1e3:.2f} ms hand-off; step {step * 1e3:.1f} ms, set by {limit}; "
+                f"bound x{bound:.2f} (data wait {d * 1e3:.1f} of {t * 1e3:.1f} ms)")
 
     if w0 < MAX_WORKERS:
-        options = [(w, *step_with(w)) for w in range(max(w0 + 1, 2), MAX_WORKERS + 1)]
-        # The fewest workers that keep 25% headroom over the step (a queue run at its
-        # capacity waits), else the fastest option.
-        w, step_new, producer, consumer = next((o for o in options if o[2] <= 0.8 * o[3]),
-                                               min(options, key=lambda o: o[1]))
-        recs.append(Recommendation(
-            fix=f"{w} DataLoader workers", how=f"DataLoader(..., num_workers={w}, persistent_workers=True)",
-            predicted_speedup=t / step_new, changes_math=False, apply=f"workers={w}",
-            basis=f"per-worker batch {per_worker * 1e3:.1f} ms ({cpu_per_batch * 1e3:.1f} ms CPU), "
-                  f"load {load:.1f} on {cpu_count} cores, {handoff * 1e3:.2f} ms hand-off per batch, "
-                  f"producer {producer * 1e3:.1f} ms vs step {consumer * 1e3:.1f} ms per batch"))
+        options = [(w, step_with(w)[0]) for w in range(max(w0 + 1, 2), MAX_WORKERS + 1)]
+        best = min(o[1] for o in options)
+        w = next(w for w, st in options if st <= best * 1.02)
+        step_new = step_with(w)[0]
+        pred = min(t / step_new, bound)
+        train = [ld for ld in a.loaders if ld.get("training")]
+        per_step_iter = bool(train) and train[0].get("iterators", 0) >= 0.5 * max(1, d0.get("steps_seen", 0))
+        if a.loader_driven and per_step_iter:  # next(iter(loader)) every step: a new pass (and workers) each time
+            recs.append(Recommendation(
+                fix=f"one iterator, {w} DataLoader workers",
+                how=f"it = iter(DataLoader(..., num_workers={w}, persistent_workers=True))   # once; then "
+                    "x, y = next(it) each step (a new iter() at StopIteration)",
+                predicted_speedup=pred, changes_math=False, apply=f"workers={w},keep_iter", basis=basis(w),
+                bound=bound))
+        elif a.loader_driven:
+            recs.append(Recommendation(
+                fix=f"{w} DataLoader workers", how=f"DataLoader(..., num_workers={w}, persistent_workers=True)",
+                predicted_speedup=pred, changes_math=False, apply=f"workers={w}", basis=basis(w), bound=bound))
+        else:
+            fn = _batch_function(a)
+            recs.append(Recommendation(
+                fix=f"make batches in a DataLoader with {w} workers",
+                how=("class Batches(torch.utils.data.IterableDataset):\n"
+                     f"         def __iter__(self):\n             while True:\n                 yield {fn}\n"
+                     f"     batches = iter(DataLoader(Batches(), batch_size=None, num_workers={w}, "
+                     "persistent_workers=True))\n"
+                     "     # in the loop: x, y = next(batches)   (seed each worker: torch.utils.data.get_worker_info())"),
+                predicted_speedup=pred, changes_math=False, apply=None, basis=basis(w), bound=bound))
 
-    r = tp / tc
-    if r > 1.2:
-        sync = w0 == 0
-
-        def echoed(e: float) -> float:
-            step = tp / e + tc if sync else max(tp / e, tc)
-            return t / step / echo_steps_factor(e)
+    r = a.upstream_ratio
+    if r is not None and r > 1.2:
+        def echoed_step(e: float) -> float:
+            if w0:
+                return step_with(w0, e)[0]
+            return d / e + rest
 
         candidates = sorted({min(r, 6.0)} | {float(e) for e in range(2, int(min(r, 6.0)) + 1)})
-        e = max(candidates, key=echoed)
-        e = round(e, 1)
-        rate = t / (tp / e + tc if sync else max(tp / e, tc))
+        e = round(max(candidates, key=lambda e: t / echoed_step(e) / echo_steps_factor(e)), 1)
+        rate = min(t / echoed_step(e), bound)
+        pred = rate / echo_steps_factor(e)
+        if a.loader_driven:
+            how = f"from hasten.echo import echo_batches; for batch in echo_batches(loader, {e:g}): ..."
+            apply = f"echo={e:g}"
+        else:
+            how = (f"if step % {round(e):d} == 0: x, y = {_batch_function(a)}   "
+                   f"# reuse each batch for {round(e):d} steps")
+            apply = None
         recs.append(Recommendation(
-            fix=f"batch echoing e={e:g}", how=f"from hasten.echo import echo_batches; "
-                                             f"for batch in echo_batches(loader, {e:g}): ...",
-            predicted_speedup=rate / echo_steps_factor(e), step_rate_factor=1 / echo_steps_factor(e),
-            changes_math=True, apply=f"echo={e:g}",
+            fix=f"batch echoing e={e:g}", how=how, predicted_speedup=pred, step_rate_factor=1 / echo_steps_factor(e),
+            changes_math=True, apply=apply, bound=bound,
             basis=f"R={r:.2f}; steps x{rate:.2f} faster, each worth 1/{echo_steps_factor(e):.2f} of a fresh "
                   f"one ({ECHO_SOURCE})"))
 
-    if dataset_len and batch_size and batch_bytes:
+    dataset_len, batch_size, batch_bytes = d0.get("dataset_len"), d0.get("batch_size"), d0.get("batch_bytes") or 0
+    if a.loader_driven and dataset_len and batch_size and batch_bytes:
         data_bytes = dataset_len * batch_bytes / batch_size
         if data_bytes < 0.25 * memory_bytes:
             loader = "device_loader.GpuLoader" if a.device == "cuda" else "host_loader.HostLoader"
             recs.append(Recommendation(
                 fix="device-resident loader", how=f"hasten.data.{loader}(images, labels, batch_size)"
                                                   " with the dataset decoded once into memory",
-                predicted_speedup=t / tc, changes_math=False,
-                basis=f"dataset {data_bytes / 2**20:.0f} MiB fits; step alone {tc * 1e3:.1f} ms"))
+                predicted_speedup=bound, changes_math=False, bound=bound,
+                basis=f"dataset {data_bytes / 2**20:.0f} MiB fits; the step without its data wait "
+                      f"{rest * 1e3:.1f} ms"))
+    elif not a.loader_driven and s.data_cpu_s and s.data_cpu_s > 0.5 * d:
+        recs.append(Recommendation(
+            fix="prepare the data once (pre-tokenize / decode into a memmap)",
+            how="np.memmap('train.bin', dtype=np.uint16, mode='w+', shape=(n,))[:] = encoded tokens; "
+                "then get_batch() only slices it",
+            predicted_speedup=bound, changes_math=False, bound=bound,
+            basis=f"{s.data_cpu_s * 1e3:.1f} ms of the {d * 1e3:.1f} ms data wait is CPU in the loop; "
+                  f"at best the step without its data wait, {rest * 1e3:.1f} ms"))
     return recs
+
+
+def _batch_function(a: Analysis) -> str:
+    for w in a.where_data:
+        at = w.get("at", "")
+        if ":" in at and not at.endswith(("<module>", "main")):
+            return at.split(":", 1)[1] + "(...)"
+    return "get_batch(...)"
 
 
 def _comm_fixes(a: Analysis, d0: dict, s0: RankSummary) -> tuple[list[Recommendation], list[dict]]:
@@ -239,69 +438,116 @@ def _comm_fixes(a: Analysis, d0: dict, s0: RankSummary) -> tuple[list[Recommenda
     k = d0.get("grad_bytes") or 0
     if len(times) < 2 or k == 0 or a.comm_s <= 0:
         return [], [{"fix": "bf16 gradient compression", "why": "no all-reduce timings to calibrate the model"}]
+    bound = _amdahl(a.own_step_s, a.comm_s)
     link = fit_link([b for b, _ in times], [s for _, s in times])
     full = link.alpha + k * link.beta
     bf16_times = d0.get("allreduce_bf16_times") or []
     cast = d0.get("bf16_cast_s") or 0.0
-    if len(bf16_times) >= 2:  # bf16 sums may run at another speed than float32 ones: fit them apart
+    if len(bf16_times) >= 2:
         link16 = fit_link([b for b, _ in bf16_times], [s for _, s in bf16_times])
     else:
         link16 = link
     half = link16.alpha + k / 2 * link16.beta + cast
     modelled = a.own_step_s / (a.own_step_s - a.comm_s + a.comm_s * half / full)
-    basis = (f"exposed comm {a.comm_s * 1e3:.0f} ms; cost model fitted to all-reduces of this run (float32 "
-             f"{link.gbit_per_s:.1f} Gbit/s, bfloat16 {link16.gbit_per_s:.1f} Gbit/s, casts {cast * 1e3:.0f} ms) "
-             f"predicts x{modelled:.2f}")
+    basis = (f"exposed comm {a.comm_s * 1e3:.0f} ms per optimizer step; cost model fitted to all-reduces of this run "
+             f"(float32 {link.gbit_per_s:.1f} Gbit/s, bfloat16 {link16.gbit_per_s:.1f} Gbit/s, casts "
+             f"{cast * 1e3:.0f} ms) predicts x{modelled:.2f}")
     predicted = modelled
     if s0.comm_bf16_s is not None and s0.step_alone_s:
-        # The replayed steps with the compressing hook itself see what the model cannot:
-        # how the hook's all-reduce overlaps backward.
-        predicted = a.own_step_s / (a.own_step_s - s0.step_alone_s + s0.comm_bf16_s)
+        predicted = a.own_step_s / max(1e-9, a.own_step_s - s0.step_alone_s + s0.comm_bf16_s)
         basis += f"; replayed steps with the hook: {s0.step_alone_s * 1e3:.0f} -> {s0.comm_bf16_s * 1e3:.0f} ms"
     rec = Recommendation(
         fix="bf16 gradient compression", how="hasten.distributed.hooks.register_allreduce_hook(ddp_model, "
                                                "'native', compress='bf16')",
-        predicted_speedup=predicted, changes_math=True, apply="comm=bf16", basis=basis)
+        predicted_speedup=min(predicted, bound), changes_math=True, apply="comm=bf16", basis=basis, bound=bound)
+    recs = [rec]
+    if a.micro_batches >= 1 and a.comm_s > 0:
+        m = a.micro_batches
+        # One all-reduce per optimizer step: twice the micro-batches halve its share per sample.
+        per_sample_new = (a.own_step_s - a.comm_s) + a.comm_s / 2
+        pred = min(a.own_step_s / per_sample_new, bound)
+        recs.append(Recommendation(
+            fix=f"accumulate {2 * m:g} micro-batches per optimizer step (no_sync on all but the last)",
+            how="with ddp_model.no_sync(): loss.backward()   # for all micro-batches but the last of each step; "
+                "scale the loss by 1/micro-batches",
+            predicted_speedup=pred, changes_math=True, apply=None, bound=bound,
+            basis=f"one all-reduce ({a.comm_s * 1e3:.0f} ms exposed) per optimizer step, now over {m:g} "
+                  f"micro-batch(es); twice as many halve its cost per sample (a larger effective batch)"))
     rejected = [{"fix": "hierarchical / torus hook", "why": "one node: the two-level hooks pay across nodes only"}]
-    return [rec], rejected
+    return recs, rejected
 
 
 def _compute_fixes(a: Analysis, s: RankSummary) -> list[Recommendation]:
     if s.autocast_s is None or a.step_alone_s <= 0:
         return []
-    step_new = a.own_step_s - a.step_alone_s + s.autocast_s
+    # The replayed steps give the ratio (both measured alike, interleaved); it scales the
+    # in-loop compute, so that the prediction stays within what the loop itself measured.
+    ratio = max(0.25, s.autocast_s / a.step_alone_s)
+    t = a.step_time_s
+    compute = t * a.compute_fraction
+    step_new = t - compute + compute * ratio
     return [Recommendation(
         fix="bf16 autocast", how="with hasten.nn.precision.autocast(device, True): loss = ...",
-        predicted_speedup=a.own_step_s / step_new, changes_math=True, apply="autocast",
+        predicted_speedup=t / max(step_new, 1e-9), changes_math=True, apply="autocast",
+        bound=_amdahl(t, compute),
         basis=f"step alone {a.step_alone_s * 1e3:.1f} ms, {s.autocast_s * 1e3:.1f} ms under bf16 autocast")]
 
 
-def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30) -> Analysis:
+def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | None = None) -> Analysis:
     """Merge every rank's report into one verdict with ranked recommendations."""
     ranks = sorted(ranks, key=lambda d: d["rank"])
     sums = [summarise_rank(d) for d in ranks]
     d0, s0 = ranks[0], sums[0]
     step = max(s.step_s for s in sums)  # the slowest rank sets everyone's pace
-    wait = _mean([s.wait_s / s.step_s for s in sums])
-    alone = _mean([s.step_alone_s for s in sums if s.step_alone_s is not None])
-    comm = _mean([max(0.0, s.step_alone_s - s.comm_off_s) for s in sums
-                  if s.comm_off_s is not None and s.step_alone_s is not None]) if d0.get("ddp") else 0.0
-    comm = 0.0 if math.isnan(comm) else comm
+    wait = _mean(s.wait_s / s.step_s for s in sums)
+    alone = _mean(s.step_alone_s for s in sums if s.step_alone_s is not None)
+    if math.isnan(alone):
+        alone = _mean(s.work_s for s in sums)
+    comm = 0.0
+    if d0.get("ddp"):
+        # Wall time, as the step itself is measured: waiting for a slower peer is exposed communication too.
+        c = _mean(max(0.0, s.step_alone_wall_s - s.comm_off_wall_s) for s in sums
+                  if s.comm_off_wall_s is not None and s.step_alone_wall_s is not None)
+        comm = 0.0 if math.isnan(c) else c
+    comm = max(comm, _mean(s.comm_direct_s for s in sums))  # collectives the script calls itself
     comm_frac = min(comm / step, max(0.0, 1.0 - wait))
-    loader = _mean([s.loader_batch_s for s in sums if s.loader_batch_s is not None])
-    loader = None if math.isnan(loader) else loader
-    r = loader / alone if loader is not None and alone > 0 else None
+    micro = s0.micro
+    loader_driven = d0.get("loader_driven", True)
+    loader = _mean(s.loader_batch_s for s in sums if s.loader_batch_s is not None)
+    if math.isnan(loader):
+        loader = None
+    if loader is not None and loader_driven:
+        produce = loader * micro  # a step's batches, made alone
+    elif not loader_driven:
+        produce = _mean(s.wait_s for s in sums)  # made in the loop: its wait is the production time
+    else:
+        produce = None
+    r = produce / alone if produce is not None and alone > 0 else None
     verdict, severity = classify(wait, comm_frac, s0.host_fraction)
+    excluded = {}
+    for s in sums:
+        for k, v in s.excluded.items():
+            excluded[k] = max(excluded.get(k, 0), v)
+    clean, _ = clean_steps(d0["records"]["measure"])
     a = Analysis(verdict=verdict, severity=severity, step_time_s=step,
                  own_step_s=max(s.own_step_s for s in sums), data_wait_fraction=wait,
                  compute_fraction=max(0.0, 1.0 - wait - comm_frac), comm_fraction=comm_frac, upstream_ratio=r,
                  loader_batch_s=loader, step_alone_s=alone, comm_s=comm, ranks=len(ranks), device=d0["device"],
-                 num_workers=d0["num_workers"], steps=len(d0["records"]["measure"]), warmup=d0["warmup"],
-                 per_step=d0["records"]["measure"])
+                 num_workers=d0["num_workers"], steps=len(clean) or len(d0["records"]["measure"]),
+                 warmup=d0["warmup"], per_step=clean or d0["records"]["measure"], loader_driven=loader_driven,
+                 micro_batches=micro, excluded=[{"reason": k, "steps": v} for k, v in excluded.items()],
+                 loaders=d0.get("loaders", []), where=d0.get("where", []),
+                 where_data=d0.get("where_data", []))
+    a.cpu = dict(cpus or cpu_available(probe_s=0))
+    a.cpu.update(main_cpu_per_step_s=s0.cpu_s, worker_cpu_per_batch_s=s0.worker_cpu_per_batch_s)
+    if not clean:
+        a.notes.append("every measured step was marked for exclusion; all are used")
+    if not d0.get("model_found", True):
+        a.notes.append("no module with parameters was called in training mode: compute is backward and the "
+                       "optimizer only")
     recs: list[Recommendation] = []
     if verdict in ("input-bound", "balanced"):
-        recs += _input_fixes(a, s0, d0.get("cpu_count") or 1, (d0.get("loadavg") or [0.0])[0],
-                             d0.get("batch_bytes") or 0, d0.get("dataset_len"), d0.get("batch_size"), memory_bytes)
+        recs += _input_fixes(a, s0, d0, memory_bytes)
     if verdict in ("communication-bound", "balanced") and d0.get("ddp") and d0["world_size"] > 1:
         comm_recs, rejected = _comm_fixes(a, d0, s0)
         recs += comm_recs
@@ -316,10 +562,44 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30) -> Analysis:
         if rec.predicted_speedup >= WORTH_IT:
             a.recommendations.append(rec)
         else:
-            a.rejected.append({"fix": rec.fix, "why": f"predicted x{rec.predicted_speedup:.2f}: not worth it",
-                               "basis": rec.basis, "predicted_speedup": rec.predicted_speedup,
-                               "apply": rec.apply, "step_rate_factor": rec.step_rate_factor,
-                               "verified_speedup": None})
-    # Highest predicted gain first; on a near tie, a fix --verify can apply without code edits first.
-    a.recommendations.sort(key=lambda x: (-round(x.predicted_speedup, 1), x.apply is None))
+            a.rejected.append(_as_rejected(rec, f"predicted x{rec.predicted_speedup:.2f}: not worth it"))
+    rerank(a)
     return a
+
+
+def _as_rejected(rec: Recommendation, why: str) -> dict:
+    return {"fix": rec.fix, "why": why, "basis": rec.basis, "how": rec.how, "predicted_speedup": rec.predicted_speedup,
+            "apply": rec.apply, "step_rate_factor": rec.step_rate_factor, "changes_math": rec.changes_math,
+            "verified_speedup": rec.verified_speedup, "verified_step_s": rec.verified_step_s, "bound": rec.bound}
+
+
+def rerank(a: Analysis) -> None:
+    """Order the fixes by what is known: verified speedups first, best first, then unverified by prediction.
+
+    A fix verified below ``WORTH_IT`` (x1.05) is moved to the rejected list, whatever its
+    prediction; a rejected fix that verified at ``WORTH_IT`` or better is promoted."""
+    keep = []
+    for rec in a.recommendations:
+        if rec.verified_speedup is not None and rec.verified_speedup < WORTH_IT:
+            a.rejected.append(_as_rejected(rec, f"verified x{rec.verified_speedup:.2f} (predicted "
+                                                f"x{rec.predicted_speedup:.2f}): "
+                                                f"{'slower' if rec.verified_speedup < 1 else 'not worth it'}"))
+        else:
+            keep.append(rec)
+    still = []
+    for r in a.rejected:
+        v = r.get("verified_speedup")
+        if v is not None and v >= WORTH_IT and r.get("predicted_speedup") is not None and "verified x" not in r["why"]:
+            keep.append(Recommendation(fix=r["fix"], how=r.get("how", ""), predicted_speedup=r["predicted_speedup"],
+                                       basis=r.get("basis", ""), changes_math=r.get("changes_math", False),
+                                       apply=r.get("apply"), step_rate_factor=r.get("step_rate_factor", 1.0),
+                                       verified_speedup=v, verified_step_s=r.get("verified_step_s"),
+                                       bound=r.get("bound"), promoted=True))
+        else:
+            still.append(r)
+    a.rejected = still
+    # Verified first (by what was measured), then unverified (by prediction); on a near tie of
+    # predictions, a fix --verify can apply without code edits first.
+    keep.sort(key=lambda x: (x.verified_speedup is None, -round(x.verified_speedup or 0.0, 2),
+                             -round(x.predicted_speedup, 1), x.apply is None))
+    a.recommendations = keep

@@ -8,6 +8,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from _truth import Truth
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
@@ -23,7 +24,11 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     torch.manual_seed(0)
+    truth = Truth()
     model = DDP(nn.Sequential(*[nn.Linear(args.width, args.width) for _ in range(args.layers)]))
+    if truth.comm_off:
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+        model.register_comm_hook(None, noop_hook)
     data = TensorDataset(torch.randn(4096, args.width), torch.randn(4096, args.width))
     loader = DataLoader(data, batch_size=args.batch, sampler=DistributedSampler(data))
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -34,6 +39,7 @@ def main():
             opt.zero_grad()
             loss.backward()
             opt.step()
+            truth.tick()
     dist.destroy_process_group()
 
 

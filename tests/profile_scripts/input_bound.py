@@ -13,6 +13,7 @@ import sys
 import time
 
 import torch
+from _truth import Truth
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -53,9 +54,20 @@ def main():
                         shuffle=True, num_workers=args.workers)
     model = nn.Linear(32, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    truth = Truth()
     step = 0
+    first = None
     for _ in range(args.epochs):
         for x, y in loader:
+            while truth.data_free:  # the truth harness's "data free" run: one batch, never the loader again
+                first = first or (x, y)
+                x, y = first
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                time.sleep(args.step_sleep)
+                burn(args.step_work)
+                truth.tick()
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -63,6 +75,7 @@ def main():
             time.sleep(args.step_sleep)  # the accelerator's share of the step
             burn(args.step_work)
             step += 1
+            truth.tick()
             if args.crash_after is not None and step >= args.crash_after:
                 raise RuntimeError("constructed crash")
             if args.exit_after is not None and step >= args.exit_after:
