@@ -1,11 +1,12 @@
 """``hasten profile``: why a training command is slower than the hardware, the fix, and proof.
 
-    hasten profile [--steps N] [--warmup N] [--json PATH] [--verify] -- python train.py --lr 0.1
+    hasten profile [--steps N | --seconds S] [--warmup N] [--json PATH] [--verify] -- python train.py --lr 0.1
     hasten profile -- torchrun --nproc-per-node 2 train.py
 
 Runs the unmodified command with hasten's profiler injected into each of its
-Python processes (``hasten.profile.inject``), measures ``--steps`` steps after
-``--warmup``, runs the counterfactual probes, stops it, and prints a verdict,
+Python processes (``hasten.profile.inject``), measures ``--steps`` optimizer steps
+(or about ``--seconds`` of them) after ``--warmup``, runs the counterfactual probes,
+stops it (a script that never ends is fine), and prints a verdict,
 the time breakdown and ranked fixes with predicted speedups; ``--verify``
 re-runs the command once per fix that can be applied without editing it.
 Writes results.json and timeline.png to a run directory.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hasten import cli_types as t
 from hasten.errors import ConfigError
 from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
 from hasten.profile.report import format_report, plot_timeline, results_json
@@ -23,14 +25,19 @@ from hasten.rundir import RunDir, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=20, help="steps to measure after the warm-up (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="steps to discard first (default 5)")
-    p.add_argument("--probe-steps", type=int, default=8, help="steps per counterfactual probe (default 8)")
+    p.add_argument("--steps", type=t.int_range(3), default=20, help="optimizer steps to measure after the warm-up (default 20)")
+    p.add_argument("--seconds", type=t.nonneg_float, default=0.0, metavar="S",
+                   help="measure about S seconds of steps instead of --steps (from the warm-up's step time)")
+    p.add_argument("--warmup", type=t.nonneg_int, default=5, help="optimizer steps to discard first (default 5)")
+    p.add_argument("--probe-steps", type=t.int_range(2), default=8, help="steps per counterfactual probe (default 8)")
     p.add_argument("--verify", action="store_true", help="re-run with each applicable fix; report measured speedups")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the results JSON here")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--json", type=t.output_file, default=None, metavar="PATH", help="also write the results JSON here")
+    p.add_argument("--timeout", type=t.positive_float, default=300.0, metavar="SECONDS",
                    help="stop a run of the command after this long (default 300)")
-    p.add_argument("--quiet", action="store_true", help="hide the command's own output (shown on failure)")
+    p.add_argument("--quiet", action="store_true",
+                   help="hide the command's own output (its tail and each failing rank's error are shown on failure)")
+    p.add_argument("--stall", type=t.positive_float, default=30.0, metavar="SECONDS",
+                   help="say what is seen when no optimizer step comes for this long (default 30)")
     p.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the training command to profile, after --")
 
@@ -41,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     try:
         config = ProfileConfig(tuple(command), warmup=args.warmup, steps=args.steps, probe_steps=args.probe_steps,
-                               verify=args.verify, timeout_s=args.timeout, capture=args.quiet)
+                               verify=args.verify, timeout_s=args.timeout, capture=args.quiet,
+                               seconds=args.seconds, stall_s=args.stall)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     try:
