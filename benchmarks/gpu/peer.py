@@ -1,6 +1,8 @@
 """The peer: the real airbench package (``airbench==0.1.8`` from PyPI, Keller Jordan;
 its ``train94`` is airbench94, 94.01% on canonical CIFAR-10 in 3.83 s on an A100 as
-published), run on the same GPU and the same CIFAR-10-JPEG copy as hasten's speedrun.
+published), run on the same GPU and the same CIFAR-10-JPEG copy as hasten's speedrun,
+its runs interleaved with hasten's (the speedrun section drives ``PeerProcess``, one
+run per request) and kept in the speedrun section's JSON.
 
 airbench is a benchmark dependency only, never one of the package: its source
 distribution travels to the GPU machine in the ``.whl`` carry folder (docs/gpu.md)
@@ -18,15 +20,18 @@ import hashlib
 import importlib.util
 import json
 import os
+import queue
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from collections import deque
 from pathlib import Path
 
 import torch
 
-from gpu.plan import mean_std
+from gpu.peer_run import TAG_ERROR, TAG_READY, TAG_RESULT
 from hasten.data import ImageDataset
 from hasten.errors import ConfigError
 
@@ -98,25 +103,78 @@ def unpack_sdist(sdist: str | os.PathLike, into: Path) -> Path:
     return into / "airbench-0.1.8"
 
 
-def run_peer(workdir: Path, pythonpath: Path | None, runs: int, budget_s: float, say) -> dict:
-    """``peer_run.py`` in a subprocess; its output is echoed; its JSON is returned."""
-    out = workdir / "peer_runs.json"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, str(RUNNER), "--runs", str(runs), "--budget-s", str(budget_s), "--json", str(out)]
-    tail: deque[str] = deque(maxlen=30)
-    with subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
-        for line in proc.stdout:
-            tail.append(line.rstrip())
-            say(f"  peer| {line.rstrip()}")
-    if proc.returncode != 0:
-        raise RuntimeError(f"the peer exited with status {proc.returncode}: {' / '.join(list(tail)[-5:])}")
-    return json.loads(out.read_text())
+class PeerProcess:
+    """``peer_run.py`` in a process of its own, serving one airbench run per ``run(n)``;
+    its printed lines go to ``say`` as they come. ``close()`` ends it (also on error)."""
+
+    def __init__(self, workdir: Path, pythonpath: Path | None, say, *, start_timeout_s: float = 120.0):
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if pythonpath is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
+        self.say = say
+        self.tail: deque[str] = deque(maxlen=30)
+        self.proc = subprocess.Popen([sys.executable, str(RUNNER)], cwd=workdir, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self._lines: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True, name="hasten-peer-reader")
+        self._reader.start()
+        try:
+            self.info = self._wait(TAG_READY, start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)  # end of output: the process ended
+
+    def _wait(self, tag: str, timeout_s: float | None) -> dict:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self.close()
+                raise TimeoutError(f"the peer gave no {tag} within {timeout_s:.0f} s")
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                status = self.proc.wait()
+                raise RuntimeError(f"the peer exited with status {status}: {' / '.join(list(self.tail)[-5:])}")
+            if line.startswith(tag + " "):
+                return json.loads(line[len(tag) + 1:])
+            if line.startswith(TAG_ERROR + " "):
+                raise RuntimeError(f"the peer failed: {line[len(TAG_ERROR) + 1:]}")
+            self.tail.append(line)
+            self.say(f"  peer| {line}")
+
+    def run(self, n: int, timeout_s: float | None = None) -> dict:
+        """One ``train94(run=n)``: ``tta_accuracy``, ``time_s`` (airbench's clock), ``wall_s``."""
+        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.flush()
+        return self._wait(TAG_RESULT, timeout_s)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(timeout=2)
 
 
-def peer(ctx) -> dict:
+def prepare_peer(ctx) -> tuple[dict, tuple | None]:
+    """Convert the data for airbench and find it: ``(record, (workdir, pythonpath))``, or
+    ``(record with status "skipped" and the reason, None)`` when the peer cannot run here.
+    The converted data live in scratch space; the peer's results go to the suite's JSON."""
     data = ctx.dataset()
     workdir = ctx.scratch / "peer"
     conversion = convert_for_airbench(data, workdir / "cifar10")
@@ -124,38 +182,14 @@ def peer(ctx) -> dict:
     if not conversion["round_trip_equal"]:
         raise RuntimeError("the converted data differ from hasten's decoded images")
     source = locate_airbench(ctx.peer_sdist)
-    result = {"peer": PEER, "published": PUBLISHED, "data": data.name, "conversion": conversion,
-              "peer_source": source}
+    record = {"peer": PEER, "published": PUBLISHED, "conversion": conversion, "peer_source": source,
+              "timed": "airbench's own CUDA-event clock: whitening set-up, training epochs (with the loader's "
+                       "first-epoch preprocessing on the device), final TTA evaluation; not loading data onto the "
+                       "GPU, building the net, per-epoch validation"}
     if ctx.device.type != "cuda":
-        return {**result, "status": "skipped", "skipped": "needs CUDA", "n_runs": 0,
-                "headline": {"key": "skipped: needs CUDA (data converted, peer "
-                                    + ("located)" if source["found"] else "not found here)"), "n": 0, "spread": ""}}
+        return {**record, "status": "skipped", "skipped": "needs CUDA"}, None
     if not source["found"]:
-        raise ConfigError(f"{PEER} not found: put {SDIST_NAME} at {ctx.peer_sdist} (docs/gpu.md)")
+        return {**record, "status": "skipped",
+                "skipped": f"{PEER} not found: put {SDIST_NAME} at {ctx.peer_sdist} (docs/gpu.md)"}, None
     pythonpath = unpack_sdist(ctx.peer_sdist, ctx.scratch / "peer-src") if source["kind"] == "sdist" else None
-    report = run_peer(workdir, pythonpath, ctx.sizes.peer_runs, ctx.time_left(), ctx.say)
-    runs = report.pop("runs")
-    acc, acc_std = mean_std([r["tta_accuracy"] for r in runs])
-    t, t_std = mean_std([r["time_s"] for r in runs])
-    result.update(report, n_runs=len(runs), peer_mean_accuracy=acc, peer_std_accuracy=acc_std,
-                  peer_mean_time_s=t, peer_std_time_s=t_std, peer_runs=runs,
-                  timed_peer="airbench's own CUDA-event clock: whitening set-up, training epochs (with the "
-                             "loader's first-epoch preprocessing on the device), final TTA evaluation; not "
-                             "loading data onto the GPU, building the net, per-epoch validation",
-                  timed_hasten="hasten.recipes.speedrun: the same spans (see the speedrun section's `timed`)")
-    hasten = ctx.previous("speedrun")
-    row = next((p for p in (hasten or {}).get("presets", []) if p["preset"] == "airbench94"), None)
-    if row is None:
-        result.update(hasten_mean_accuracy=None, accuracy_delta=None, time_ratio=None,
-                      note="no hasten airbench94 result in this run or in the output folder: run the speedrun "
-                           "section first")
-        key = f"peer {acc:.2%} in {t:.2f} s (no hasten result to compare)"
-    else:
-        result.update(hasten_mean_accuracy=row["mean_accuracy"], hasten_mean_time_s=row["mean_time_s"],
-                      hasten_n_runs=row["n_runs"],
-                      accuracy_delta=100 * (row["mean_accuracy"] - acc),  # points, hasten minus peer
-                      time_ratio=row["mean_time_s"] / t)                  # hasten / peer
-        key = (f"hasten/peer time x{result['time_ratio']:.2f}, accuracy {result['accuracy_delta']:+.2f} pt "
-               f"(peer {acc:.2%} in {t:.2f} s)")
-    result["headline"] = {"key": key, "n": len(runs), "spread": f"peer ±{100 * acc_std:.2f} pt, ±{t_std:.2f} s"}
-    return result
+    return record, (workdir, pythonpath)

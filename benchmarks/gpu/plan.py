@@ -2,10 +2,12 @@
 H100 in at most 20 minutes including start-up, and the smoke plan (CPU, toy sizes).
 
 The budgets are estimates for an H100 (airbench94 is published at 3.83 s per run
-on an A100); every section with a loop of its own stops starting new runs once its
-budget is spent, records how many it ran (``n_runs`` against ``n_planned``) and
-says ``cut_short``, so that the whole suite stays inside the device tool's limits
-(10 minutes per command: the suite runs in two commands, docs/gpu.md).
+on an A100). Every piece of work is checked against the time left before it starts
+(``Context.can_start``): the section's own budget and the suite's overall budget,
+whichever ends first; a section records how many runs it made (``n_runs`` against
+``n_planned``) and says ``cut_short``, and a section that cannot start in the time
+left is skipped with the reason. ``mean_ci`` gives the means with their 95%
+intervals (Student t) that every table reports.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-SECTIONS = ("speedrun", "peer", "ablation", "echo", "large_batch", "throughput", "tests")
+SECTIONS = ("speedrun", "ablation", "echo", "large_batch", "throughput", "tests")
 H100_LIMIT_S = 20 * 60
 # Machine start, copying the tree, installing nothing (the peer is extracted, not
 # built), importing torch and decoding CIFAR-10-JPEG once (about 6 s on 2 cores).
@@ -25,17 +27,18 @@ STARTUP_S = 120
 class Sizes:
     """Every size the sections use; ``FULL`` and ``SMOKE`` below."""
     budget_s: dict = field(default_factory=dict)   # section -> seconds
+    # section -> the least time worth starting it with (less left overall: skipped, with the reason)
+    min_s: dict = field(default_factory=dict)
     train_subset: int = 0          # seeded random training subset (0: all 50,000)
     test_subset: int = 0           # seeded random test subset (0: all 10,000)
     matmul_seconds: float = 3.0    # measuring the device's matmul rate
-    # speedrun: every preset n times after an untimed full warm-up run ("+compile": torch.compile);
-    # the budget is shared: the first preset gets half, the next what is left
+    # speedrun: every preset ("+compile": torch.compile) and the peer (airbench 0.1.8's train94,
+    # in a process of its own), each after one untimed full run, then n runs of each interleaved
     speedrun_presets: tuple = ("airbench94",)
     speedrun_runs: int = 20
-    speedrun_chunk: int = 5        # runs per call of speedrun.run: the budget is checked in between
+    compile_s: float = 0.0         # charged for a compiling job's warm-up before it starts (an estimate)
     recipe_changes: dict = field(default_factory=dict)  # e.g. fewer epochs (smoke)
-    # peer: airbench 0.1.8's train94, n times after one untimed full run
-    peer_runs: int = 20
+    peer: bool = True              # the peer joins the speedrun's interleaving where it can run (CUDA)
     # ablation: the ladder of the first speedrun preset, to the peer's mean accuracy
     ablation_repeats: int = 2
     # echo: the GPU preset of ``hasten echo`` behind slow storage at R about echo_ratio
@@ -54,6 +57,9 @@ class Sizes:
     lb_bn_groups: tuple = (1, 4)       # replicas per BN group (k x replica_batch images per BN)
     lb_bn_global_batch: int = 512
     # throughput: ResNet-18 steps (bf16/fp32 x channels_last/not), and two loaders
+    # A multiple of 8 on the CPU: oneDNN's 1x1 stride-2 weight gradient in channels_last
+    # (ResNet's downsample shortcuts) writes out of bounds for fewer than 8 input channels on
+    # AVX2 (segfault, abort or hang; oneDNN issue 6035; torch 2.13's oneDNN 3.12).
     tp_width: int = 64
     tp_batch: int = 512
     tp_warmup: int = 5
@@ -70,24 +76,64 @@ class Sizes:
 
 
 FULL = Sizes(
-    budget_s={"speedrun": 210, "peer": 150, "ablation": 150, "echo": 170, "large_batch": 250,
-              "throughput": 60, "tests": 60},
-    speedrun_presets=("airbench94", "airbench94+compile"),
+    budget_s={"speedrun": 360, "ablation": 150, "echo": 170, "large_batch": 250, "throughput": 60, "tests": 60},
+    min_s={"speedrun": 60, "ablation": 40, "echo": 60, "large_batch": 60, "throughput": 20, "tests": 20},
+    speedrun_presets=("airbench94", "airbench94+compile"), compile_s=90.0,
 )
 
 # Every section on the CPU at toy sizes, a minute or two on 2 shared cores: what a test runs.
 SMOKE = Sizes(
-    budget_s={"speedrun": 60, "peer": 30, "ablation": 60, "echo": 60, "large_batch": 60,
-              "throughput": 30, "tests": 60},
+    budget_s={"speedrun": 60, "ablation": 60, "echo": 60, "large_batch": 60, "throughput": 30, "tests": 60},
+    min_s={"speedrun": 5, "ablation": 5, "echo": 5, "large_batch": 5, "throughput": 5, "tests": 5},
     train_subset=512, test_subset=200, matmul_seconds=0.3,
-    speedrun_presets=("tiny",), speedrun_runs=2, speedrun_chunk=1, recipe_changes={"epochs": 1},
-    peer_runs=1, ablation_repeats=1,
+    speedrun_presets=("tiny",), speedrun_runs=2, recipe_changes={"epochs": 1},
+    ablation_repeats=1,
     echo_ratio=2.0, echo_factors=(2.0,), echo_seeds=1,
     echo_changes={"target": 0.12, "max_fresh": 512, "eval_every": 4, "eval_images": 200, "batch_size": 32},
     lb_width=4, lb_batches=(32, 128), lb_epochs=1.0, lb_warmup_epochs=0.5, lb_seeds=1,
     lb_replica_batch=8, lb_bn_groups=(1,), lb_bn_global_batch=32,
-    tp_width=4, tp_batch=32, tp_warmup=1, tp_steps=2, tp_repeats=1, tp_loader_epochs=1, tp_loader_workers=1,
+    tp_width=8, tp_batch=32, tp_warmup=1, tp_steps=2, tp_repeats=1, tp_loader_epochs=1, tp_loader_workers=1,
 )
+
+
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom: the table
+    to 30, beyond it the Cornish-Fisher expansion around 1.96 (within 1e-4 of the exact value)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1; got {df}")
+    if df <= len(T95):
+        return T95[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def mean_ci(xs) -> dict:
+    """``{"n", "mean", "std", "ci95"}`` of the values (None ignored): the mean, the sample
+    standard deviation and the half-width of the mean's 95% interval (Student t, n - 1
+    degrees of freedom); std and ci95 are None below two values, everything None for none."""
+    xs = [x for x in xs if x is not None]
+    n = len(xs)
+    if not n:
+        return {"n": 0, "mean": None, "std": None, "ci95": None}
+    if n == 1:
+        return {"n": 1, "mean": xs[0], "std": None, "ci95": None}
+    std = statistics.stdev(xs)
+    return {"n": n, "mean": statistics.fmean(xs), "std": std, "ci95": t95(n - 1) * std / math.sqrt(n)}
+
+
+def pm(stats: dict, scale: float = 1.0, fmt: str = ".2f", unit: str = "") -> str:
+    """``mean ± ci95`` with ``scale`` applied (``mean (n=1)`` for one value, ``-`` for none)."""
+    if stats.get("mean") is None:
+        return "-"
+    mean = f"{stats['mean'] * scale:{fmt}}{unit}"
+    if stats.get("ci95") is None:
+        return f"{mean} (n={stats.get('n', 1)})"
+    return f"{mean} ± {stats['ci95'] * scale:{fmt}}{unit}"
 
 
 def mean_std(xs) -> tuple[float | None, float | None]:

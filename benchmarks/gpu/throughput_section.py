@@ -10,6 +10,11 @@ same normalisation, the same batch; the DataLoader pins memory and copies with
 ``non_blocking`` on CUDA, as a tuned PyTorch pipeline does. One untimed epoch each
 first (worker start-up, allocations), then the timed epochs; a batch counts as
 delivered once it is on the device (the clock synchronises at the end).
+
+"fp32" rows are float32 throughout: TF32 is off for them (cuDNN convolutions use TF32
+by default in PyTorch, which would make them a TF32 row), and the caller's setting is
+back after each (``gpu.context.strict_fp32``); the JSON records the flags each row ran
+with. On the CPU, channels_last needs a width that is a multiple of 8 (``check_width``).
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ import os
 import torch
 import torch.nn.functional as F
 
-from gpu.plan import mean_std
+import contextlib
+
+from gpu.context import strict_fp32
+from gpu.plan import mean_ci, mean_std
 from hasten.data.device_loader import Augmentation, GpuLoader
-from hasten.data.normalize import channel_stats
+from hasten.errors import ConfigError
 from hasten.timing import Stopwatch, interleaved
 
 PAD = 2
@@ -57,8 +65,37 @@ def _one_thread(_):
     torch.set_num_threads(1)  # many workers on few cores: no oversubscription
 
 
-def loader_images_per_s(name: str, images, labels, batch: int, epochs: int, device, workers: int) -> dict:
-    mean, std = channel_stats(images)
+def check_width(device, width: int) -> None:
+    """ResNet-18 in channels_last on a CPU: its 1x1 stride-2 shortcut convolutions have
+    ``width``, 2 x and 4 x ``width`` input channels, and oneDNN's weight gradient of such a
+    convolution in channels_last writes out of bounds with fewer than 8 input channels
+    on AVX2 (a segfault, an abort or a hang depending on threads; oneDNN issue 6035, in
+    torch 2.13's oneDNN 3.12): refuse the width before the process crashes."""
+    if device.type == "cpu" and width % 8:
+        raise ConfigError(f"throughput on the CPU needs a ResNet width that is a multiple of 8 (got {width}): "
+                          "oneDNN's channels_last 1x1 stride-2 weight gradient crashes below 8 input channels")
+
+
+def tf32_flags() -> dict:
+    return {"cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32}
+
+
+def step_images_per_s(ctx, bf16: bool, channels_last: bool) -> tuple[float, dict]:
+    """One configuration's training-step rate, fp32 with TF32 off; and the TF32 flags it ran with."""
+    from large_batch_precision import images_per_s  # benchmarks/: the training step it times
+
+    s = ctx.sizes
+    with contextlib.nullcontext() if bf16 else strict_fp32():
+        flags = tf32_flags()
+        rate = images_per_s(ctx.device, "resnet18", s.tp_width, 32, s.tp_batch, bf16, channels_last,
+                            s.tp_warmup, s.tp_steps)
+    return rate, flags
+
+
+def loader_images_per_s(name: str, images, labels, batch: int, epochs: int, device, workers: int,
+                        mean_std) -> dict:
+    mean, std = mean_std
     cuda = device.type == "cuda"
     clock = Stopwatch(device)
     clock.start()
@@ -83,37 +120,39 @@ def loader_images_per_s(name: str, images, labels, batch: int, epochs: int, devi
 
 
 def throughput(ctx) -> dict:
-    from large_batch_precision import (
-        images_per_s,  # benchmarks/: the training step it times
-    )
-
     s = ctx.sizes
+    check_width(ctx.device, s.tp_width)
     data = ctx.dataset()
     workers = min(s.tp_loader_workers, os.cpu_count() or 1)
     precision = {name: [] for name, _, _ in PRECISION}
+    flags = {}
     loaders = {"GpuLoader": [], f"DataLoader ({workers} workers)": []}
     order = []
     jobs = [("step", c) for c in PRECISION] + [("loader", name) for name in loaders]
     for rep, (kind, job) in interleaved(jobs, s.tp_repeats, seed=0):
         if kind == "step":
             name, bf16, cl = job
-            precision[name].append(images_per_s(ctx.device, "resnet18", s.tp_width, 32, s.tp_batch, bf16, cl,
-                                                s.tp_warmup, s.tp_steps))
+            rate, flags[name] = step_images_per_s(ctx, bf16, cl)
+            precision[name].append(rate)
         else:
             name = job
             loaders[name].append(loader_images_per_s(name.split()[0], data.train.images, data.train.labels,
-                                                     s.tp_batch, s.tp_loader_epochs, ctx.device, workers))
+                                                     s.tp_batch, s.tp_loader_epochs, ctx.device, workers,
+                                                     ctx.mean_std()))
         order.append([rep, name])
+        ctx.checkpoint({"order": order, "samples_so_far": precision, "loaders_so_far": loaders})
     base = mean_std(precision["fp32"])[0]
     steps = []
     for name, xs in precision.items():
-        m, sd = mean_std(xs)
-        steps.append({"config": name, "images_per_s": m, "images_per_s_std": sd, "samples": xs,
-                      "speedup_vs_fp32": m / base})
+        stats = mean_ci(xs)
+        steps.append({"config": name, "images_per_s": stats["mean"], "images_per_s_std": stats["std"],
+                      "images_per_s_ci95": stats["ci95"], "samples": xs, "speedup_vs_fp32": stats["mean"] / base,
+                      "tf32": flags[name]})
     feeds = []
     for name, rs in loaders.items():
-        m, sd = mean_std([r["images_per_s"] for r in rs])
-        feeds.append({"loader": name, "images_per_s": m, "images_per_s_std": sd,
+        stats = mean_ci([r["images_per_s"] for r in rs])
+        feeds.append({"loader": name, "images_per_s": stats["mean"], "images_per_s_std": stats["std"],
+                      "images_per_s_ci95": stats["ci95"],
                       "setup_s": mean_std([r["setup_s"] for r in rs])[0], "samples": rs})
     recipes_use = steps[-1]  # bf16 channels_last: what the recipes run on CUDA
     loader_ratio = feeds[0]["images_per_s"] / feeds[1]["images_per_s"]
@@ -121,7 +160,8 @@ def throughput(ctx) -> dict:
             "warmup_steps": s.tp_warmup, "loader_epochs": s.tp_loader_epochs, "n_runs": s.tp_repeats,
             "order": order, "training_step": steps, "loaders": feeds, "loader_speedup": loader_ratio,
             "timed": "training step: forward, backward, LARS step on one fixed batch after warm-up steps; "
-                     "loaders: timed epochs after one untimed epoch, batches delivered on the device",
-            "headline": {"key": f"{recipes_use['config']} x{recipes_use['speedup_vs_fp32']:.2f} vs fp32; GpuLoader "
-                                f"x{loader_ratio:.1f} vs DataLoader", "n": s.tp_repeats,
-                         "spread": f"fp32 ±{mean_std(precision['fp32'])[1] or 0:.0f} img/s"}}
+                     "fp32 rows with TF32 off (cuDNN and cuBLAS); loaders: timed epochs after one untimed "
+                     "epoch, batches delivered on the device",
+            "headline": {"key": f"{recipes_use['config']} x{recipes_use['speedup_vs_fp32']:.2f} vs fp32 (TF32 off); "
+                                f"GpuLoader x{loader_ratio:.1f} vs DataLoader", "n": s.tp_repeats,
+                         "spread": f"fp32 ±{mean_std(precision['fp32'])[1] or 0:.0f} img/s (std)"}}
