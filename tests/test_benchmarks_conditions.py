@@ -88,7 +88,7 @@ def test_allreduce_scale_writes_conditions(tmp_path, monkeypatch, quick_matmul):
 def test_large_batch_precision_writes_conditions_and_interleaves(tmp_path, quick_matmul):
     bench = _load_script("large_batch_precision")
     out = tmp_path / "p.json"
-    assert bench.main(["--device", "cpu", "--width", "2", "--batch", "4", "--warmup", "0", "--steps", "1",
+    assert bench.main(["--device", "cpu", "--width", "8", "--batch", "4", "--warmup", "0", "--steps", "1",
                        "--repeats", "2", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     _check_conditions(data["conditions"])

@@ -58,13 +58,23 @@ def test_autocast_takes_a_device_or_its_name_and_can_be_off():
 
 def test_channels_last_model_gives_the_same_output():
     torch.manual_seed(0)
-    model = build_model("resnet10", 10, 16, width=4).eval()
+    model = build_model("resnet10", 10, 16, width=8).eval()
     x = torch.randn(2, 3, 16, 16)
     ref = model(x)
     cl = to_channels_last(model)
     assert cl.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(cl(x.contiguous(memory_format=torch.channels_last)), ref,
                                rtol=1e-4, atol=1e-4)
+
+
+def test_channels_last_refuses_cpu_models_onednn_cannot_train():
+    """ResNet width 4 has a 1x1 stride-2 shortcut with 4 input channels: oneDNN's weight gradient
+    of it in channels_last crashes or hangs on AVX2, so the conversion refuses it up front."""
+    with pytest.raises(ValueError, match="1x1 stride-2"):
+        to_channels_last(build_model("resnet10", 10, 16, width=4))
+    with pytest.raises(ValueError, match=r": 1 \(3 input channels"):
+        to_channels_last(nn.Sequential(nn.Conv2d(3, 3, 3), nn.Conv2d(3, 8, 1, stride=2)))
+    to_channels_last(nn.Sequential(nn.Conv2d(3, 8, 1, stride=1), nn.Conv2d(8, 8, 1, stride=2)))
 
 
 @pytest.mark.gpu

@@ -61,7 +61,31 @@ def cross_entropy(logits: Tensor, targets: Tensor, label_smoothing: float = 0.0,
     return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction=reduction)
 
 
+def onednn_channels_last_hazard(model: nn.Module) -> str | None:
+    """The first convolution that oneDNN cannot train in channels_last on a CPU, or None.
+
+    A 1x1 stride-2 convolution (ResNet's downsampling shortcut) with fewer than 8
+    input channels: its weight gradient in channels_last writes out of bounds on
+    AVX2 in torch 2.13's oneDNN 3.12 (oneDNN issue 6035), which ends the process in
+    a segfault, an abort or a hang depending on the thread count. CUDA is unaffected."""
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        return None
+    for name, m in model.named_modules():
+        if (isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1) and m.stride == (2, 2)
+                and m.in_channels < 8):
+            return f"{name} ({m.in_channels} input channels, 1x1, stride 2)"
+    return None
+
+
 def to_channels_last(model: nn.Module) -> nn.Module:
     """NHWC memory format: tensor cores and oneDNN read convolutions in this
-    layout without transposes. Inputs should be converted the same way."""
+    layout without transposes. Inputs should be converted the same way.
+
+    Raises ValueError, before anything runs, for a CPU model that oneDNN would crash
+    or hang on in channels_last (:func:`onednn_channels_last_hazard`)."""
+    hazard = onednn_channels_last_hazard(model)
+    if hazard is not None:
+        raise ValueError(f"channels_last on the CPU needs at least 8 input channels in 1x1 stride-2 "
+                         f"convolutions (oneDNN's weight gradient crashes or hangs below that): {hazard}; "
+                         "widen the model or keep NCHW")
     return model.to(memory_format=torch.channels_last)
