@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.data).exists():
         p.error(f"no dataset at {args.data}")
     data = str(Path(args.data).resolve())
-    done = json.loads(args.out.read_text()) if args.out.exists() else {"runs": [], "conditions": []}
+    done = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
     finished = {(r["config"], r["seed"]) for r in done["runs"]}
     plan = [(rep, c) for rep, c in interleaved(configs, args.repeats, seed=0) if (c, rep) not in finished]
     print(f"{len(finished)} run(s) already in {args.out}; {len(plan)} to go")
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         spent.append(run["wall_s"])
         done["runs"].append(run)
         done.update(summarize(done["runs"], list(CONFIGS)))
+        done["conditions"] = span_conditions(done["runs"])
         write_json(args.out, done)
         print(f"    wall {run['wall_s']:.0f} s (timed part {run['timed_s']:.0f} s, CPU {run['cpu_s']:.0f} s), "
               f"TTA accuracy {run['tta_accuracy']:.4f}", flush=True)
@@ -175,6 +176,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"paired TTA accuracy, {name}: {d['mean']:+.4f}{ci} (n = {d['n']})")
     print(f"wrote {args.out}")
     return 0
+
+
+def span_conditions(runs: list[dict]) -> dict:
+    """The whole benchmark's conditions from its runs' own (each run measures its own): the
+    load and matmul rate before the first run and after the last, their total wall time, the
+    environment of the last; the per-run blocks stay in each run."""
+    first, last = runs[0]["conditions"], runs[-1]["conditions"]
+    return {"load_average_before": first["load_average_before"], "load_average_after": last["load_average_after"],
+            "matmul_gflops_before": first["matmul_gflops_before"], "matmul_gflops_after": last["matmul_gflops_after"],
+            "wall_s": sum(r["conditions"]["wall_s"] for r in runs), "runs": len(runs),
+            "environment": last["environment"]}
 
 
 if __name__ == "__main__":
