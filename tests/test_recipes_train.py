@@ -15,6 +15,7 @@ from PIL import Image
 
 from hasten.cli import main
 from hasten.data import ImageDataset, Split
+from hasten.errors import ConfigError
 from hasten.recipes.train import DEFAULT_BASE_LR, DEFAULT_LR_SCALING, TrainConfig, train
 from hasten.recipes.train_input import TrainInput, device_input
 
@@ -304,3 +305,38 @@ def test_resume_mid_epoch_restores_the_shard_loaders_own_position(image_folder, 
     b = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)["model"]
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+# --- the gradient noise scale (hasten train --noise-scale) ----------------------------
+
+def test_noise_scale_needs_a_batch_it_can_split():
+    with pytest.raises(ConfigError, match="--noise-scale"):
+        TrainConfig(batch_size=1, noise_scale=True).validate(1)
+    with pytest.raises(ConfigError, match="--noise-scale"):
+        TrainConfig(batch_size=16, ghost_batch=16, noise_scale=True).validate(1)
+    TrainConfig(batch_size=16, ghost_batch=4, noise_scale=True).validate(1)
+    TrainConfig(batch_size=2, noise_scale=True).validate(2)  # DDP: one image per rank is enough
+
+
+def test_noise_scale_in_metrics_report_and_last_line(image_folder, tmp_path, capsys):
+    out, run = tmp_path / "report.json", tmp_path / "run"
+    assert _cli("--data", str(image_folder), *TINY, "--epochs", "4", "--noise-scale", "--run-dir", str(run),
+                "--json", str(out)) == 0
+    ns = json.loads(out.read_text())["noise_scale"]
+    assert ns["measurements"] == 3 and (ns["b_small"], ns["b_big"]) == (8, 16)  # 24 steps, probe every 10
+    assert ns["suggested_batch"] >= 1 and ns["why"] and 0 < ns["overhead_fraction"] < 1
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("noise_scale" in m for m in metrics)
+    assert "noise scale" in capsys.readouterr().out.splitlines()[-1]
+
+
+@pytest.mark.multiproc
+def test_torchrun_two_ranks_measure_the_noise_scale_every_step(image_folder, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           "-m", "hasten", "train", "--data", str(image_folder), *TINY, "--epochs", "2",
+                           "--noise-scale", "--hook", "ring", "--json", str(tmp_path / "two.json")],
+                          env=env, check=True, capture_output=True, text=True, timeout=120)
+    ns = json.loads((tmp_path / "two.json").read_text())["noise_scale"]
+    assert ns["measurements"] == 12 and (ns["b_small"], ns["b_big"]) == (8, 16)
+    assert "suggested global batch" in done.stdout or "no usable estimate" in done.stdout

@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=t.seed, default=_D.seed)
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms only")
     p.add_argument("--device", type=t.device, default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--noise-scale", action="store_true",
+                   help="estimate the gradient noise scale B_simple (McCandlish et al. 2018) during training: in the "
+                   "metrics, and a suggested batch at the end (DDP: every step, from each rank's gradient and the "
+                   "averaged one; one process: a probe every 10 steps, about 10%% more time)")
     p.add_argument("--json", type=t.output_file, help="also write the final report to this JSON file")
 
 
@@ -128,4 +132,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"{report['dataset']}: accuracy {report['accuracy']:.4f} after {report['steps']} steps "
               f"({report['epochs']:.2f} epochs) at global batch {report['global_batch']} on "
               f"{report['world_size']} process(es); {rate}; run dir {report['run_dir']}")
+        if report.get("noise_scale"):
+            print(noise_scale_line(report["noise_scale"], report["global_batch"]))
     return 0
+
+
+def noise_scale_line(ns: dict, batch: int) -> str:
+    """The end-of-run line: the estimate, the batch it suggests, and why."""
+    import math
+
+    if not math.isfinite(ns["used"]):
+        return f"noise scale: no usable estimate ({ns['measurements']} measurements); {ns['why']}"
+    return (f"noise scale B_simple ~ {ns['used']:.0f} (tr(Sigma) over |G|^2, each averaged over the run; {ns['measurements']} "
+            f"measurements, {ns['how']}; {100 * ns['overhead_fraction']:.1f}% of the time): suggested global batch "
+            f"~{ns['suggested_batch']}: {ns['why']}")

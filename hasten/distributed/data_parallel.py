@@ -172,7 +172,8 @@ def shard(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 
 def wrap_ddp(model: torch.nn.Module, hook: str = "ring", compress: str | None = None,
-             grid=None, timeout_s: float | None = None, **ddp_kwargs) -> torch.nn.Module:
+             grid=None, timeout_s: float | None = None, noise_scale=None, noise_scale_batch: int = 0,
+             **ddp_kwargs) -> torch.nn.Module:
     """Wrap ``model`` in DistributedDataParallel averaging gradients with ``hook``.
 
     hook: "ring" | "torus" | "naive" (hasten's algorithms, as comm hooks) or
@@ -180,6 +181,10 @@ def wrap_ddp(model: torch.nn.Module, hook: str = "ring", compress: str | None = 
     compress: None or "bf16" (cast gradient buckets to bfloat16 on the wire).
     grid: (rows, columns) or "RxC" for the torus (None: the most square grid).
     timeout_s: per send/recv for hasten's hooks (None: the process group's).
+    noise_scale: a ``hasten.optim.NoiseScale`` to measure the gradient noise scale into, from
+        each rank's gradient before the all-reduce and the averaged one after it (the wrapped
+        DDP gets a ``noise_scale`` attribute, a ``NoiseScaleHook``: call its ``update()`` on
+        every rank after each backward); ``noise_scale_batch``: the global batch.
     ddp_kwargs: passed to DistributedDataParallel (device_ids is set for CUDA).
 
     In a single process (no process group, or world size 1) the model is returned
@@ -197,6 +202,15 @@ def wrap_ddp(model: torch.nn.Module, hook: str = "ring", compress: str | None = 
     if device.type == "cuda":
         ddp_kwargs.setdefault("device_ids", [device.index])
     ddp = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
-    if hook != "native" or compress is not None:  # native uncompressed is plain DDP
+    custom = hook != "native" or compress is not None  # native uncompressed is plain DDP
+    if noise_scale is not None:
+        # One comm hook per DDP: the noise-scale one measures around the chosen all-reduce.
+        from hasten.distributed.hooks import AllReduceHookState, allreduce_hook
+        from hasten.optim.noise_scale import register_noise_scale_hook
+        inner = AllReduceHookState(hook, None, grid, compress, timeout_s) if custom else None
+        ddp.noise_scale = register_noise_scale_hook(ddp, noise_scale, local_batch_size(
+            noise_scale_batch, dist.get_world_size()), inner_hook=allreduce_hook if custom else None,
+            inner_state=inner)
+    elif custom:
         register_allreduce_hook(ddp, hook, compress=compress, grid=grid, timeout_s=timeout_s)
     return ddp

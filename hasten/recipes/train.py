@@ -46,9 +46,10 @@ from hasten.errors import ConfigError
 from hasten.models.resnet import MODELS, build_model
 from hasten.nn.ghost_bn import apply_ghost_batchnorm
 from hasten.nn.group_bn import convert_batchnorm
-from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
+from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy, to_channels_last
 from hasten.nn.tta import evaluate
 from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups, scaled_lr
+from hasten.optim.noise_scale import NoiseScale, micro_batch_sq_norms, suggest_batch
 from hasten.progress import progress, progress_interval, progress_mode, status
 from hasten.recipes.common import TrainMeter, optimizer_step
 from hasten.recipes.train_input import device_input, stream_input
@@ -105,6 +106,7 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     device: str = "auto"
+    noise_scale: bool = False    # estimate the gradient noise scale (hasten.optim.noise_scale)
 
     def validate(self, world_size: int) -> None:
         """Every check that does not need the data: fails before any work starts."""
@@ -154,6 +156,12 @@ class TrainConfig:
             bad(f"--ghost-batch {self.ghost_batch} must divide the per-replica batch {local}")
         if self.ghost_batch and self.bn_group > 1:
             bad("--ghost-batch and --bn-group > 1 cannot be combined; choose one")
+        if self.noise_scale and world_size == 1:
+            micro = self.ghost_batch or local // 2
+            if micro < 1 or local // micro < 2 or local % micro:
+                bad(f"--noise-scale on one process splits the batch into micro-batches ("
+                    f"{'--ghost-batch' if self.ghost_batch else 'halves'}); the batch {local} cannot be "
+                    "split into two or more: use a larger --batch-size or a smaller --ghost-batch")
 
     @property
     def peak_lr(self) -> float:
@@ -161,6 +169,11 @@ class TrainConfig:
             return scaled_lr(self.lr, self.batch_size, self.base_batch)
         return self.lr
 
+
+# One process measures the noise scale on a probe every this many steps (an extra forward
+# and backward of the batch as micro-batches, about 1/NOISE_PROBE_EVERY of the training
+# time); under DDP every step is measured, from gradients the step computes anyway.
+NOISE_PROBE_EVERY = 10
 
 # Fields that define the training math: a checkpoint resumes only with the same ones.
 MATH_FIELDS = ("model", "width", "image_size", "train_subset", "loader", "batch_size", "epochs",
@@ -391,7 +404,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
         apply_ghost_batchnorm(model, cfg.ghost_batch)
     model = model.to(device)
     if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = to_channels_last(model)
     lr = cfg.peak_lr
     optimizer = build_optimizer(cfg, model, lr)
     scheduler = WarmupPolyDecay(optimizer, warmup_steps, total_steps, power=cfg.decay_power)
@@ -424,8 +437,13 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
     # Deterministic runs keep the first layout (find_unused_parameters turns the regrouping
     # off; it costs a graph traversal per step and one C++ warning line per rank).
     keep_buckets = cfg.deterministic and world > 2
-    ddp = wrap_ddp(model, hook=cfg.hook, compress=cfg.compress,
+    noise = NoiseScale() if cfg.noise_scale else None
+    if noise is not None and state is not None and "noise_scale" in state:
+        noise.load_state_dict(state["noise_scale"])
+    ddp = wrap_ddp(model, hook=cfg.hook, compress=cfg.compress, noise_scale=noise, noise_scale_batch=cfg.batch_size,
                    **({"find_unused_parameters": True} if keep_buckets else {}))
+    noise_micro = (cfg.ghost_batch or local_batch // 2) if noise is not None and world == 1 else 0
+    noise_clock = Stopwatch(device)
 
     saved_at = [None]  # the step this run last saved a checkpoint at
 
@@ -446,6 +464,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "rng": rng_state(),
                 **({"data": {"world_size": world, "ranks": positions}} if positions is not None else {}),
+                **({"noise_scale": noise.state_dict()} if noise is not None else {}),
             }, keep_previous=True)
 
     if main and run_dir is not None:
@@ -476,9 +495,18 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
             with autocast(device, cfg.bf16):
                 logits = ddp(x)
             loss = cross_entropy(logits, y, cfg.label_smoothing)
+            if noise_micro and step % NOISE_PROBE_EVERY == 0:
+                noise_clock.start()
+                _noise_probe(model, noise, x, y, noise_micro, cfg, device, step)
+                noise_clock.stop()
             optimizer_step(loss, optimizer, scheduler)
             step += 1
             where.step = step
+            if noise is not None:
+                if world > 1:
+                    noise_clock.start()
+                    ddp.noise_scale.update(step)
+                    noise_clock.stop()
             meter.update(loss * len(y), logits, y)
             bar.update(1)
             if main and run_dir is not None and (step % steps_per_epoch == 0 or step == total_steps):
@@ -486,7 +514,8 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
                 clock.stop()
                 run_dir.log(step=step, epoch=step / steps_per_epoch, loss=meter.loss,
                             train_accuracy=meter.accuracy, lr=scheduler.get_last_lr()[0], time_s=clock.elapsed,
-                            images_per_s=(step - start_step) * cfg.batch_size / clock.elapsed)
+                            images_per_s=(step - start_step) * cfg.batch_size / clock.elapsed,
+                            **(_noise_metrics(noise) if noise is not None else {}))
                 meter.reset()
                 clock.start()
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
@@ -526,8 +555,54 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
         "bf16": cfg.bf16,
         "device": str(device),
     }
+    if noise is not None:
+        report["noise_scale"] = _noise_report(noise, cfg, world, local_batch, noise_micro, noise_clock.elapsed,
+                                              train_time)
     if main and run_dir is not None:
         report["run_dir"] = str(run_dir.path)
         run_dir.log(step=step, test_accuracy=accuracy)
         run_dir.write_results(report)
     return report
+
+
+def _noise_probe(model, noise: NoiseScale, x, y, micro: int, cfg: TrainConfig, device, step: int) -> None:
+    """One process: the squared gradient norms of the batch's micro-batches of ``micro``
+    images and of their mean, at the parameters this step starts from; training untouched."""
+    def loss_fn(logits, labels):
+        return cross_entropy(logits, labels, cfg.label_smoothing)
+
+    class _Autocast(torch.nn.Module):  # the forward as training runs it (bf16 autocast or not)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, inp):
+            with autocast(device, cfg.bf16):
+                return self.inner(inp)
+
+    small, big = micro_batch_sq_norms(_Autocast(model), loss_fn, list(zip(x.split(micro), y.split(micro))))
+    noise.update(small, big, micro, len(x), step)
+
+
+def _noise_metrics(noise: NoiseScale) -> dict:
+    return {"noise_scale": noise.b_simple, "noise_grad_sq": noise.g2, "noise_trace": noise.trace}
+
+
+def _noise_report(noise: NoiseScale, cfg: TrainConfig, world: int, local_batch: int, micro: int,
+                  seconds: float, train_time: float) -> dict:
+    """The estimate, how it was measured, what it costs, and the batch it suggests."""
+    window = noise.b_simple_window  # the whole run: late in a decayed run |G|^2 -> 0 and the ratio explodes
+    value = window if math.isfinite(window) else noise.b_simple
+    suggested, why = suggest_batch(value, cfg.batch_size)
+    if world > 1:
+        how = (f"every step: each rank's gradient over its {local_batch} images (before the all-reduce) and the "
+               f"averaged one over {cfg.batch_size}")
+        b_small, b_big = local_batch, cfg.batch_size
+    else:
+        how = (f"every {NOISE_PROBE_EVERY} steps: micro-batches of {micro} images of the step's batch and their mean "
+               f"over {local_batch}")
+        b_small, b_big = micro, local_batch
+    return {"b_simple": noise.b_simple, "b_simple_run": window, "used": value,
+            "measurements": noise.updates, "b_small": b_small, "b_big": b_big, "how": how,
+            "seconds": seconds, "overhead_fraction": seconds / train_time if train_time > 0 else math.nan,
+            "suggested_batch": suggested, "why": why}
