@@ -77,8 +77,10 @@ def test_failure_midway_leaves_no_partial_output(tmp_path, monkeypatch):
 
 
 def test_command_makes_cifar10_jpeg_from_the_canonical_binary(tmp_path, capsys):
-    # 60 records per file: every class appears in the test file (seeded), as in the real one.
-    _, archive, (train_x, train_y), _ = make_cifar_binary(tmp_path / "src", n=60)
+    # 60 records per file, seed 1: every class appears in the test file, as in the real one (a
+    # folder-per-class archive cannot hold a class without images; seed 0 draws no ship).
+    _, archive, (train_x, train_y), (_, test_y) = make_cifar_binary(tmp_path / "src", n=60, seed=1)
+    assert set(test_y.tolist()) == set(range(10))
     out = tmp_path / "cifar10-jpeg.tar.xz"
     assert main(["data", "jpeg", str(archive), str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
