@@ -145,10 +145,32 @@ def _signals_raise():
     # Only signals left at their defaults: an embedding program's own handlers stay.
     installed = [sig for sig, h in previous.items()
                  if h in (signal.SIG_DFL, signal.default_int_handler)]
+    previous_hook = sys.unraisablehook
+
+    def unraisable(info):
+        # The handler runs wherever the main thread is, and there Python may ignore the
+        # exception it raises: a finalizer, or an at-fork hook such as logging's that runs
+        # each time decode workers start. The stop would be lost and the command run on.
+        # Send the signal again from another thread, so that it is raised at the next line
+        # of ordinary code (os.kill from this thread would run the handler here again at
+        # once), a little later so that this hook has returned (where it lands in such a
+        # place again, this hook sends it again).
+        if stopping and isinstance(info.exc_value, (KeyboardInterrupt, Terminated)):
+            signum = stopping.pop()
+            resend = threading.Timer(0.05, os.kill, args=(os.getpid(), signum))
+            resend.daemon = True
+            resend.start()
+        else:
+            previous_hook(info)
+
     for sig in installed:
         signal.signal(sig, handler)
+    if installed:
+        sys.unraisablehook = unraisable
     try:
         yield
     finally:
         for sig in installed:
             signal.signal(sig, previous[sig])
+        if installed:
+            sys.unraisablehook = previous_hook

@@ -127,3 +127,24 @@ def test_a_failed_pack_leaves_no_output_directory(tmp_path, capsys):
     assert main(["data", "pack", str(nothing), str(given)]) == 2
     capsys.readouterr()
     assert given.is_dir() and not any(given.iterdir())  # the user's empty directory stays, empty
+
+
+@pytest.mark.parametrize("sig, expected", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, BaseException)])
+def test_a_signal_landing_where_python_ignores_exceptions_still_stops(sig, expected):
+    """A signal whose handler runs inside a finalizer (or an at-fork hook, such as logging's
+    each time decode workers start) raises where Python only prints "Exception ignored";
+    it is raised again in ordinary code, not lost (CI saw hasten train run on after Ctrl-C)."""
+    from hasten.cli import Terminated, _signals_raise
+
+    class SignalledWhileCollected:
+        def __del__(self):
+            os.kill(os.getpid(), sig)  # the handler runs here, inside the finalizer
+
+    with pytest.raises(expected) as caught:
+        with _signals_raise():
+            obj = SignalledWhileCollected()
+            del obj
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # ordinary code: the re-sent signal lands here
+                time.sleep(0.01)
+    assert isinstance(caught.value, KeyboardInterrupt if sig == signal.SIGINT else Terminated)
