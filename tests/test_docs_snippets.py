@@ -86,7 +86,7 @@ README_AWAITING_FIX = {"6a2394e32eb0", "61971cf93d4c", "d5501f71bb50", "101af838
 
 
 def _param(block_id: str, program: str):
-    marks = []
+    marks = [pytest.mark.multiproc] if DISTRIBUTED.search(program) else []
     if hashlib.sha1(program.encode()).hexdigest()[:12] in README_AWAITING_FIX:
         marks.append(pytest.mark.xfail(strict=True, reason="README block fixed by the lead"))
     return pytest.param(block_id, program, marks=marks, id=block_id)
