@@ -172,5 +172,5 @@ def block_runs(request, data_dir, tmp_path_factory):
 def test_block_runs(block_id, program, block_runs):
     status, stderr = block_runs[block_id].result()
     if status is None:
-        pytest.fail(f"{block_id} did not finish within {TIMEOUT_S} s:\n{stderr[-3000:]}\n--- program ---\n{program}")
-    assert status == 0, f"{block_id} exited {status}:\n{stderr[-3000:]}\n--- program ---\n{program}"
+        pytest.fail(f"{block_id} did not finish within {TIMEOUT_S} s:\n{stderr[-6000:]}\n--- program ---\n{program}")
+    assert status == 0, f"{block_id} exited {status}:\n{stderr[-6000:]}\n--- program ---\n{program}"
