@@ -17,7 +17,6 @@ is skipped: one that cannot run here is a fragment to complete, not an exception
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -78,17 +77,8 @@ def code_blocks(page: Path) -> list[tuple[str, str]]:
 
 BLOCKS = [block for page in PAGES for block in code_blocks(page)]
 
-# README.md's blocks as they stood before issue 26: fragments (no model, an undefined
-# test_batches, a download, device="cuda") that cannot run. Their runnable replacements are
-# with the lead for README.md; until they land these fail as expected, and strictly: a block
-# still in this set that starts to pass is reported. Delete the set once README.md has them.
-README_AWAITING_FIX = {"6a2394e32eb0", "61971cf93d4c", "d5501f71bb50", "101af838c6ee"}
-
-
 def _param(block_id: str, program: str):
     marks = [pytest.mark.multiproc] if DISTRIBUTED.search(program) else []
-    if hashlib.sha1(program.encode()).hexdigest()[:12] in README_AWAITING_FIX:
-        marks.append(pytest.mark.xfail(strict=True, reason="README block fixed by the lead"))
     return pytest.param(block_id, program, marks=marks, id=block_id)
 
 
