@@ -1,7 +1,9 @@
 """`hasten train --loader stream`: tar shards, and the normalisation of streamed batches."""
 
+import numpy as np
 import pytest
 import torch
+from conftest import write_image_folder
 
 from hasten.data.normalize import normalize
 from hasten.recipes.train import TrainConfig, train
@@ -92,3 +94,17 @@ def test_stream_normalizer_is_normalize_in_one_op():
     ops = {e.key for e in prof.key_averages()}
     assert "aten::addcmul" in ops and not ops & {"aten::div", "aten::sub", "aten::mul", "aten::add",
                                                   "aten::rsub", "aten::true_divide"}, ops
+
+
+@pytest.mark.parametrize("sides, expected", [((32, 32), 32), ((40, 28), 28), ((260, 300), 224)])
+def test_shards_train_at_the_images_own_size_below_224(tmp_path, photo_jpeg, sides, expected):
+    # Without --image-size, 32 px images (CIFAR-10) were upsampled to 224 px: 49x the pixels to
+    # resize, normalise and train on. Larger images (ImageNet) still train at 224.
+    rng = np.random.default_rng(0)
+    folder = write_image_folder(tmp_path / "src", ("a", "b"), {"train": 4, "test": 2},
+                                lambda c, i: photo_jpeg(rng, *sides))
+    pack(folder, tmp_path / "shards")
+    cfg = TrainConfig(data=str(tmp_path / "shards"), loader="stream", batch_size=4, device="cpu")
+    data = stream_input(cfg, "cpu", 0, 1, 4)
+    x, _ = next(data.epoch_batches(0))
+    assert data.image_size == expected and tuple(x.shape) == (4, 3, expected, expected)

@@ -139,13 +139,14 @@ def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
 def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
     """Streamed from tar shards (``hasten.stream.shards.ShardLoader``): each rank reads
     its own shards, never the whole set; fused JPEG decode + random-resized crop to
-    ``cfg.image_size`` (default 224) and flip in ``cfg.workers`` processes; evaluation
-    on the centre crop. The loader is the ``position`` kept in checkpoints: after
+    ``cfg.image_size`` (default 224, or the images' own size when smaller) and flip
+    in ``cfg.workers`` processes; evaluation on the centre crop. The loader is the ``position`` kept in checkpoints: after
     ``load_state_dict`` the next epoch's batches are the rest of the saved epoch."""
-    from hasten.stream.shards import ShardLoader, open_shards
+    from hasten.stream.shards import ShardLoader, default_image_size, open_shards
 
-    size = cfg.image_size or 224
     train_shards, test_shards = open_shards(cfg.data, "train"), open_shards(cfg.data, "test")
+    # Without --image-size: 224, or the images' own size when smaller (32 px CIFAR-10 is not upsampled).
+    size = cfg.image_size or default_image_size(train_shards)
     if not train_shards.classes:
         raise ConfigError(f"{cfg.data}: no class names (index.json); pack the data with `hasten data pack`")
     # Every rank must take the same number of steps: ranks' ranges differ by up to one image.

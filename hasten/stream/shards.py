@@ -281,6 +281,27 @@ def _record(k: int, name: str, parts: dict[str, bytes]) -> Record:
     return Record(k, name, parts[image], label)
 
 
+def default_image_size(store, *, largest: int = 224, samples: int = 64) -> int:
+    """The training size when none is given: ``largest`` (ImageNet's 224), or the
+    shorter side of the images when even the biggest of the first ``samples``
+    examples (first shard, from the image headers) is smaller. Small images
+    (CIFAR-10's 32 px) then train at their own size instead of being upsampled
+    to 224 px: 49x the pixels for the model, the resize and the normalisation, and no
+    more information."""
+    if not len(store):
+        return largest
+    from hasten.stream.fused_crop import image_size_of
+
+    sides = []
+    for r in read_shard(store[0], store.names[0])[:samples]:
+        if r.reason is None:
+            try:
+                sides.append(min(image_size_of(r.data, r.name)))
+            except BadImageError:
+                continue  # counted where it is decoded
+    return min(largest, max(sides)) if sides else largest
+
+
 # ----------------------------------------------------------------------------
 # One epoch's plan, on example numbers only
 # ----------------------------------------------------------------------------
