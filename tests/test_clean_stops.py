@@ -19,6 +19,10 @@ import pytest
 from hasten.cli import main
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -49,8 +53,10 @@ def test_a_signal_stops_train_with_one_line_naming_the_checkpoint(sig, code, col
            "HASTEN_RUNS": str(tmp_path / "runs"), "HASTEN_PROGRESS": "0"}
     # Its own process group, signalled as a whole: what a terminal's Ctrl-C, `timeout` and
     # Slurm do, so the decode workers receive the signal too.
+    # SIGINT at its default in the child: a test run started in the background of a shell
+    # (as CI may be) has it ignored, and hasten rightly leaves an ignored signal ignored.
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     try:
         _wait_for(run / "checkpoint.pt", proc)
         time.sleep(0.3)  # into the next steps: the decode workers are busy
@@ -140,11 +146,17 @@ def test_a_signal_landing_where_python_ignores_exceptions_still_stops(sig, expec
         def __del__(self):
             os.kill(os.getpid(), sig)  # the handler runs here, inside the finalizer
 
-    with pytest.raises(expected) as caught:
-        with _signals_raise():
-            obj = SignalledWhileCollected()
-            del obj
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:  # ordinary code: the re-sent signal lands here
-                time.sleep(0.01)
+    # Python's own SIGINT handler, as in a foreground run (a background shell job starts
+    # with SIGINT ignored, which hasten leaves alone).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(expected) as caught:
+            with _signals_raise():
+                obj = SignalledWhileCollected()
+                del obj
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:  # ordinary code: the re-sent signal lands here
+                    time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert isinstance(caught.value, KeyboardInterrupt if sig == signal.SIGINT else Terminated)
