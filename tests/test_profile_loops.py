@@ -100,9 +100,14 @@ def test_next_iter_of_a_loader_every_step(tmp_path):
 @pytest.mark.slow
 def test_two_decoding_workers_on_two_cores_is_input_bound_with_measured_worker_cpu(tmp_path):
     cmd = (sys.executable, SCRIPTS / "workers_decode.py", "--workers", "2", "--item-work", "0.004", "--batch", "8")
+    # Two busy workers on two shared cores: the direct share itself moves with the machine's load
+    # (0.70 one run, 0.57 the next in CI), so it is measured before and after the profile, and the
+    # profile must land within 0.1 of that bracket.
+    truth = [share(cmd, tmp_path)]
     a = run_profile(cmd)
+    truth.append(share(cmd, tmp_path))
     assert a.verdict == "input-bound" and a.num_workers == 2
-    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=0.1)
+    assert min(truth) - 0.1 <= a.data_wait_fraction <= max(truth) + 0.1, (a.data_wait_fraction, truth)
     # measured from /proc, not 0.0: 8 items of 4 ms busy CPU, plus each item's tensor, collation and
     # hand-off (the benchmark measured 35 ms; under a loaded machine's tests up to 50 ms)
     assert 0.5 * 8 * 0.004 <= a.cpu["worker_cpu_per_batch_s"] <= 2 * 8 * 0.004
