@@ -27,8 +27,10 @@ Usable in any plain PyTorch loop. Changes the training math: no.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
+import sys
 import threading
 from typing import Iterator
 
@@ -150,10 +152,26 @@ def stop_on_sigterm() -> Iterator[SigtermGuard]:
         guard.stopping = True
         raise Terminated(signum)
 
+    previous_hook = sys.unraisablehook
+
+    def unraisable(info):
+        # Raised where Python ignores exceptions (an at-fork hook, a finalizer): the stop
+        # would be lost and later SIGTERMs ignored. Clear the mark and send it again from a
+        # timer thread, to be raised in ordinary code (as hasten.cli does for its handlers).
+        if isinstance(info.exc_value, Terminated) and guard.stopping:
+            guard.stopping = False
+            resend = threading.Timer(0.05, os.kill, args=(os.getpid(), signal.SIGTERM))
+            resend.daemon = True
+            resend.start()
+        else:
+            previous_hook(info)
+
     previous = signal.signal(signal.SIGTERM, handler)
+    sys.unraisablehook = unraisable
     try:
         yield guard
     finally:
+        sys.unraisablehook = previous_hook
         # On the way out after a failure, SIGTERM stays ignored: torchrun sends it to
         # every survivor the moment one worker dies, and the default action would
         # kill this process before it said why it stopped. torchrun follows up with
