@@ -5,16 +5,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hasten.data import decode
+from hasten.data import decode, turbojpeg
 from hasten.data.decode import BadImageError
 from hasten.stream import fused_crop as fc
 
 DECODERS = ["pillow", pytest.param("simplejpeg", marks=pytest.mark.skipif(
-    decode.simplejpeg is None, reason="simplejpeg is not installed"))]
+    decode.simplejpeg is None, reason="simplejpeg is not installed")),
+    pytest.param("turbojpeg", marks=pytest.mark.skipif(
+        not turbojpeg.available(), reason="no libturbojpeg 3 (pip install turbojpeg)"))]
 
 
 @pytest.fixture(params=DECODERS)
 def decoder(request, monkeypatch):
+    if request.param != "turbojpeg":  # the partial decoder is preferred whenever it loads
+        monkeypatch.setattr(turbojpeg, "_lib", None)
     if request.param == "pillow":
         monkeypatch.setattr(decode, "simplejpeg", None)
     return request.param
@@ -139,10 +143,21 @@ def test_large_boxes_are_decoded_at_reduced_scale(photo_jpeg, decoder, monkeypat
         shapes.append(out.shape[:2])
         return out
 
+    def region_spy(data, box, scale, name):
+        out = real_region(data, box, scale, name)
+        shapes.append((scale, out[0].shape[:2]))
+        return out
+
+    real_region = turbojpeg.decode_region
     monkeypatch.setattr(fc, "decode_scaled", spy)
+    monkeypatch.setattr(turbojpeg, "decode_region", region_spy)
     data = _jpeg(photo_jpeg, 1200, 1600)
     fc.fused_crop(data, "x.jpg", 128)  # centre box 1050 x 1050 -> 1/8 gives 131 >= 128
-    assert shapes[-1] == (150, 200)
+    if decoder == "turbojpeg":  # only the box's rows, from an iMCU boundary on the left, at 1/8
+        (scale, (h, w)), = shapes
+        assert scale == (1, 8) and abs(h - 1050 / 8) <= 1 and 1050 / 8 - 1 <= w <= 1050 / 8 + 3
+    else:
+        assert shapes[-1] == (150, 200)
 
 
 def test_bad_bytes_are_a_named_bad_image():

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hasten.data import decode
+from hasten.data import decode, turbojpeg
 from hasten.data.decode import BadImageError, image_format
 
 SCALES = (8, 4, 2, 1)  # DCT downscale factors tried, smallest output first: 1/8, 1/4, 1/2, 1
@@ -184,16 +184,67 @@ def fused_crop(data: bytes, name: str, size: int, *, rng: np.random.Generator | 
     probability 1/2 (training); without: the centre crop (evaluation). ``fused=False``
     decodes at full size first (the reference the fused path is tested against).
     """
-    full_hw = image_size_of(data, name)
+    turbo = fused and image_format(data) == "jpeg" and turbojpeg.available()
+    full_hw = _turbo_size(data) if turbo else None
+    if full_hw is None:
+        turbo = False
+        full_hw = image_size_of(data, name)
     box = random_resized_box(*full_hw, rng) if rng is not None else center_box(*full_hw)
     if flip is None:
         flip = bool(rng.random() < 0.5) if rng is not None else False
     factor = dct_scale(box, size) if fused else 1
+    if turbo:
+        try:
+            out = _region_crop(data, name, box, full_hw, factor, size)
+            return out[:, ::-1] if flip else out
+        except BadImageError:
+            pass  # the paths below decode it again and say why it is bad (or handle CMYK)
     array = decode_scaled(data, name, factor, full_hw)
     if factor == 1 and array.shape[:2] != full_hw:
         raise BadImageError(f"{name}: header says {full_hw[0]}x{full_hw[1]}, decoded {array.shape[0]}x{array.shape[1]}")
     out = resize_box(array, box, full_hw, size, name)
     return out[:, ::-1] if flip else out
+
+
+def _turbo_size(data: bytes) -> tuple[int, int] | None:
+    try:
+        header = turbojpeg.read_header(data)
+    except BadImageError:
+        return None
+    return header.height, header.width
+
+
+def _region_crop(data: bytes, name: str, box: Box, full_hw: tuple[int, int], factor: int, size: int) -> np.ndarray:
+    """Decode only the rows and columns under ``box`` at 1/``factor`` (libjpeg-turbo's
+    partial decode, ``hasten.data.turbojpeg``) and resize them to ``size`` x ``size``.
+
+    At 1/``factor`` the box is rounded to whole pixels of the scaled image (at most
+    ``factor`` / 2 full-size pixels per edge: well under the crop's own randomness),
+    so that torch's uint8 antialiased bilinear kernel resizes it in one pass."""
+    sh, sw = turbojpeg.scaled(full_hw[0], 1, factor), turbojpeg.scaled(full_hw[1], 1, factor)
+    top, left = min(round(box.top / factor), sh - 1), min(round(box.left / factor), sw - 1)
+    bottom = min(max(top + 1, round((box.top + box.height) / factor)), sh)
+    right = min(max(left + 1, round((box.left + box.width) / factor)), sw)
+    region, (r_top, r_left) = turbojpeg.decode_region(data, (top, left, bottom - top, right - left), (1, factor),
+                                                      name)
+    return resize_whole(region[:, left - r_left:right - r_left], size, name)
+
+
+def resize_whole(crop: np.ndarray, size: int, name: str = "<bytes>") -> np.ndarray:
+    """All of ``crop`` (H, W, 3) uint8 to ``size`` x ``size``: bilinear with antialiasing,
+    torch's uint8 kernel when torch runs one thread, else Pillow's (the same filter)."""
+    try:
+        if torch.get_num_threads() == 1:
+            t = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
+            out = torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear", antialias=True,
+                                                  align_corners=False)
+            return out[0].permute(1, 2, 0).numpy()
+        from PIL import Image
+
+        return np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((size, size), Image.BILINEAR),
+                          dtype=np.uint8)
+    except Exception as e:  # noqa: BLE001
+        raise BadImageError(f"{name}: cannot resize: {type(e).__name__}: {e}") from None
 
 
 def example_rng(seed: int, epoch: int, key: int) -> np.random.Generator:
