@@ -1,0 +1,513 @@
+"""JPEG decoders, resizers and DALI's CPU pipeline: CPU time per random-resized crop from JPEG bytes.
+
+One process, one thread (``torch.set_num_threads(1)``, ``cv2.setNumThreads(1)``),
+files read into memory first: for every pip-installable route, the CPU time
+(``time.process_time``: all threads of the process) to turn the JPEG bytes into a
+``size`` x ``size`` RGB uint8 random-resized crop, with the SAME box for every
+route (``random_resized_box`` drawn from ``example_rng(0, 0, i)`` for the i-th
+file). The routes:
+
+- ``simplejpeg full``: simplejpeg full decode, crop view, torch's uint8 antialiased bilinear resize;
+- ``simplejpeg DCT-scaled``: hasten's previous path (``decode_scaled`` at ``dct_scale`` + ``resize_box``);
+- ``Pillow draft``: ``Image.open`` + ``draft`` (DCT scaling) + ``resize(box=...)`` BILINEAR;
+- ``Pillow full``: full decode + ``resize(box=...)`` BILINEAR (what torchvision's RandomResizedCrop does to a PIL image);
+- ``cv2 full`` / ``cv2 reduced``: ``cv2.imdecode`` at full size or ``IMREAD_REDUCED_COLOR_{2,4,8}`` where the
+  box keeps the output's pixels, then ``cv2.resize`` (INTER_AREA or INTER_LINEAR), BGR -> RGB;
+- ``PyTurboJPEG scaled``: ``decode(scaling_factor=...)`` + torch resize; ``PyTurboJPEG crop``: its lossless
+  ``crop()`` transform, then a (scaled) decode of the cropped JPEG + torch resize;
+- ``hasten region``: ``hasten.data.turbojpeg.decode_region`` (libjpeg-turbo 3 partial decode, rows and columns
+  of the box only, at the DCT scale) + torch resize: ``fused_crop._region_crop``, hasten's new path; and
+  ``hasten fused_crop``: the public function around it (header read, box draw included);
+- ``DALI``: its CPU-only pipeline (``device_id=None``), fed the same bytes by ``external_source``, run
+  synchronously (one batch per ``run()``, so the CPU time is that batch's): ``decoders.image`` (full decode
+  only), ``decoders.image_slice`` over the same boxes + ``resize``, ``decoders.image_random_crop`` (its own
+  boxes, same distribution) + ``resize``, at 1 and 2 threads (images per CPU-second of all its threads).
+
+Then the resize step alone on the same crops (decoded in full beforehand): torch
+``interpolate(antialias=True)`` on uint8, ``cv2.resize`` INTER_AREA / INTER_LINEAR,
+Pillow BILINEAR, in ms per image. Every route's output is compared with ``Pillow
+full`` (the reference resampling) as a mean absolute difference in levels of 255.
+
+Routes whose package is missing are skipped and named; only hasten's required
+dependencies are needed. Timed configurations run in a fresh shuffled order each
+repeat (``hasten.timing.interleaved``).
+
+    python benchmarks/jpeg_decoders.py [--images 300] [--repeats 3] [--sizes 224,128] [--folder DIR] [--smoke]
+
+The images: the ImageNet-like set of ``benchmarks/imagenet_pipeline.py`` (made
+once under ``$HASTEN_CACHE`` or ``~/.cache/hasten`` if missing), or the JPEGs under
+``--folder``. Writes ``benchmarks/results/jpeg_decoders.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from hasten.data import turbojpeg as hturbo
+from hasten.environment import MeasuredConditions, hardware_label
+from hasten.rundir import write_json
+from hasten.stream import fused_crop as fc
+from hasten.timing import interleaved
+
+RESULTS = Path(__file__).parent / "results"
+PACKAGES = ("torch", "numpy", "pillow", "simplejpeg", "turbojpeg", "opencv-python-headless", "opencv-python",
+            "pyturbojpeg", "nvidia-dali-cuda120", "nvidia-nvimgcodec-cu12")
+
+
+def _optional(module: str):
+    try:
+        return importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - any failure to import means the route is skipped, with the reason
+        return None
+
+
+def _pyturbojpeg():
+    """PyTurboJPEG's module, loaded from its file: its module is named ``turbojpeg``, as is
+    the extension module of the ``turbojpeg`` wheel (the one that bundles libturbojpeg 3),
+    and with both installed ``import turbojpeg`` finds the extension, not PyTurboJPEG."""
+    import importlib.util
+
+    try:
+        dist = importlib.metadata.distribution("pyturbojpeg")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    spec = importlib.util.spec_from_file_location("pyturbojpeg_module", dist.locate_file("turbojpeg.py"))
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001 - a broken install is a skipped route
+        return None
+    return module
+
+
+def versions() -> dict:
+    out = {}
+    for p in PACKAGES:
+        try:
+            out[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    from PIL import features
+
+    out["pillow libjpeg-turbo"] = features.version("libjpeg_turbo")
+    cv2 = _optional("cv2")
+    if cv2 is not None:
+        jpeg = [ln.strip() for ln in cv2.getBuildInformation().splitlines() if ln.strip().startswith("JPEG:")]
+        out["opencv libjpeg"] = jpeg[0].split(":", 1)[1].strip() if jpeg else "?"
+    out["hasten libturbojpeg"] = Path(hturbo.library_path()).name if hturbo.available() else None
+    out["python"] = sys.version.split()[0]
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Routes: (data, (H, W), box, size) -> (size, size, 3) RGB uint8
+# ----------------------------------------------------------------------------
+
+def torch_resize(crop: np.ndarray, size: int) -> np.ndarray:
+    t = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
+    return torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear", antialias=True,
+                                           align_corners=False)[0].permute(1, 2, 0).numpy()
+
+
+def pillow_resize(crop: np.ndarray, size: int) -> np.ndarray:
+    return np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((size, size), Image.BILINEAR))
+
+
+def _scaled_box(box, factor: int, sh: int, sw: int) -> tuple[int, int, int, int]:
+    """The box in pixels of an image decoded at 1/factor (sh x sw), rounded to whole pixels."""
+    top, left = min(round(box.top / factor), sh - 1), min(round(box.left / factor), sw - 1)
+    bottom = min(max(top + 1, round((box.top + box.height) / factor)), sh)
+    right = min(max(left + 1, round((box.left + box.width) / factor)), sw)
+    return top, left, bottom, right
+
+
+def make_routes() -> tuple[dict, dict]:
+    """({name: function}, {name: why skipped}) for the installed packages."""
+    routes, skipped = {}, {}
+    simplejpeg = _optional("simplejpeg")
+    cv2 = _optional("cv2")
+    pyturbo = _pyturbojpeg() if hturbo.available() else None
+
+    def pillow_full(data, hw, box, size):
+        with Image.open(io.BytesIO(data)) as img:
+            img = img.convert("RGB")
+            return np.asarray(img.resize((size, size), Image.BILINEAR,
+                                         box=(box.left, box.top, box.left + box.width, box.top + box.height)))
+
+    def pillow_draft(data, hw, box, size):
+        f = fc.dct_scale(box, size)
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft("RGB", (max(1, hw[1] // f), max(1, hw[0] // f)))
+            img = img.convert("RGB")
+            sy, sx = img.height / hw[0], img.width / hw[1]
+            region = (box.left * sx, box.top * sy, (box.left + box.width) * sx, (box.top + box.height) * sy)
+            return np.asarray(img.resize((size, size), Image.BILINEAR, box=region))
+
+    routes["Pillow full"] = pillow_full
+    routes["Pillow draft"] = pillow_draft
+
+    if simplejpeg is not None:
+        def sj_full(data, hw, box, size):
+            a = simplejpeg.decode_jpeg(data, colorspace="RGB")
+            return torch_resize(a[box.top:box.top + box.height, box.left:box.left + box.width], size)
+
+        def sj_scaled(data, hw, box, size):
+            f = fc.dct_scale(box, size)
+            return fc.resize_box(fc.decode_scaled(data, "x", f, hw), box, hw, size)
+
+        routes["simplejpeg full"] = sj_full
+        routes["simplejpeg DCT-scaled (hasten before)"] = sj_scaled
+    else:
+        skipped["simplejpeg"] = "simplejpeg is not installed"
+
+    if cv2 is not None:
+        cv2.setNumThreads(1)
+        reduced = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+                   8: cv2.IMREAD_REDUCED_COLOR_8}
+
+        def cv2_route(scaled: bool, interp: int):
+            def run(data, hw, box, size):
+                f = fc.dct_scale(box, size) if scaled else 1
+                a = cv2.imdecode(np.frombuffer(data, np.uint8), reduced[f])
+                t, l, b, r = _scaled_box(box, f, a.shape[0], a.shape[1])
+                out = cv2.resize(a[t:b, l:r], (size, size), interpolation=interp)
+                return cv2.cvtColor(out, cv2.COLOR_BGR2RGB)  # cv2 decodes BGR
+            return run
+
+        for scaled in (False, True):
+            for iname, interp in (("AREA", cv2.INTER_AREA), ("LINEAR", cv2.INTER_LINEAR)):
+                routes[f"cv2 {'reduced' if scaled else 'full'} + {iname}"] = cv2_route(scaled, interp)
+    else:
+        skipped["OpenCV"] = "cv2 is not importable (pip install opencv-python-headless)"
+
+    if pyturbo is not None and hasattr(pyturbo, "TurboJPEG"):
+        tj = pyturbo.TurboJPEG(lib_path=hturbo.library_path())
+
+        def pt_scaled(data, hw, box, size):
+            f = fc.dct_scale(box, size)
+            a = tj.decode(data, pixel_format=pyturbo.TJPF_RGB, scaling_factor=(1, f) if f > 1 else None)
+            t, l, b, r = _scaled_box(box, f, a.shape[0], a.shape[1])
+            return torch_resize(a[t:b, l:r], size)
+
+        def pt_crop(data, hw, box, size):
+            # Lossless crop (preserve=False): the origin is rounded down to the iMCU and the
+            # cropped JPEG covers the box; then a (scaled) decode of the cropped JPEG.
+            sub = tj.decode_header(data)[2]
+            y0, x0 = box.top - box.top % pyturbo.tjMCUHeight[sub], box.left - box.left % pyturbo.tjMCUWidth[sub]
+            cropped = tj.crop(data, box.left, box.top, box.width, box.height)
+            f = fc.dct_scale(box, size)
+            a = tj.decode(cropped, pixel_format=pyturbo.TJPF_RGB, scaling_factor=(1, f) if f > 1 else None)
+            inner = fc.Box(box.top - y0, box.left - x0, box.height, box.width)
+            t, l, b, r = _scaled_box(inner, f, a.shape[0], a.shape[1])
+            return torch_resize(a[t:b, l:r], size)
+
+        routes["PyTurboJPEG scaled"] = pt_scaled
+        routes["PyTurboJPEG crop + scaled"] = pt_crop
+    elif not hturbo.available():
+        skipped["PyTurboJPEG"] = "no libturbojpeg 3 (pip install turbojpeg, whose wheel bundles one)"
+    else:
+        skipped["PyTurboJPEG"] = "PyTurboJPEG is not installed (pip install pyturbojpeg)"
+
+    if hturbo.available():
+        def hasten_region(data, hw, box, size):
+            return fc._region_crop(data, "x", box, hw, fc.dct_scale(box, size), size)
+
+        routes["hasten region (decode_region)"] = hasten_region
+    else:
+        skipped["hasten region"] = "no libturbojpeg 3 (pip install hasten[turbo])"
+    return routes, skipped
+
+
+# ----------------------------------------------------------------------------
+# DALI's CPU pipeline
+# ----------------------------------------------------------------------------
+
+def dali_pipelines(datas, boxes, sizes, threads_list, batch: int) -> tuple[dict, str | None]:
+    """{name: {size (None: no resize): pipeline}}, built and warmed, or ({}, why not)."""
+    try:
+        from nvidia.dali import fn, pipeline_def, types
+    except Exception as e:  # noqa: BLE001
+        return {}, f"nvidia.dali is not importable ({type(e).__name__}: {e}); pip install nvidia-dali-cuda120"
+    arrays = [np.frombuffer(d, np.uint8) for d in datas]
+    anchors = [np.array([b.left, b.top], np.float32) for b in boxes]
+    shapes = [np.array([b.width, b.height], np.float32) for b in boxes]
+    n = len(arrays) - len(arrays) % batch
+
+    def source(info):
+        i = (info.iteration * batch) % n
+        return arrays[i:i + batch], anchors[i:i + batch], shapes[i:i + batch]
+
+    def jpegs_only(info):
+        i = (info.iteration * batch) % n
+        return arrays[i:i + batch]
+
+    def build(kind, size, threads):
+        # exec_pipelined/async off: run() decodes one batch and returns, so the process CPU time
+        # around run() is that batch's (DALI's worker threads included), not a prefetched one's.
+        @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, exec_pipelined=False,
+                      exec_async=False, seed=1)
+        def pipe():
+            if kind == "slice":
+                jpegs, anchor, shape = fn.external_source(source=source, num_outputs=3, batch=True,
+                                                          batch_info=True)
+            else:
+                jpegs = fn.external_source(source=jpegs_only, batch=True, batch_info=True)
+            if kind == "full":
+                return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+            if kind == "slice":
+                img = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="WH", normalized_anchor=False,
+                                              normalized_shape=False, device="cpu", output_type=types.RGB)
+            else:
+                img = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                                    random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
+                                                    num_attempts=10)
+            return fn.resize(img, resize_x=size, resize_y=size, antialias=True, interp_type=types.INTERP_LINEAR)
+
+        p = pipe()
+        p.build()
+        p.run()  # warm-up: first-call allocations
+        return p
+
+    out: dict[str, dict] = {}
+    try:
+        for threads in threads_list:
+            out[f"DALI decoders.image (full decode only), {threads} thr"] = {None: build("full", None, threads)}
+            for kind, label in (("slice", "image_slice (same boxes)"), ("rrc", "image_random_crop (own boxes)")):
+                out[f"DALI {label} + resize, {threads} thr"] = {s: build(kind, s, threads) for s in sizes}
+    except Exception as e:  # noqa: BLE001 - e.g. a DALI that insists on a GPU
+        return {}, f"DALI's CPU-only pipeline failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+    return out, None
+
+
+def time_dali(pipe, images: int, batch: int) -> tuple[float, float, np.ndarray]:
+    """(images per CPU-second, per wall second, last batch's first image)."""
+    runs = max(1, images // batch)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for _ in range(runs):
+        out = pipe.run()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return runs * batch / cpu, runs * batch / wall, np.asarray(out[0][0])
+
+
+# ----------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------
+
+def load_sample(args) -> tuple[list[bytes], list[str], str]:
+    if args.folder:
+        folder = Path(args.folder).expanduser()
+        paths = sorted(str(p) for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+        label = folder.name
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from imagenet_pipeline import image_files, make_dataset
+
+        cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
+        folder, _ = make_dataset(cache, 20_000, 100, 10, 0, procs=max(1, min(2, os.cpu_count() or 1)))
+        paths = [p for p, _ in image_files(folder)]
+        label = folder.parent.name
+    if not paths:
+        raise SystemExit(f"no JPEG files under {args.folder}")
+    rng = np.random.default_rng(args.seed)
+    pick = sorted(rng.choice(len(paths), min(args.images, len(paths)), replace=False))
+    return [Path(paths[i]).read_bytes() for i in pick], [paths[i] for i in pick], label
+
+
+def stats(values) -> dict:
+    v = np.asarray(values, dtype=float)
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "n": len(v),
+            "values": [round(float(x), 2) for x in v]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=300, help="files in the seeded sample")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", default="224,128")
+    ap.add_argument("--dali-threads", default="1,2")
+    ap.add_argument("--dali-batch", type=int, default=50)
+    ap.add_argument("--folder", default=None, help="JPEGs to use instead of the generated ImageNet-like set")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help=f"JSON path (default {RESULTS / 'jpeg_decoders.json'})")
+    ap.add_argument("--smoke", action="store_true", help="a few images, one repeat (checks that it runs)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.images, args.repeats, args.dali_batch = min(args.images, 8), 1, 4
+    torch.set_num_threads(1)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    datas, paths, data_label = load_sample(args)
+    hws = [fc.image_size_of(d) for d in datas]
+    boxes = [fc.random_resized_box(*hw, fc.example_rng(0, 0, i)) for i, hw in enumerate(hws)]
+    routes, skipped = make_routes()
+    batch = max(1, min(args.dali_batch, len(datas)))
+    dali, why_not = dali_pipelines(datas, boxes, sizes, [int(t) for t in args.dali_threads.split(",")], batch)
+    if why_not:
+        skipped["DALI"] = why_not
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}", file=sys.stderr)
+
+    # Reference outputs and each route's difference from them (untimed).
+    check = range(min(len(datas), 50))
+    diffs: dict[str, dict[int, float]] = {}
+    for size in sizes:
+        ref = [routes["Pillow full"](datas[i], hws[i], boxes[i], size).astype(np.int16) for i in check]
+        for name, fn_ in routes.items():
+            d = [np.abs(fn_(datas[i], hws[i], boxes[i], size).astype(np.int16) - ref[k]).mean()
+                 for k, i in enumerate(check)]
+            diffs.setdefault(name, {})[str(size)] = float(np.mean(d))
+    fused_name = "hasten fused_crop (public function)"
+    if hturbo.available():
+        routes[fused_name] = None  # timed below through fused_crop itself
+
+    # The resize step alone: crops of full decodes, contiguous, made beforehand.
+    cv2 = _optional("cv2")
+    crops = []
+    for d, b in zip(datas, boxes):
+        with Image.open(io.BytesIO(d)) as img:
+            a = np.asarray(img.convert("RGB"))
+        crops.append(np.ascontiguousarray(a[b.top:b.top + b.height, b.left:b.left + b.width]))
+    resizers = {"torch interpolate antialias (uint8)": torch_resize, "Pillow BILINEAR": pillow_resize}
+    if cv2 is not None:
+        resizers["cv2 INTER_AREA"] = lambda c, s: cv2.resize(c, (s, s), interpolation=cv2.INTER_AREA)
+        resizers["cv2 INTER_LINEAR"] = lambda c, s: cv2.resize(c, (s, s), interpolation=cv2.INTER_LINEAR)
+
+    floors = {"Pillow": lambda d: np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))}
+    if _optional("simplejpeg") is not None:
+        floors["simplejpeg"] = lambda d: _optional("simplejpeg").decode_jpeg(d, colorspace="RGB")
+    if hturbo.available():
+        floors["hasten decode_region, whole image"] = lambda d: hturbo.decode_region(d)[0]
+
+    configs = [("route", n, s) for n in routes for s in sizes]
+    configs += [("floor", n, None) for n in floors]
+    configs += [("dali", n, s) for n, by_size in dali.items() for s in by_size]
+    configs += [("resize", n, s) for n in resizers for s in sizes]
+    samples: dict[tuple, list] = {(k, n, s): [] for k, n, s in configs}
+    wall: dict[tuple, list] = {(k, n, s): [] for k, n, s in configs}
+    order = []
+    t_start = time.perf_counter()
+    todo = list(interleaved(configs, args.repeats, seed=args.seed))
+    with MeasuredConditions("cpu", seconds=0.2 if args.smoke else 1.0) as cond:
+        for j, (r, (kind, name, size)) in enumerate(todo):
+            order.append(f"{name} @ {size}")
+            if kind == "dali":
+                pipe = dali[name][size]
+                per_cpu, per_wall, _ = time_dali(pipe, len(datas), batch)
+                samples[(kind, name, size)].append(per_cpu)
+                wall[(kind, name, size)].append(per_wall)
+            elif kind == "floor":
+                fn_ = floors[name]
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                for d in datas:
+                    fn_(d)
+                samples[(kind, name, size)].append(len(datas) / (time.process_time() - cpu0))
+                wall[(kind, name, size)].append(len(datas) / (time.perf_counter() - wall0))
+            elif kind == "resize":
+                fn_ = resizers[name]
+                cpu0 = time.process_time()
+                for c in crops:
+                    fn_(c, size)
+                samples[(kind, name, size)].append((time.process_time() - cpu0) * 1e3 / len(crops))
+            else:
+                fn_ = routes[name]
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                if fn_ is None:
+                    for i, d in enumerate(datas):
+                        fc.fused_crop(d, "x", size, rng=fc.example_rng(0, 0, i), flip=False)
+                else:
+                    for d, hw, b in zip(datas, hws, boxes):
+                        fn_(d, hw, b, size)
+                samples[(kind, name, size)].append(len(datas) / (time.process_time() - cpu0))
+                wall[(kind, name, size)].append(len(datas) / (time.perf_counter() - wall0))
+            if not args.smoke and (j + 1) % 10 == 0:
+                el = time.perf_counter() - t_start
+                print(f"{j + 1}/{len(todo)} timed, {el:.0f} s, about {el / (j + 1) * (len(todo) - j - 1):.0f} s left",
+                      file=sys.stderr)
+
+    decoders, dali_rows, resize_rows, floor_rows = {}, {}, {}, {}
+    for (kind, name, size), v in samples.items():
+        if kind == "route":
+            row = decoders.setdefault(name, {"images_per_cpu_s": {}, "images_per_wall_s": {},
+                                             "mean_abs_diff_vs_pillow_full": diffs.get(name, {})})
+            row["images_per_cpu_s"][str(size)] = stats(v)
+            row["images_per_wall_s"][str(size)] = stats(wall[(kind, name, size)])
+        elif kind == "floor":
+            floor_rows[name] = {"images_per_cpu_s": stats(v), "images_per_wall_s": stats(wall[(kind, name, size)])}
+        elif kind == "dali":
+            row = dali_rows.setdefault(name, {"images_per_cpu_s": {}, "images_per_wall_s": {}})
+            key = "full" if size is None else str(size)
+            row["images_per_cpu_s"][key] = stats(v)
+            row["images_per_wall_s"][key] = stats(wall[(kind, name, size)])
+        else:
+            resize_rows.setdefault(name, {})[str(size)] = stats(v)
+    result = {
+        "benchmark": "jpeg_decoders",
+        "hardware": hardware_label(cond.as_dict()["environment"]),
+        "data": {"set": data_label, "images": len(datas), "seed": args.seed,
+                 "mean_jpeg_kb": round(sum(map(len, datas)) / len(datas) / 1e3, 1),
+                 "mean_hw": [round(float(np.mean([h for h, _ in hws]))), round(float(np.mean([w for _, w in hws])))],
+                 "mean_box_area_fraction": round(float(np.mean([b.height * b.width / (h * w)
+                                                                for b, (h, w) in zip(boxes, hws)])), 3)},
+        "sizes": sizes, "repeats": args.repeats, "threads": 1, "dali_batch": batch,
+        "decoders": decoders, "full_decode_only": floor_rows, "dali": dali_rows, "resize_ms_per_image": resize_rows,
+        "skipped": skipped, "versions": versions(), "run_order": order, "smoke": args.smoke,
+        "conditions": cond.as_dict(),
+    }
+    cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
+    out_path = Path(args.out) if args.out else (cache / "jpeg_decoders_smoke.json" if args.smoke
+                                                 else RESULTS / "jpeg_decoders.json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out_path, result)
+    print(markdown(result))
+    print(cond.summary())
+    print(f"wrote {out_path}")
+    return result
+
+
+def _ms(s: dict) -> str:
+    return f"{s['mean']:.0f} ± {s['std']:.0f}"
+
+
+def markdown(r: dict) -> str:
+    sizes = [str(s) for s in r["sizes"]]
+    lines = ["| route (one thread) | " + " | ".join(f"images/CPU-s at {s}" for s in sizes)
+             + " | " + " | ".join(f"mean abs diff vs Pillow full at {s}" for s in sizes) + " |",
+             "|---" * (1 + 2 * len(sizes)) + "|"]
+    order = sorted(r["decoders"], key=lambda n: -r["decoders"][n]["images_per_cpu_s"][sizes[0]]["mean"])
+    for n in order:
+        row = r["decoders"][n]
+        d = row["mean_abs_diff_vs_pillow_full"]
+        lines.append(f"| {n} | " + " | ".join(_ms(row["images_per_cpu_s"][s]) for s in sizes) + " | "
+                     + " | ".join(f"{d[s]:.2f}" if s in d else "-" for s in sizes
+                                  ) + " |")
+    lines += ["", "| full decode only, no crop (one thread) | images/CPU-s |", "|---|---|"]
+    for n, row in r["full_decode_only"].items():
+        lines.append(f"| {n} | {_ms(row['images_per_cpu_s'])} |")
+    if r["dali"]:
+        lines += ["", "| DALI CPU pipeline (synchronous) | " + " | ".join(f"images/CPU-s at {s}" for s in sizes)
+                  + " | images/CPU-s (full decode) |", "|---" * (2 + len(sizes)) + "|"]
+        for n, row in r["dali"].items():
+            c = row["images_per_cpu_s"]
+            lines.append(f"| {n} | " + " | ".join(_ms(c[s]) if s in c else "-" for s in sizes) + " | "
+                         + (_ms(c["full"]) if "full" in c else "-") + " |")
+    lines += ["", "| resize alone (one thread) | " + " | ".join(f"ms/image to {s}" for s in sizes) + " |",
+              "|---" * (1 + len(sizes)) + "|"]
+    for n, row in r["resize_ms_per_image"].items():
+        lines.append(f"| {n} | " + " | ".join(f"{row[s]['mean']:.3f} ± {row[s]['std']:.3f}" for s in sizes) + " |")
+    if r["skipped"]:
+        lines += [""] + [f"skipped {k}: {v}" for k, v in r["skipped"].items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
