@@ -1,13 +1,14 @@
 """``hasten data``: prepare data sets for the streaming pipeline.
 
-    hasten data pack SRC OUTDIR [--shard-size-mb 64] [--seed 0]
+    hasten data pack SRC OUTDIR [--shard-size-mb 64] [--seed 0] [--max-side N [--quality 90]]
     hasten data jpeg [SRC] OUT [--quality 75]
 
 
 ``pack`` writes an image folder or archive (``train/<class>/*``, ``test/<class>/*``)
 as tar shards in the web-dataset layout plus ``index.json`` (``hasten.stream.pack``),
 which ``hasten train --loader stream --data OUTDIR`` streams with a bounded amount
-of memory (``hasten.stream.shards``).
+of memory (``hasten.stream.shards``). ``--max-side N`` stores JPEGs larger than N
+re-encoded with their longer side N (``hasten.stream.presize``: changes the data).
 
 ``jpeg`` writes a data set (default: the canonical CIFAR-10, downloaded and
 md5-checked) as JPEG files in the image-folder layout, as a directory or a .tar.xz
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from hasten import cli_types as t
 from hasten.errors import ConfigError
+from hasten.stream.presize import DEFAULT_QUALITY, MIN_SIDE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pack.add_argument("--shard-size-mb", type=t.positive_float, default=64.0, help="largest shard, MiB")
     pack.add_argument("--seed", type=t.seed, default=0, help="seed of the order examples are written in")
     pack.add_argument("--no-shuffle", action="store_true", help="write in class/name order instead")
+    pack.add_argument("--max-side", type=t.int_range(MIN_SIDE), default=None, metavar="N",
+                      help="store JPEGs whose longer side exceeds N re-encoded with longer side N, aspect kept "
+                           "(FFCV's max_resolution; smaller stored images change what training sees); "
+                           "default: bytes unchanged")
+    pack.add_argument("--quality", type=t.int_range(1, 100), default=None,
+                      help=f"JPEG quality of the re-encoded images with --max-side (default {DEFAULT_QUALITY})")
     jpeg = sub.add_parser("jpeg", help="data set -> JPEG image folder or archive (makes CIFAR-10-JPEG)",
                           description="Write a data set as JPEG files (train/<class>/NNNN.jpg, test/<class>/NNNN.jpg) "
                           "into a new directory or a .tar/.tar.gz/.tar.xz archive. With no SRC: the canonical "
@@ -52,13 +60,22 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("hasten data needs an action: pack or jpeg (see hasten data --help)")
     if not args.shard_size_mb > 0:
         raise ConfigError(f"--shard-size-mb must be > 0, got {args.shard_size_mb}")
+    if args.quality is not None and args.max_side is None:
+        raise ConfigError("--quality sets the quality of images re-encoded by --max-side; give --max-side N too")
     from hasten.stream.pack import pack
 
+    quality = DEFAULT_QUALITY if args.quality is None else args.quality
     index = pack(args.src, args.outdir, shard_bytes=max(4096, int(args.shard_size_mb * (1 << 20))), seed=args.seed,
-                 shuffle=not args.no_shuffle)
+                 shuffle=not args.no_shuffle, max_side=args.max_side, quality=quality)
     for split, entry in index["splits"].items():
         size = sum(s["bytes"] for s in entry["shards"])
         print(f"{split}: {entry['examples']} images in {len(entry['shards'])} shard(s), {size / 1e6:.1f} MB")
+    if args.max_side is not None:
+        sized, total = index["presize"], sum(e["examples"] for e in index["splits"].values())
+        kept = f"; {len(sized['kept'])} larger kept as they are (see above)" if sized["kept"] else ""
+        print(f"max side {args.max_side}: {sized['resized']} of {total} images resized (JPEG quality {quality}, "
+              f"{sized['encoder']}){kept}; image bytes {sized['bytes_in'] / 1e6:.1f} MB -> "
+              f"{sized['bytes_out'] / 1e6:.1f} MB")
     print(f"{len(index['classes'])} classes; index {args.outdir}/index.json")
     return 0
 

@@ -6,7 +6,8 @@ For data that is not decoded once and held on the device (``hasten.data``):
 ``slow_storage`` (emulated slow upstream storage) and ``loader.StreamLoader``,
 which composes them with the host augmentation of ``hasten.data.host_augment``
 and the echo stages of ``hasten.echo``. For sets larger than memory: ``pack``
-(an image folder or archive to tar shards), ``shards.ShardLoader`` (streams them,
+(an image folder or archive to tar shards; with ``presize``, JPEGs stored at a
+bounded side), ``shards.ShardLoader`` (streams them,
 per rank, resumable mid-epoch), ``fused_crop`` (JPEG decode fused with the
 random-resized crop) and ``shard_cache`` (a local copy of shards read from slow
 storage). Import from the submodules.

@@ -18,7 +18,13 @@ afterwards): packing reads the files in the permuted order, and a compressed
 archive can only be read front to back. Nothing is decoded; unreadable images
 are copied as they are and skipped, by name, when read.
 
-Changes the training math: no.
+With ``max_side`` (``hasten data pack --max-side N``) each JPEG whose longer side
+exceeds N is stored re-encoded with its longer side N (``hasten.stream.presize``,
+FFCV's ``max_resolution``); smaller images keep their bytes. The index records
+``max_side`` (null: images as given) and, when set, what was resized.
+
+Changes the training math: no; with ``max_side``: yes (smaller stored images,
+see ``hasten.stream.presize``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from hasten.data.layout import SPLITS, parse_layout
 from hasten.data.sources import resolve_source
 from hasten.errors import DataError
 from hasten.progress import progress
+from hasten.stream import presize as ps
 from hasten.stream.shards import INDEX
 
 log = logging.getLogger("hasten.stream")
@@ -72,11 +79,17 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def pack(src: str | os.PathLike, outdir: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
-         seed: int = 0, shuffle: bool = True) -> dict:
+         seed: int = 0, shuffle: bool = True, max_side: int | None = None,
+         quality: int = ps.DEFAULT_QUALITY) -> dict:
     """Pack the image folder or archive ``src`` into shards under ``outdir`` (empty
-    or new); returns the index that is also written to ``outdir/index.json``."""
+    or new); returns the index that is also written to ``outdir/index.json``.
+    ``max_side``: store JPEGs larger than that re-encoded at ``quality`` with their
+    longer side ``max_side`` (``hasten.stream.presize``)."""
     if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 4 * _BLOCK:
         raise ValueError(f"shard_bytes must be an integer >= {4 * _BLOCK}; got {shard_bytes!r}")
+    if max_side is not None:
+        ps.check_max_side(max_side)
+        ps.check_quality(quality)
     source = resolve_source(src)
     if source.kind != "image-folder":
         raise DataError(f"{str(source.path)!r} is CIFAR-10 in its binary format, not image files; pack reads "
@@ -95,7 +108,8 @@ def pack(src: str | os.PathLike, outdir: str | os.PathLike, *, shard_bytes: int 
             unpacked = out / ".unpacking"
             log.info("extracting %s to read it in shuffled order", source.path)
             root = safe_extract(source.path, unpacked)
-        index = _pack_tree(root, out, shard_bytes=shard_bytes, seed=seed, shuffle=shuffle, where=str(source.path))
+        index = _pack_tree(root, out, shard_bytes=shard_bytes, seed=seed, shuffle=shuffle, where=str(source.path),
+                           max_side=max_side, quality=quality)
         index["source"] = source.path.name
         tmp = out / f".{INDEX}.tmp"
         tmp.write_text(json.dumps(index, indent=1) + "\n")
@@ -120,14 +134,21 @@ def _remove_output(out: Path, made: Path | None) -> None:
             child.unlink(missing_ok=True)
 
 
-def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: bool, where: str) -> dict:
+def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: bool, where: str,
+               max_side: int | None, quality: int) -> dict:
     names, dirs = _list_files(root)
     layout = parse_layout(names, dirs, source=where)
     if layout.stray:
         log.warning("%s: %d file(s) outside any class folder left out: %s", where, len(layout.stray),
                     describe_skipped(layout.stray))
     index = {"format": FORMAT, "classes": layout.classes, "seed": seed, "shuffled": shuffle,
-             "shard_bytes": shard_bytes, "splits": {}, "left_out": [n for n, _ in layout.stray]}
+             "shard_bytes": shard_bytes, "splits": {}, "left_out": [n for n, _ in layout.stray],
+             "max_side": max_side}
+    if max_side is not None:
+        # kept: images larger than max_side stored as they are, with the reason (a PNG, an unreadable file).
+        sized = {"quality": quality, "encoder": ps.encoder(), "filter": "lanczos", "resized": 0, "bytes_in": 0,
+                 "bytes_out": 0, "kept": []}
+        index["presize"] = sized
     for split in SPLITS:
         files = layout.splits[split]
         order = (np.random.default_rng(seed).permutation(len(files.indices)) if shuffle
@@ -146,6 +167,14 @@ def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: b
             for key, k in enumerate(order.tolist()):
                 i, label = files.indices[k], files.labels[k]
                 data = (root / names[i]).read_bytes()
+                if max_side is not None:
+                    sized["bytes_in"] += len(data)
+                    result = ps.presize(data, names[i], max_side, quality)
+                    data = result.data
+                    sized["resized"] += result.resized
+                    sized["bytes_out"] += len(data)
+                    if result.kept_because:
+                        sized["kept"].append([names[i], result.kept_because])
                 suffix = "png" if image_format(data) == "png" else "jpg"
                 cls = str(label).encode()
                 size = _member_bytes(len(data)) + _member_bytes(len(cls))
@@ -164,4 +193,7 @@ def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: b
         if writer is not None:
             close()
         index["splits"][split] = {"examples": len(order), "shards": shards}
+    if max_side is not None and sized["kept"]:
+        log.warning("%s: %d image(s) larger than --max-side %d stored as they are: %s", where, len(sized["kept"]),
+                    max_side, describe_skipped(sized["kept"]))
     return index
