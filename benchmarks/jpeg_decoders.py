@@ -224,6 +224,17 @@ def make_routes() -> tuple[dict, dict]:
             return fc._region_crop(data, "x", box, hw, fc.dct_scale(box, size), size)
 
         routes["hasten region (decode_region)"] = hasten_region
+        if cv2 is not None:
+            def region_cv2(interp: int):
+                def run(data, hw, box, size):
+                    f = fc.dct_scale(box, size)
+                    t, l, b, r = _scaled_box(box, f, hturbo.scaled(hw[0], 1, f), hturbo.scaled(hw[1], 1, f))
+                    region, (rt, rl) = hturbo.decode_region(data, (t, l, b - t, r - l), (1, f))
+                    return cv2.resize(region[:, l - rl:r - rl], (size, size), interpolation=interp)
+                return run
+
+            routes["hasten region + cv2 AREA"] = region_cv2(cv2.INTER_AREA)
+            routes["hasten region + cv2 LINEAR"] = region_cv2(cv2.INTER_LINEAR)
     else:
         skipped["hasten region"] = "no libturbojpeg 3 (pip install hasten[turbo])"
     return routes, skipped
@@ -322,6 +333,20 @@ def load_sample(args) -> tuple[list[bytes], list[str], str]:
     rng = np.random.default_rng(args.seed)
     pick = sorted(rng.choice(len(paths), min(args.images, len(paths)), replace=False))
     return [Path(paths[i]).read_bytes() for i in pick], [paths[i] for i in pick], label
+
+
+def _modified() -> list[str] | None:
+    """hasten's decode files that differ from the recorded commit (the fused_crop row times
+    the working tree), or None without git."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", "hasten/stream/fused_crop.py",
+                              "hasten/data/turbojpeg.py", "hasten/data/decode.py"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent.parent, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line[3:] for line in out.stdout.splitlines()] if out.returncode == 0 else None
 
 
 def stats(values) -> dict:
@@ -460,7 +485,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                                 for b, (h, w) in zip(boxes, hws)])), 3)},
         "sizes": sizes, "repeats": args.repeats, "threads": 1, "dali_batch": batch,
         "decoders": decoders, "full_decode_only": floor_rows, "dali": dali_rows, "resize_ms_per_image": resize_rows,
-        "skipped": skipped, "versions": versions(), "run_order": order, "smoke": args.smoke,
+        "skipped": skipped, "versions": versions(), "hasten_decode_files_modified": _modified(), "run_order": order, "smoke": args.smoke,
         "conditions": cond.as_dict(),
     }
     cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
