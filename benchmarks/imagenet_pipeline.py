@@ -187,26 +187,35 @@ def cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def measure(make_iter, images: int, size: int) -> tuple[float, float, int]:
-    """(images per wall second, images per CPU-second, images) over at least ``images``."""
+def measure(make_iter, images: int, size: int) -> tuple[float, float, int, float]:
+    """(images per wall second, images per CPU-second, images, CPU ms per image of this
+    process alone) over at least ``images``. Every batch is copied into a staging
+    buffer, as ``.to(device)`` would read it: a loader whose batches arrive in shared
+    memory is charged for touching them, whichever process pays for that."""
     wall0, cpu0 = time.perf_counter(), cpu_seconds()
+    t0 = os.times()
     it = make_iter()
-    n = 0
+    n, staging = 0, None
     for x, _ in it:
         assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, size, size)
+        if staging is None or staging.shape != x.shape:
+            staging = torch.empty(x.shape, dtype=torch.uint8)
+        staging.copy_(x)
         n += len(x)
         if n >= images:
             break
     wall = time.perf_counter() - wall0
+    t1 = os.times()
     if hasattr(it, "close"):
         it.close()
     del it  # workers are joined here, so that their CPU time is counted
     time.sleep(0.3)
-    return n / wall, n / max(cpu_seconds() - cpu0, 1e-9), n
+    own = (t1.user - t0.user) + (t1.system - t0.system)
+    return n / wall, n / max(cpu_seconds() - cpu0, 1e-9), n, own / n * 1e3
 
 
-def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int]:
-    """Full-size decodes in this process: (images per wall second, per CPU-second, images)."""
+def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int, float]:
+    """Full-size decodes in this process: (images per wall second, per CPU-second, images, CPU ms per image)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for p in paths:
         data = Path(p).read_bytes()
@@ -215,7 +224,74 @@ def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int]:
         else:
             with Image.open(io.BytesIO(data)) as img:
                 np.asarray(img.convert("RGB"))
-    return len(paths) / (time.perf_counter() - wall0), len(paths) / (time.process_time() - cpu0), len(paths)
+    cpu = time.process_time() - cpu0
+    return len(paths) / (time.perf_counter() - wall0), len(paths) / cpu, len(paths), cpu / len(paths) * 1e3
+
+
+def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int = 0) -> dict:
+    """CPU ms per image of each stage of hasten's path, in one process (one torch thread):
+    the loading process's part (read the shard, parse the tar, pack a batch's bytes into
+    shared memory) and a decode worker's (unpack, header and crop box, decode, resize,
+    flip and place in the batch). Measured by wrapping the functions the loader calls, so
+    the split follows the code; "other" is the rest of ``decode_chunk``."""
+    from hasten.data import turbojpeg
+    from hasten.stream import fused_crop as fc
+    from hasten.stream import shards as sh
+
+    spent: dict[str, float] = {}
+
+    def timed(label, fn):
+        def wrapper(*a, **kw):
+            t = time.process_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.process_time() - t
+        return wrapper
+
+    originals = [(turbojpeg, "decode_region"), (fc, "resize_whole"), (fc, "_finish"), (fc, "decode_scaled"),
+                 (fc, "resize_box"), (sh.PackedChunk, "unpacked")]
+    saved = [getattr(o, a) for o, a in originals]
+    labels = ["decode (region, libturbojpeg)", "resize", "flip + place in batch", "decode (simplejpeg/Pillow)",
+              "resize", "unpack in worker"]
+    records, parsed, i = [], 0, 0
+    t_read = t_parse = 0.0
+    while len(records) < images and i < len(shards):
+        t = time.process_time()
+        data = shards[i]
+        t_read += time.process_time() - t
+        t = time.process_time()
+        got = sh.read_shard(data, shards.names[i])
+        t_parse += time.process_time() - t
+        parsed += len(got)
+        records += [(j, r) for j, r in enumerate(got, start=len(records))]
+        i += 1
+    records = records[:images]
+    for (_, r), k in zip(records, range(len(records))):
+        r.key = k
+    chunks = [records[j:j + 256] for j in range(0, len(records), 256)]
+    t = time.process_time()
+    packed = [sh.pack_chunk(c) for c in chunks]
+    t_pack = time.process_time() - t
+    try:
+        for (o, a), label in zip(originals, labels):
+            setattr(o, a, timed(label, getattr(o, a)))
+        t = time.process_time()
+        for c in packed:
+            sh.decode_chunk(c, image_size=size, seed=seed, epoch=0, train=True)
+        t_total = time.process_time() - t
+    finally:
+        for (o, a), fn in zip(originals, saved):
+            setattr(o, a, fn)
+    n = len(records)
+    per = {"loading process: read shard": t_read / parsed, "loading process: parse tar": t_parse / parsed,
+           "loading process: pack into shared memory": t_pack / n}
+    per.update({f"worker: {k}": v / n for k, v in spent.items()})
+    per["worker: other (header, crop box, bookkeeping)"] = (t_total - sum(spent.values())) / n
+    return {"images": n, "image_size": size, "ms_per_image": {k: round(v * 1e3, 4) for k, v in per.items()},
+            "total_ms_per_image": round(sum(per.values()) * 1e3, 4),
+            "decoder": "libturbojpeg partial decode" if turbojpeg.available() else
+            ("simplejpeg" if decode.simplejpeg is not None else "pillow")}
 
 
 def _memory_mb(pid: int) -> tuple[float, float]:

@@ -3,6 +3,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from hasten.data import decode, turbojpeg
@@ -79,8 +80,8 @@ def test_fused_crop_equals_decode_then_crop_within_resampling_rounding(photo_jpe
     for i in range(24):
         h, w = (int(v) for v in rng.integers(300, 700, 2))
         data = _jpeg(photo_jpeg, h, w, seed=i)
-        fused = fc.fused_crop(data, "x.jpg", 64, rng=fc.example_rng(0, 0, i), flip=False)
-        ref = fc.fused_crop(data, "x.jpg", 64, rng=fc.example_rng(0, 0, i), flip=False, fused=False)
+        fused = fc.fused_crop(data, "x.jpg", 64, rng=fc.example_rng(0, 0, i), flip=False, antialias=True)
+        ref = fc.fused_crop(data, "x.jpg", 64, rng=fc.example_rng(0, 0, i), flip=False, fused=False, antialias=True)
         assert fused.shape == ref.shape == (64, 64, 3) and fused.dtype == np.uint8
         per_image.append(np.abs(fused.astype(int) - ref.astype(int)).mean())
         factors.append(fc.dct_scale(fc.random_resized_box(h, w, fc.example_rng(0, 0, i)), 64))
@@ -101,7 +102,7 @@ def resizer(request, one_thread, monkeypatch):
 def test_reference_path_is_a_plain_pillow_crop_and_resize(photo_jpeg, resizer):
     data = _jpeg(photo_jpeg, 375, 500, seed=7)
     rng_a, rng_b = fc.example_rng(1, 2, 3), fc.example_rng(1, 2, 3)
-    ours = fc.fused_crop(data, "x.jpg", 96, rng=rng_a, flip=False, fused=False)
+    ours = fc.fused_crop(data, "x.jpg", 96, rng=rng_a, flip=False, fused=False, antialias=True)
     box = fc.random_resized_box(375, 500, rng_b)
     img = Image.open(io.BytesIO(data)).convert("RGB")
     theirs = np.asarray(img.crop((box.left, box.top, box.left + box.width, box.top + box.height))
@@ -114,7 +115,7 @@ def test_reference_path_is_a_plain_pillow_crop_and_resize(photo_jpeg, resizer):
 
 def test_eval_crop_is_resize_then_centre_crop(photo_jpeg, decoder):
     data = _jpeg(photo_jpeg, 600, 800, seed=2)
-    ours = fc.fused_crop(data, "x.jpg", 112, fused=False).astype(int)
+    ours = fc.fused_crop(data, "x.jpg", 112, fused=False, antialias=True).astype(int)
     img = Image.open(io.BytesIO(data)).convert("RGB")
     short = round(112 / fc.EVAL_CROP_FRACTION)  # 128: resize the shorter side, then crop 112
     resized = np.asarray(img.resize((round(800 * short / 600), short), Image.BILINEAR)).astype(int)
@@ -165,3 +166,31 @@ def test_bad_bytes_are_a_named_bad_image():
         fc.fused_crop(b"\xff\xd8\xff" + b"\x00" * 50, "broken.jpg", 32, rng=np.random.default_rng(0))
     with pytest.raises(BadImageError, match="text.jpg"):
         fc.fused_crop(b"hello", "text.jpg", 32)
+
+
+@pytest.mark.parametrize("opencv", [True, False])
+def test_default_resize_is_plain_bilinear_of_the_decoded_box(photo_jpeg, decoder, opencv, one_thread, monkeypatch):
+    """Without antialias, every decoder path resizes the box (rounded to whole pixels of the
+    DCT-scaled decode) with plain bilinear: OpenCV's when installed, else torch's (the same
+    filter, within a level of rounding)."""
+    if opencv and fc._opencv() is None:
+        pytest.skip("OpenCV is not installed")
+    if not opencv:
+        monkeypatch.setattr(fc, "_cv2", False)
+    for i in range(6):
+        data = _jpeg(photo_jpeg, 375, 500, seed=i)
+        rng = fc.example_rng(0, 0, i)
+        ours = fc.fused_crop(data, "x.jpg", 96, rng=rng, flip=False).astype(int)
+        box = fc.random_resized_box(375, 500, fc.example_rng(0, 0, i))
+        f = fc.dct_scale(box, 96)
+        full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        if f > 1:  # the reference downsamples by block averages, as the DCT-scaled decode does
+            h, w = (full.shape[0] // f) * f, (full.shape[1] // f) * f
+            full = full[:h, :w].reshape(h // f, f, w // f, f, 3).mean(axis=(1, 3)).round().astype(np.uint8)
+        top, left, bottom, right = fc._scaled_box(box, (375, 500), f, full.shape[:2])
+        crop = torch.from_numpy(np.ascontiguousarray(full[top:bottom, left:right])).permute(2, 0, 1)[None]
+        ref = torch.nn.functional.interpolate(crop.float(), size=(96, 96), mode="bilinear", antialias=False,
+                                              align_corners=False)[0].permute(1, 2, 0).round().numpy()
+        diff = np.abs(ours - ref)
+        # JPEG decoders differ by a level or two (chroma upsampling, IDCT); a wrong box or filter gives tens.
+        assert diff.mean() < 2.5, (i, f, diff.mean())

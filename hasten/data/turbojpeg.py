@@ -10,8 +10,8 @@ lossless transform followed by a full decode. So this module is a small
 ``ctypes`` binding of the seven TurboJPEG 3 functions it needs.
 
 The library: ``$HASTEN_TURBOJPEG`` (a path to ``libturbojpeg``) if set, else the
-copy that the ``turbojpeg`` wheel bundles (``pip install hasten[turbo]``; the
-library only, its own Python module is never imported), else a system
+copy that the ``turbojpeg`` wheel bundles (a dependency of hasten where it has
+wheels; the library only, its own Python module is never imported), else a system
 ``libturbojpeg`` of version 3. None of them: ``available()`` is False and hasten
 decodes with simplejpeg or Pillow, as before.
 
@@ -67,7 +67,7 @@ def _candidates() -> list[str]:
 
         try:
             dist = distribution("turbojpeg")
-            paths += [str(dist.locate_file(f)) for f in (dist.files or []) if "libturbojpeg" in str(f)]
+            paths += [str(dist.locate_file(f)) for f in (dist.files or []) if _is_library(f.name)]
         except PackageNotFoundError:
             pass
     except ImportError:  # pragma: no cover - Python < 3.8
@@ -76,6 +76,13 @@ def _candidates() -> list[str]:
     if found:
         paths.append(found)
     return paths
+
+
+def _is_library(filename: str) -> bool:
+    """The shared library among a wheel's files (not its Python extension module)."""
+    name = filename.lower()
+    shared = name.endswith((".dylib", ".dll")) or ".so" in name
+    return shared and "turbojpeg" in name and "cpython" not in name and not name.endswith((".py", ".pyd"))
 
 
 def _load() -> ctypes.CDLL | None:

@@ -8,11 +8,15 @@ them in each direction. JPEG can decode at 1/2, 1/4 or 1/8 of the size in the DC
 domain (libjpeg's scaled IDCT) for a fraction of the cost. So the box is drawn
 first, from the image header's size; then ``dct_scale`` picks the smallest of
 1/8, 1/4, 1/2, 1 at which the box still has at least the output's pixels in
-both directions; the image is decoded at that scale (simplejpeg when installed,
-else Pillow's ``draft``); and the box, mapped to the scaled image, is resized to
-the output (bilinear with antialiasing: Pillow's filter, from a fractional box;
-torch's faster uint8 kernel computes it for whole-pixel boxes) and flipped. Evaluation (``center_box``: the centre square of 87.5% of the
-shorter side, i.e. resize to 256 then centre-crop 224) uses the same path.
+both directions; only the box's rows and columns are decoded, at that scale
+(libjpeg-turbo 3's partial decode, ``hasten.data.turbojpeg``; where it cannot
+load, the whole image at that scale with simplejpeg, else Pillow's ``draft``);
+the box, in whole pixels of the scaled image, is resized to the output (plain
+bilinear with OpenCV, or ``antialias=True`` for Pillow's antialiased filter) and
+flipped with torch's kernel, straight into its slot of the batch. Measured per
+stage in ``benchmarks/imagenet_pipeline.py``. Evaluation (``center_box``: the
+centre square of 87.5% of the shorter side, i.e. resize to 256 then centre-crop
+224) uses the same path.
 
 ``random_resized_box`` draws boxes from the same distribution as torchvision's
 ``RandomResizedCrop`` (scale (0.08, 1), log-uniform ratio (3/4, 4/3), ten tries,
@@ -23,14 +27,19 @@ Based on: Kumar et al., "Scale MLPerf-0.6 models on Google TPU-v3 Pods" (2019)
 and TensorFlow's ``decode_and_crop_jpeg`` (fused decode and crop for ImageNet);
 Szegedy et al., "Going deeper with convolutions" (2015) for the crop distribution.
 
-Changes the training math: the crop distribution is the usual one; pixels
-differ from decode-then-crop by resampling rounding only (DCT-domain downscale
-instead of a spatial one, measured in tests/test_stream_fused_crop.py).
+Changes the training math: the crop distribution is the usual one (boxes as
+torchvision draws them; a box's edges move by at most half a pixel of the scaled
+decode). Pixels differ from decode-then-crop-then-resize by the DCT-domain
+downscale (block averages instead of a spatial filter) and, by default, by the
+resize filter: plain bilinear, as TensorFlow's reference ResNet-50 pipeline,
+instead of torchvision's antialiased one (``antialias=True`` restores it at about
+3x the resize's cost). Measured in tests/test_stream_fused_crop.py.
 """
 
 from __future__ import annotations
 
 import io
+import multiprocessing as mp
 import math
 import warnings
 from dataclasses import dataclass
@@ -177,12 +186,16 @@ def resize_box(array: np.ndarray, box: Box, full_hw: tuple[int, int], size: int,
 
 
 def fused_crop(data: bytes, name: str, size: int, *, rng: np.random.Generator | None = None,
-               flip: bool | None = None, fused: bool = True) -> np.ndarray:
+               flip: bool | None = None, fused: bool = True, out: np.ndarray | None = None,
+               antialias: bool = False) -> np.ndarray:
     """Decode ``data`` into one ``size`` x ``size`` (H, W, 3) uint8 crop.
 
     With ``rng``: a random-resized crop and (unless ``flip`` says) a flip with
     probability 1/2 (training); without: the centre crop (evaluation). ``fused=False``
     decodes at full size first (the reference the fused path is tested against).
+    ``out``: a (size, size, 3) uint8 array to write the crop into (a batch's slot),
+    returned; else a new array. ``antialias``: resize with Pillow's antialiased bilinear
+    filter (torchvision's default) instead of plain bilinear (see ``resize_whole``).
     """
     turbo = fused and image_format(data) == "jpeg" and turbojpeg.available()
     full_hw = _turbo_size(data) if turbo else None
@@ -195,15 +208,44 @@ def fused_crop(data: bytes, name: str, size: int, *, rng: np.random.Generator | 
     factor = dct_scale(box, size) if fused else 1
     if turbo:
         try:
-            out = _region_crop(data, name, box, full_hw, factor, size)
-            return out[:, ::-1] if flip else out
+            top, left, bottom, right = _scaled_box(box, full_hw, factor)
+            region, (r_top, r_left) = turbojpeg.decode_region(data, (top, left, bottom - top, right - left),
+                                                              (1, factor), name)
+            crop = region[:, left - r_left:right - r_left]
+            return _finish(resize_whole(crop, size, name, antialias=antialias), flip, out)
         except BadImageError:
             pass  # the paths below decode it again and say why it is bad (or handle CMYK)
     array = decode_scaled(data, name, factor, full_hw)
     if factor == 1 and array.shape[:2] != full_hw:
         raise BadImageError(f"{name}: header says {full_hw[0]}x{full_hw[1]}, decoded {array.shape[0]}x{array.shape[1]}")
-    out = resize_box(array, box, full_hw, size, name)
-    return out[:, ::-1] if flip else out
+    if antialias:
+        return _finish(resize_box(array, box, full_hw, size, name), flip, out)
+    top, left, bottom, right = _scaled_box(box, full_hw, factor, array.shape[:2])
+    return _finish(resize_whole(array[top:bottom, left:right], size, name), flip, out)
+
+
+def _scaled_box(box: Box, full_hw: tuple[int, int], factor: int,
+                scaled_hw: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) of ``box`` in whole pixels of the image decoded at
+    1/``factor``: rounded, at most ``factor`` / 2 full-size pixels per edge, well under
+    the crop's own randomness."""
+    sh, sw = scaled_hw or (turbojpeg.scaled(full_hw[0], 1, factor), turbojpeg.scaled(full_hw[1], 1, factor))
+    top, left = min(round(box.top / factor), sh - 1), min(round(box.left / factor), sw - 1)
+    bottom = min(max(top + 1, round((box.top + box.height) / factor)), sh)
+    right = min(max(left + 1, round((box.left + box.width) / factor)), sw)
+    return top, left, bottom, right
+
+
+def _finish(image: np.ndarray, flip: bool, out: np.ndarray | None) -> np.ndarray:
+    """Flip (torch's kernel: numpy copies a reversed 3-byte-pixel view byte by byte, about
+    15x slower) and place the crop in ``out`` if given."""
+    t = torch.from_numpy(np.ascontiguousarray(image) if image.flags.writeable else image.copy())
+    if flip:
+        t = t.flip(1)
+    if out is None:
+        return t.numpy()
+    torch.from_numpy(out).copy_(t)
+    return out
 
 
 def _turbo_size(data: bytes) -> tuple[int, int] | None:
@@ -214,35 +256,47 @@ def _turbo_size(data: bytes) -> tuple[int, int] | None:
     return header.height, header.width
 
 
-def _region_crop(data: bytes, name: str, box: Box, full_hw: tuple[int, int], factor: int, size: int) -> np.ndarray:
-    """Decode only the rows and columns under ``box`` at 1/``factor`` (libjpeg-turbo's
-    partial decode, ``hasten.data.turbojpeg``) and resize them to ``size`` x ``size``.
-
-    At 1/``factor`` the box is rounded to whole pixels of the scaled image (at most
-    ``factor`` / 2 full-size pixels per edge: well under the crop's own randomness),
-    so that torch's uint8 antialiased bilinear kernel resizes it in one pass."""
-    sh, sw = turbojpeg.scaled(full_hw[0], 1, factor), turbojpeg.scaled(full_hw[1], 1, factor)
-    top, left = min(round(box.top / factor), sh - 1), min(round(box.left / factor), sw - 1)
-    bottom = min(max(top + 1, round((box.top + box.height) / factor)), sh)
-    right = min(max(left + 1, round((box.left + box.width) / factor)), sw)
-    region, (r_top, r_left) = turbojpeg.decode_region(data, (top, left, bottom - top, right - left), (1, factor),
-                                                      name)
-    return resize_whole(region[:, left - r_left:right - r_left], size, name)
+_cv2 = None  # OpenCV, imported on first use (None: not looked for; False: not installed)
 
 
-def resize_whole(crop: np.ndarray, size: int, name: str = "<bytes>") -> np.ndarray:
-    """All of ``crop`` (H, W, 3) uint8 to ``size`` x ``size``: bilinear with antialiasing,
-    torch's uint8 kernel when torch runs one thread, else Pillow's (the same filter)."""
+def _opencv():
+    global _cv2
+    if _cv2 is None:
+        try:
+            import cv2
+
+            if mp.parent_process() is not None:
+                cv2.setNumThreads(1)  # a decode worker is one of several processes: no thread pool
+            _cv2 = cv2
+        except ImportError:
+            _cv2 = False
+    return _cv2 or None
+
+
+def resize_whole(crop: np.ndarray, size: int, name: str = "<bytes>", *, antialias: bool = False) -> np.ndarray:
+    """All of ``crop`` (H, W, 3) uint8 to a ``size`` x ``size`` (H, W, 3) uint8 array.
+
+    Default: plain bilinear (half-pixel centres), as TensorFlow's ResNet-50 input
+    pipeline resizes its decoded crop; the DCT-scaled decode has already done any
+    reduction by 2, 4 or 8, so what is left is under 2x, where bilinear without a
+    wider filter aliases little. OpenCV's ``cv2.resize`` (a dependency; when it
+    cannot be imported: torch's uint8 kernel: the same filter; with its copy
+    to HWC, several times slower). ``antialias=True``: Pillow's antialiased bilinear
+    (torchvision's ``RandomResizedCrop`` default), torch's kernel when torch runs one
+    thread, else Pillow: about 3x the cost of plain bilinear here."""
     try:
-        if torch.get_num_threads() == 1:
-            t = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
-            out = torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear", antialias=True,
+        crop = np.ascontiguousarray(crop)
+        if not antialias and (cv2 := _opencv()) is not None:
+            return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
+        if torch.get_num_threads() == 1 or not antialias:
+            t = torch.from_numpy(crop if crop.flags.writeable else crop.copy()).permute(2, 0, 1).unsqueeze(0)
+            out = torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear", antialias=antialias,
                                                   align_corners=False)
-            return out[0].permute(1, 2, 0).numpy()
+            # torch returns (1, 3, S, S) contiguous: its copy to HWC is about 2x faster than numpy's.
+            return out[0].permute(1, 2, 0).contiguous().numpy()
         from PIL import Image
 
-        return np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((size, size), Image.BILINEAR),
-                          dtype=np.uint8)
+        return np.asarray(Image.fromarray(crop).resize((size, size), Image.BILINEAR), dtype=np.uint8)
     except Exception as e:  # noqa: BLE001
         raise BadImageError(f"{name}: cannot resize: {type(e).__name__}: {e}") from None
 

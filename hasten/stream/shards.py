@@ -416,34 +416,70 @@ class DecodedChunk:
     bad: list[tuple[str, str]] = field(default_factory=list)
 
 
-def decode_chunk(chunk: list[tuple[int, Record]], *, image_size: int, seed: int, epoch: int,
-                 train: bool) -> DecodedChunk:
+@dataclass
+class PackedChunk:
+    """A chunk on its way to a decode worker: the records without their bytes, and the
+    bytes of all of them in one shared-memory buffer (record i is ``buffer[ends[i-1]:ends[i]]``).
+    The worker receives a file descriptor instead of about 100 KB per image written
+    through a pipe and unpickled, which cost the loading process more CPU than anything
+    else it did."""
+    buffer: torch.Tensor  # uint8, in shared memory
+    ends: np.ndarray  # int64 (k,)
+    records: list[tuple[int, Record]]  # (place, Record with data=None)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def unpacked(self) -> list[tuple[int, Record]]:
+        view, start, out = self.buffer.numpy(), 0, []
+        for (place, r), end in zip(self.records, self.ends.tolist()):
+            out.append((place, r if r.reason is not None else
+                        Record(r.key, r.name, view[start:end].tobytes(), r.label)))
+            start = end
+        return out
+
+
+def pack_chunk(chunk: list[tuple[int, Record]]) -> PackedChunk:
+    """``chunk``'s bytes copied once into a new shared-memory buffer (see ``PackedChunk``)."""
+    ends = np.cumsum([len(r.data) if r.reason is None else 0 for _, r in chunk], dtype=np.int64)
+    buffer = torch.empty(max(1, int(ends[-1]) if len(ends) else 0), dtype=torch.uint8).share_memory_()
+    view, start = buffer.numpy(), 0
+    for (_, r), end in zip(chunk, ends.tolist()):
+        if end > start:
+            view[start:end] = np.frombuffer(r.data, np.uint8)
+        start = end
+    return PackedChunk(buffer, ends, [(place, Record(r.key, r.name, None, r.label, r.reason)) for place, r in chunk])
+
+
+def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: int, seed: int, epoch: int,
+                 train: bool, antialias: bool = False) -> DecodedChunk:
     """Fused decode + crop of a list of (place, Record); bad ones are listed, not raised."""
     if mp.parent_process() is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)  # one thread per worker process, as in DataLoader workers
-    images, labels, keys, places, bad = [], [], [], [], []
+    if isinstance(chunk, PackedChunk):
+        chunk = chunk.unpacked()
+    labels, keys, places, bad = [], [], [], []
+    stacked = torch.empty((len(chunk), image_size, image_size, 3), dtype=torch.uint8)
+    if mp.parent_process() is not None:
+        # In shared memory from the start: the chunk then travels to the consumer as a file
+        # descriptor (torch's pickling of shared tensors), not as pickled bytes copied through a pipe.
+        stacked.share_memory_()
+    view = stacked.numpy()
     for place, r in chunk:
         if r.reason is not None:
             bad.append((r.name, r.reason))
             continue
         try:
             rng = example_rng(seed, epoch, r.key) if train else None
-            images.append(fused_crop(r.data, r.name, image_size, rng=rng))
+            # Each crop is written straight into its slot of the chunk (no second copy).
+            fused_crop(r.data, r.name, image_size, rng=rng, out=view[len(keys)], antialias=antialias)
         except BadImageError as e:
             bad.append((r.name, bad_reason(e, r.name)))
             continue
         labels.append(r.label)
         keys.append(r.key)
         places.append(place)
-    stacked = torch.empty((len(images), image_size, image_size, 3), dtype=torch.uint8)
-    if mp.parent_process() is not None:
-        # In shared memory from the start: the chunk then travels to the consumer as a file
-        # descriptor (torch's pickling of shared tensors), not as pickled bytes copied through a pipe.
-        stacked.share_memory_()
-    view = stacked.numpy()
-    for i, image in enumerate(images):
-        view[i] = image
-    return DecodedChunk(stacked, np.asarray(labels, np.int64), np.asarray(keys, np.int64),
+    return DecodedChunk(stacked[:len(keys)], np.asarray(labels, np.int64), np.asarray(keys, np.int64),
                         np.asarray(places, np.int64), chunk[-1][0] + 1 if chunk else 0, bad)
 
 
@@ -472,6 +508,9 @@ class ShardLoader:
     ``with_keys`` also the global example numbers. ``prefetch``: shards read ahead
     (and decoded chunks in flight, at least two per worker); ``shuffle_buffer``:
     undecoded examples mixed per rank; with the shard size, these bound the memory.
+    ``chunk_size``: examples a worker decodes per task (default: a batch).
+    ``antialias``: resize crops with the antialiased bilinear filter (torchvision's
+    default) instead of plain bilinear (``hasten.stream.fused_crop.resize_whole``).
 
     Position: ``set_epoch(e)`` as with DistributedSampler (iterating also advances
     it); ``state_dict()`` is ``{"epoch", "position"}``: the examples of that epoch
@@ -482,9 +521,12 @@ class ShardLoader:
 
     def __init__(self, shards, *, batch_size: int, image_size: int = 224, rank: int = 0, world_size: int = 1,
                  seed: int = 0, train: bool = True, shuffle: bool | None = None, shuffle_buffer: int = 1000,
-                 drop_last: bool = False, workers: int = 0, chunk_size: int = 32, prefetch: int = 2,
+                 drop_last: bool = False, workers: int = 0, chunk_size: int | None = None, prefetch: int = 2,
                  max_bad_fraction: float = 0.01, device: torch.device | str = "cpu", with_keys: bool = False,
-                 poll_s: float = 0.2):
+                 poll_s: float = 0.2, antialias: bool = False):
+        # One chunk per batch by default: a worker writes a whole batch, which the consumer
+        # then takes without copying it again.
+        chunk_size = batch_size if chunk_size is None else chunk_size
         for name, value, low in (("batch_size", batch_size, 1), ("image_size", image_size, 1),
                                  ("chunk_size", chunk_size, 1), ("prefetch", prefetch, 1), ("workers", workers, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -502,6 +544,7 @@ class ShardLoader:
         self.max_bad_fraction, self.poll_s = max_bad_fraction, poll_s
         self.device = torch.device(device)
         self.with_keys = with_keys
+        self.antialias = bool(antialias)
         self.skipped: list[tuple[str, str]] = []
         self.epoch, self.position = 0, 0
 
@@ -554,8 +597,9 @@ class ShardLoader:
         plan = self.plan(epoch)
         records = plan_records(self.shards, plan, position, prefetch=self.prefetch)
         decoded = ordered_map(partial(decode_chunk, image_size=self.image_size, seed=self.seed, epoch=epoch,
-                                      train=self.train),
-                              _chunked(records, self.chunk_size), workers=self.workers,
+                                      train=self.train, antialias=self.antialias),
+                              map(pack_chunk, _chunked(records, self.chunk_size)) if self.workers
+                              else _chunked(records, self.chunk_size), workers=self.workers,
                               # Two chunks per worker keep every worker busy; chunks are small.
                               prefetch=max(self.prefetch, 2 * self.workers), poll_s=self.poll_s)
         seen, skipped = 0, []
@@ -603,6 +647,8 @@ def _take(parts: list[DecodedChunk], n: int) -> tuple[DecodedChunk, list[Decoded
             taken.append(head)
             rest.append(tail)
             need = 0
+    if len(taken) == 1:  # a chunk of exactly one batch (the default chunk size): no copy
+        return taken[0], rest, sum(len(p.keys) for p in rest)
     batch = DecodedChunk(torch.cat([p.images for p in taken]), np.concatenate([p.labels for p in taken]),
                          np.concatenate([p.keys for p in taken]), np.concatenate([p.places for p in taken]),
                          taken[-1].end)
