@@ -1,6 +1,6 @@
 """What a repeated example is worth: the calibration behind AutoEcho's default repeat values.
 
-Runs ``hasten.recipes.echo_value.calibrate`` (its module docstring has the method)
+Runs ``hasten.recipes.echo.value.calibrate`` (its module docstring has the method)
 on a class-balanced CIFAR-10-JPEG subset held out from the echo sweep (subset
 seed 2020, seeds 100-107), with the sweep's network, budget and learning rate.
 Counts only: no slow source, so the result does not depend on this machine's speed.
@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from hasten.environment import MeasuredConditions
-from hasten.recipes.echo_data import add_data_argument, require_data
-from hasten.recipes.echo_sweep import SweepConfig
-from hasten.recipes.echo_value import calibrate
+from hasten.recipes.echo.config import SweepConfig
+from hasten.recipes.echo.data import add_data_argument, require_data
+from hasten.recipes.echo.value import calibrate
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"

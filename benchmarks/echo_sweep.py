@@ -1,6 +1,6 @@
 """Data echoing (Choi et al., 2019) in the paper's regime, on CIFAR-10-JPEG, training for real on the CPU.
 
-Runs ``hasten.recipes.echo_sweep.run`` (its module docstring has the design): a
+Runs ``hasten.recipes.echo.sweep.run`` (its module docstring has the design): a
 fixed class-balanced subset of 10,000 training images decoded once at 16x16, a
 small CNN trained for a fixed budget (3 epochs) with a warm-up + linear-decay
 learning rate; the target is the baseline's mean minus one std (over seeds) of
@@ -33,9 +33,10 @@ from pathlib import Path
 import torch
 
 from hasten.environment import MeasuredConditions
-from hasten.recipes.echo_report import format_table, markdown_tables, write_plots
-from hasten.recipes.echo_data import add_data_argument, require_data
-from hasten.recipes.echo_sweep import SweepConfig, run
+from hasten.recipes.echo.config import SweepConfig
+from hasten.recipes.echo.data import add_data_argument, require_data
+from hasten.recipes.echo.report import format_table, markdown_tables, write_plots
+from hasten.recipes.echo.sweep import run
 from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"

@@ -70,7 +70,7 @@ def plot_allreduce(rows: Sequence[dict], path: str | Path, title: str) -> Path:
 
 def plot_echo_fresh_examples(rows: Sequence[dict], path: str | Path) -> Path:
     """Echo sweep (a): fresh examples to the target against e, one line per variant
-    (rows of ``hasten.recipes.echo_report.summarize``, group "a")."""
+    (rows of ``hasten.recipes.echo.report.summarize``, group "a")."""
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     base = next((r for r in rows if r["group"] == "a" and r["echo_factor"] == "1.0"), None)
     for variant in dict.fromkeys(r["variant"] for r in rows if r["group"] == "a" and r is not base):

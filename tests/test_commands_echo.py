@@ -58,7 +58,7 @@ def test_sweep_options_build_the_sweep_config(colours):
     import argparse
 
     from hasten.commands.echo import add_arguments, config_from
-    from hasten.recipes.echo_sweep import SweepConfig
+    from hasten.recipes.echo.config import SweepConfig
 
     p = argparse.ArgumentParser()
     add_arguments(p)

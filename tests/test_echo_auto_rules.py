@@ -10,7 +10,7 @@ import torch
 
 from hasten.echo import AutoEcho, echo_examples
 from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
-from hasten.recipes.echo_value import steps_multiplier
+from hasten.recipes.echo.value import steps_multiplier
 
 # --- Hand-computed checks of each rule in AutoEcho's docstring -------------------------------
 
@@ -350,7 +350,7 @@ def test_the_budget_in_effective_examples_gives_echoed_runs_the_steps_their_repe
     auto = AutoEcho()
     taken = _steps_to_budget(auto, e, steps=200)
     # e = 1 is exactly the baseline's budget; e copies are worth 1 + first + later x (e - 2) fresh
-    # ones (no decay by default), the model the calibration (hasten.recipes.echo_value) fits.
+    # ones (no decay by default), the model the calibration (hasten.recipes.echo.value) fits.
     worth = 1 + (REPEAT_VALUE if e > 1 else 0) + sum(LATER_REPEAT_VALUE * math.exp(-(k - 2) / REPEAT_DECAY)
                                                      for k in range(2, e))
     assert taken == math.ceil(200 * e / worth - 1e-9) or (e == 1 and taken == 200)

@@ -1,5 +1,5 @@
-"""hasten.recipes.echo (one run to a target), echo_sweep (the paper-regime sweep), echo_compare (the
-comparison) and echo_report (statistics, tables, goals)."""
+"""hasten.recipes.echo: run (one run to a target), sweep with its config and data (the paper-regime
+sweep), compare (the comparison) and report (statistics, tables, goals)."""
 
 import dataclasses
 import os
@@ -13,10 +13,11 @@ from hasten.echo import EchoCounters
 from hasten.errors import ConfigError
 from hasten.nn.tta import evaluate
 from hasten.recipes.echo import MEAN, STD, EchoRunConfig, EvalSet, train_to_target
-from hasten.recipes.echo_compare import ComparisonConfig, compare, comparison_jobs
-from hasten.recipes.echo_report import format_table, goals, stats, summarize, write_plots
-from hasten.recipes.echo_data import MemoryData, Source, balanced_subset, pipeline
-from hasten.recipes.echo_sweep import RunSpec, SweepConfig, best_loader, lr_at, train_budget
+from hasten.recipes.echo.compare import ComparisonConfig, compare, comparison_jobs
+from hasten.recipes.echo.config import RunSpec, SweepConfig
+from hasten.recipes.echo.data import MemoryData, Source, balanced_subset, pipeline
+from hasten.recipes.echo.report import format_table, goals, stats, summarize, write_plots
+from hasten.recipes.echo.sweep import best_loader, lr_at, train_budget
 from hasten.stream.records import open_records
 
 
@@ -272,7 +273,7 @@ def test_cuda_runs_channels_last_under_bf16_and_the_cpu_stays_float32_nchw():
 def test_step_time_leaves_out_first_use_costs(colours, one_thread, monkeypatch):
     # The first steps of a fresh process pay cuDNN autotuning and allocator growth; a step time
     # that includes them sets a slower step, hence a longer storage delay and a larger R.
-    import hasten.recipes.echo as recipe
+    import hasten.recipes.echo.run as recipe
     from hasten.recipes.echo import measure_step_time
 
     real_step = recipe.optimizer_step

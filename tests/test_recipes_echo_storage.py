@@ -1,4 +1,4 @@
-"""hasten.recipes.echo behind slow storage read by decode worker processes (the CUDA preset
+"""hasten.recipes.echo.run behind slow storage read by decode worker processes (the CUDA preset
 runs with workers): the storage they read is the one the run measures and pauses, and its
 delay is a rate that the number of workers and the prefetch depth cannot multiply."""
 

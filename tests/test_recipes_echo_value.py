@@ -1,11 +1,11 @@
-"""The repeat-value calibration's arithmetic (hasten.recipes.echo_value): the model,
+"""The repeat-value calibration's arithmetic (hasten.recipes.echo.value): the model,
 the per-factor summary, the crossing of the goal and the least-squares fit."""
 
 import math
 
 import pytest
 
-from hasten.recipes.echo_value import fit, multiplier_needed, repeat_weight, steps_multiplier, value_for
+from hasten.recipes.echo.value import fit, multiplier_needed, repeat_weight, steps_multiplier, value_for
 
 
 def test_the_model_counts_the_first_repeat_and_later_ones_at_their_values():

@@ -3,8 +3,8 @@ behind simulated slow storage at R about 6, to the preset's target accuracy: no 
 fixed factors, and AutoEcho, each over n seeds, interleaved (``hasten.timing.interleaved``).
 
 The storage delay comes from the step time measured first without delay
-(``hasten.recipes.echo.measure_step_time``) as ``hasten echo --upstream-ratio R``
-sets it (``hasten.recipes.echo_compare.comparison_jobs``); decoding adds to it, so
+(``hasten.recipes.echo.run.measure_step_time``) as ``hasten echo --upstream-ratio R``
+sets it (``hasten.recipes.echo.compare.comparison_jobs``); decoding adds to it, so
 the R each e = 1 run measured, (wait + step) / step, is recorded. "The best fixed e"
 is the fixed factor with the least mean wall time to the target among those that
 reached it on every seed, chosen on the same seeds that report it (which flatters it
@@ -24,7 +24,7 @@ from hasten.recipes.echo import (
     measure_step_time,
     train_to_target,
 )
-from hasten.recipes.echo_compare import comparison_jobs
+from hasten.recipes.echo.compare import comparison_jobs
 from hasten.stream.records import open_records
 from hasten.timing import interleaved
 
@@ -90,7 +90,7 @@ def echo(ctx) -> dict:
             "upstream_delay_s": delay, "target": base.target, "n_runs": n, "n_planned": s.echo_seeds,
             "cut_short": cut_short, "order": order, "configs": rows, "runs": runs,
             "best_fixed": best, "speedup_best_fixed": sb, "speedup_auto": sa,
-            "timed": "hasten.recipes.echo.train_to_target: waiting for input plus training steps; evaluations, "
+            "timed": "hasten.recipes.echo.run.train_to_target: waiting for input plus training steps; evaluations, "
                      "the storage and AutoEcho's measurement paused during them",
             "headline": {"key": key, "n": n,
                          "spread": f"e=1 ±{rows['e=1']['wall_time_to_target_s_std'] or 0:.1f} s"}}

@@ -5,14 +5,14 @@ variant, both behind the same simulated slow storage, to the same target
 accuracy; print and save fresh examples, steps, wall time to the target, final
 accuracy and idle fraction.
 
-``--sweep``: the benchmark in the paper's regime (``hasten.recipes.echo_sweep``):
+``--sweep``: the benchmark in the paper's regime (``hasten.recipes.echo.sweep``):
 a fixed budget with a learning-rate schedule, tuned baseline and echo settings,
 fresh examples to the target per variant, the shuffle-buffer study, and wall
 time to the target at R about 2, 4, 6 and 8 with AutoEcho; writes PNG plots, a
 table and JSON (``benchmarks/echo_sweep.py`` runs the same with its conditions).
 
-The method is ``hasten.recipes.echo`` (one run) and ``hasten.recipes.echo_sweep``
-(the comparison and the sweep); this parses, runs it and prints.
+The method is in ``hasten.recipes.echo``: ``run`` (one run), ``compare`` (the
+comparison) and ``sweep`` (the sweep); this parses, runs it and prints.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace, device: torch.device):
     """A ``SweepConfig`` with ``--sweep``, else a ``ComparisonConfig``."""
     from hasten.recipes.echo import EchoRunConfig
-    from hasten.recipes.echo_compare import ComparisonConfig
-    from hasten.recipes.echo_sweep import SweepConfig
+    from hasten.recipes.echo.compare import ComparisonConfig
+    from hasten.recipes.echo.config import SweepConfig
 
     if not args.data:
         raise ConfigError("pass --data PATH: an image folder or archive with train/<class>/ and test/<class>/ "
@@ -77,7 +77,7 @@ def config_from(args: argparse.Namespace, device: torch.device):
 
 
 def run(args: argparse.Namespace) -> int:
-    from hasten.recipes import echo_compare, echo_report, echo_sweep
+    from hasten.recipes.echo import compare as echo_compare, report as echo_report, sweep as echo_sweep
 
     device = pick_device(args.device)
     cfg = config_from(args, device)

@@ -39,7 +39,7 @@ budget in *effective examples*: the first copy of an example counts 1, copy 1
 (its first repeat) ``repeat_value``, copy k >= 2 ``later_repeat_value x exp(-(k - 2)
 / repeat_decay)``, times the measured loss ratio below when repeats are being
 memorised. The defaults are measured, not borrowed: ``benchmarks/echo_repeat_value.py``
-(``hasten.recipes.echo_value``) trains at e = 2, 4, 6 and 8 with 1 to 1.6x the
+(``hasten.recipes.echo.value``) trains at e = 2, 4, 6 and 8 with 1 to 1.6x the
 baseline's steps on a CIFAR-10-JPEG subset held out from the sweep and finds the
 steps at which echoed runs reliably (mean minus one std over 8 seeds) match the
 baseline's mean: 1.23 to 1.29x, with no trend in e. A cost flat in e is what the

@@ -1,5 +1,5 @@
 """Statistics, tables, goals and plots for the echo sweep and comparison
-(``hasten.recipes.echo_sweep``, ``hasten.recipes.echo_compare``): mean and spread per
+(``hasten.recipes.echo.sweep``, ``hasten.recipes.echo.compare``): mean and spread per
 (group, variant, e), the speedup against e = 1, the paper's goals, the markdown of
 docs/results/echo.md.
 

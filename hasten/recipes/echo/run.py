@@ -16,8 +16,8 @@ recipes do; on the CPU in float32, NCHW.
 Timing: the training loop's clock (two ``hasten.timing.Stopwatch``: waiting for
 input, and the steps) stops during evaluations, and so does the slow storage
 (``SlowStorage.paused``), so an evaluation gives no run free upstream time.
-The comparison with no echoing (``compare``) and the sweeps in the paper's regime
-are ``hasten.recipes.echo_sweep``.
+The comparison with no echoing is ``hasten.recipes.echo.compare``; the sweeps in the
+paper's regime are ``hasten.recipes.echo.sweep``.
 
 Changes the training math: yes with echoing (repeated examples); e = 1 is plain
 streaming training.

@@ -1,4 +1,4 @@
-"""The echo sweep's data and input pipeline (``hasten.recipes.echo_sweep`` runs the sweep).
+"""The echo sweep's data and input pipeline (``hasten.recipes.echo.sweep`` runs the sweep).
 
 - **Data.** A fixed class-balanced subset of CIFAR-10-JPEG, decoded once at the
   training resolution into host memory (``load_data``), and the test set in a fixed
@@ -21,7 +21,6 @@ import argparse
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,13 +28,11 @@ import torch
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, EchoCounters, echo_batches, echo_examples, shuffle_buffer
 from hasten.errors import ConfigError
-from hasten.recipes.echo import MEAN, STD
+from hasten.recipes.echo.config import RunSpec, SweepConfig
+from hasten.recipes.echo.run import MEAN, STD
 from hasten.stream.decode_pool import decode_records, read_records
 from hasten.stream.records import open_records
 from hasten.stream.slow_storage import SlowStorage, concurrent_reads
-
-if TYPE_CHECKING:
-    from hasten.recipes.echo_sweep import RunSpec, SweepConfig
 
 
 # ----------------------------------------------------------------------------- The data argument

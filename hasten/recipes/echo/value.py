@@ -36,8 +36,9 @@ from typing import Callable
 import numpy as np
 
 from hasten.progress import progress
-from hasten.recipes.echo_data import load_data
-from hasten.recipes.echo_sweep import RunSpec, SweepConfig, train_budget
+from hasten.recipes.echo.config import RunSpec, SweepConfig
+from hasten.recipes.echo.data import load_data
+from hasten.recipes.echo.sweep import train_budget
 
 
 

@@ -1,6 +1,6 @@
 """One echo comparison, as ``hasten echo`` runs it: no echoing against a configured
 echoing, both behind one storage delay set from the measured step time, each run to
-the target through the streaming pipeline (``hasten.recipes.echo``), interleaved.
+the target through the streaming pipeline (``hasten.recipes.echo.run``), interleaved.
 
 Changes the training math: yes for the echoed runs (see hasten.echo.stages).
 """
@@ -15,8 +15,8 @@ import torch
 
 from hasten.errors import ConfigError
 from hasten.progress import progress
-from hasten.recipes.echo import EchoRunConfig, EvalSet, measure_step_time, train_to_target
-from hasten.recipes.echo_report import summarize
+from hasten.recipes.echo.report import summarize
+from hasten.recipes.echo.run import EchoRunConfig, EvalSet, measure_step_time, train_to_target
 from hasten.stream.records import open_records
 from hasten.timing import interleaved
 
@@ -24,7 +24,7 @@ from hasten.timing import interleaved
 @dataclass(frozen=True)
 class ComparisonConfig:
     """No echoing against ``base``'s echoing, both behind one storage delay, each run to
-    ``base.target`` through the streaming pipeline (``hasten.recipes.echo``).
+    ``base.target`` through the streaming pipeline (``hasten.recipes.echo.run``).
     ``upstream_ratio``: set the delay to R step times per batch (the step time measured
     first); None keeps ``base.upstream_delay_s``."""
     base: EchoRunConfig

@@ -1,0 +1,33 @@
+"""The data-echoing recipes (Choi et al., 2019, arXiv:1907.05550), one module each:
+
+- ``run``: one run to a target accuracy through the streaming pipeline (``EchoRunConfig``,
+  ``train_to_target``); its names are handed on here, so ``from hasten.recipes.echo import
+  train_to_target`` works;
+- ``report``: statistics, tables, goals and plots of the sweep and the comparison;
+- ``compare``: ``hasten echo``'s comparison, no echoing against one echo setting;
+- ``config``: what the paper-regime sweep runs (``SweepConfig``, ``RunSpec``);
+- ``data``: the sweep's data, slow source and input pipeline;
+- ``sweep``: the sweep itself (``hasten echo --sweep``, ``benchmarks/echo_sweep.py``);
+- ``value``: the calibration of AutoEcho's repeat values, on the sweep's runs.
+
+Each imports none of those listed below it, so there is no import cycle and any of them
+can be imported first.
+"""
+
+from hasten.recipes.echo.run import (
+    GPU_PRESET,
+    MEAN,
+    STD,
+    EchoRunConfig,
+    EvalSet,
+    SmallNet,
+    fast_formats,
+    make_model,
+    measure_step_time,
+    parse_echo,
+    shuffle_size,
+    train_to_target,
+)
+
+__all__ = ["GPU_PRESET", "MEAN", "STD", "EchoRunConfig", "EvalSet", "SmallNet", "fast_formats", "make_model",
+           "measure_step_time", "parse_echo", "shuffle_size", "train_to_target"]
