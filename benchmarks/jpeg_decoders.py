@@ -16,8 +16,9 @@ file). The routes:
 - ``PyTurboJPEG scaled``: ``decode(scaling_factor=...)`` + torch resize; ``PyTurboJPEG crop``: its lossless
   ``crop()`` transform, then a (scaled) decode of the cropped JPEG + torch resize;
 - ``hasten region``: ``hasten.data.turbojpeg.decode_region`` (libjpeg-turbo 3 partial decode, rows and columns
-  of the box only, at the DCT scale) + torch resize: ``fused_crop._region_crop``, hasten's new path; and
-  ``hasten fused_crop``: the public function around it (header read, box draw included);
+  of the box only, at the DCT scale) + torch resize (or ``cv2.resize``): hasten's new path; and
+  ``hasten fused_crop``: the public function (header read, box draw, copy out included), as the working tree
+  has it (the JSON records whether hasten's decode files differed from the commit);
 - ``DALI``: its CPU-only pipeline (``device_id=None``), fed the same bytes by ``external_source``, run
   synchronously (one batch per ``run()``, so the CPU time is that batch's): ``decoders.image`` (full decode
   only), ``decoders.image_slice`` over the same boxes + ``resize``, ``decoders.image_random_crop`` (its own
@@ -220,21 +221,22 @@ def make_routes() -> tuple[dict, dict]:
         skipped["PyTurboJPEG"] = "PyTurboJPEG is not installed (pip install pyturbojpeg)"
 
     if hturbo.available():
-        def hasten_region(data, hw, box, size):
-            return fc._region_crop(data, "x", box, hw, fc.dct_scale(box, size), size)
+        def region(resize):
+            # The rows and columns under the box only, at the DCT scale (as fused_crop does when
+            # libturbojpeg 3 loads); the region starts at or left of the box (iMCU columns).
+            def run(data, hw, box, size):
+                f = fc.dct_scale(box, size)
+                t, l, b, r = _scaled_box(box, f, hturbo.scaled(hw[0], 1, f), hturbo.scaled(hw[1], 1, f))
+                out, (_, rl) = hturbo.decode_region(data, (t, l, b - t, r - l), (1, f))
+                return resize(out[:, l - rl:r - rl], size)
+            return run
 
-        routes["hasten region (decode_region)"] = hasten_region
+        routes["hasten region (decode_region)"] = region(torch_resize)
         if cv2 is not None:
-            def region_cv2(interp: int):
-                def run(data, hw, box, size):
-                    f = fc.dct_scale(box, size)
-                    t, l, b, r = _scaled_box(box, f, hturbo.scaled(hw[0], 1, f), hturbo.scaled(hw[1], 1, f))
-                    region, (rt, rl) = hturbo.decode_region(data, (t, l, b - t, r - l), (1, f))
-                    return cv2.resize(region[:, l - rl:r - rl], (size, size), interpolation=interp)
-                return run
-
-            routes["hasten region + cv2 AREA"] = region_cv2(cv2.INTER_AREA)
-            routes["hasten region + cv2 LINEAR"] = region_cv2(cv2.INTER_LINEAR)
+            routes["hasten region + cv2 AREA"] = region(
+                lambda c, s: cv2.resize(c, (s, s), interpolation=cv2.INTER_AREA))
+            routes["hasten region + cv2 LINEAR"] = region(
+                lambda c, s: cv2.resize(c, (s, s), interpolation=cv2.INTER_LINEAR))
     else:
         skipped["hasten region"] = "no libturbojpeg 3 (pip install hasten[turbo])"
     return routes, skipped
