@@ -10,7 +10,7 @@ file). The routes:
 - ``simplejpeg full``: simplejpeg full decode, crop view, torch's uint8 antialiased bilinear resize;
 - ``simplejpeg DCT-scaled``: hasten's previous path (``decode_scaled`` at ``dct_scale`` + ``resize_box``);
 - ``Pillow draft``: ``Image.open`` + ``draft`` (DCT scaling) + ``resize(box=...)`` BILINEAR;
-- ``Pillow full``: full decode + ``resize(box=...)`` BILINEAR (what torchvision's RandomResizedCrop does to a PIL image);
+- ``Pillow full``: full decode + ``resize(box=...)`` BILINEAR (torchvision's RandomResizedCrop on a PIL image);
 - ``cv2 full`` / ``cv2 reduced``: ``cv2.imdecode`` at full size or ``IMREAD_REDUCED_COLOR_{2,4,8}`` where the
   box keeps the output's pixels, then ``cv2.resize`` (INTER_AREA or INTER_LINEAR), BGR -> RGB;
 - ``PyTurboJPEG scaled``: ``decode(scaling_factor=...)`` + torch resize; ``PyTurboJPEG crop``: its lossless
@@ -487,7 +487,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                                 for b, (h, w) in zip(boxes, hws)])), 3)},
         "sizes": sizes, "repeats": args.repeats, "threads": 1, "dali_batch": batch,
         "decoders": decoders, "full_decode_only": floor_rows, "dali": dali_rows, "resize_ms_per_image": resize_rows,
-        "skipped": skipped, "versions": versions(), "hasten_decode_files_modified": _modified(), "run_order": order, "smoke": args.smoke,
+        "skipped": skipped, "versions": versions(), "hasten_decode_files_modified": _modified(),
+        "run_order": order, "smoke": args.smoke,
         "conditions": cond.as_dict(),
     }
     cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
