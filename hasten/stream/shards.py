@@ -45,6 +45,7 @@ import json
 import multiprocessing as mp
 import os
 import tarfile
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -193,18 +194,21 @@ class Record:
     reason: str | None = None
 
 
-def read_shard(data: bytes, name: str, *, expected: int | None = None, size: int | None = None) -> list[Record]:
+def read_shard(data: bytes, name: str, *, expected: int | None = None, size: int | None = None,
+               views: bool = False) -> list[Record]:
     """The examples of one shard, in file order (``key`` counts from 0).
 
     ``expected`` examples and ``size`` bytes (from an index) are checked; a shard
-    that is cut short or damaged raises one ``DataError`` naming it.
+    that is cut short or damaged raises one ``DataError`` naming it. ``views``: each
+    record's ``data`` is a memoryview into ``data`` instead of a copy (the loader packs
+    them into shared memory for its workers; a copy here would be a second one).
     """
     if size is not None and len(data) != size:
         raise _truncated(name, f"it is {len(data)} bytes, the index says {size}")
     # A complete tar ends with two zero blocks; a copy cut off anywhere else does not.
     if len(data) < 1024 or len(data) % 512 or any(data[-1024:]):
         raise _truncated(name, "it does not end with the tar end-of-archive blocks")
-    members = _plain_members(data, name)
+    members = _plain_members(data, name, views)
     if members is None:  # a tar extension (pax headers, long names): the standard library reads it
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
@@ -225,11 +229,12 @@ def read_shard(data: bytes, name: str, *, expected: int | None = None, size: int
 _ZERO_BLOCK = bytes(512)
 
 
-def _plain_members(data: bytes, name: str) -> list[tuple[str, bytes]] | None:
+def _plain_members(data: bytes, name: str, views: bool = False) -> list[tuple[str, bytes]] | None:
     """(name, bytes) of the regular files of a plain ustar/GNU tar, read from its
     headers directly (tarfile's per-member objects cost about as much as a small
     decode); None when the shard uses something else, for tarfile to read."""
     out, offset, n = [], 0, len(data)
+    body = memoryview(data) if views else data
     while offset + 512 <= n:
         header = data[offset:offset + 512]
         if header == _ZERO_BLOCK:
@@ -251,7 +256,7 @@ def _plain_members(data: bytes, name: str) -> list[tuple[str, bytes]] | None:
             member = header[:100].split(b"\0", 1)[0]
             if header[257:263] == b"ustar\x00" and header[345] != 0:  # POSIX ustar: a name prefix
                 member = header[345:500].split(b"\0", 1)[0] + b"/" + member
-            out.append((member.decode("utf-8", "surrogateescape"), data[start:start + size]))
+            out.append((member.decode("utf-8", "surrogateescape"), body[start:start + size]))
         offset = start + -(-size // 512) * 512
     raise _truncated(name, "it does not end with the tar end-of-archive blocks")
 
@@ -267,9 +272,9 @@ def _record(k: int, name: str, parts: dict[str, bytes]) -> Record:
     name = f"{name}.{image}"
     try:
         if "cls" in parts:
-            label = int(parts["cls"].decode().strip())
+            label = int(bytes(parts["cls"]).decode().strip())
         elif "json" in parts:
-            meta = json.loads(parts["json"])
+            meta = json.loads(bytes(parts["json"]))
             label = int(meta["label"] if isinstance(meta, dict) and "label" in meta else
                         meta["cls"] if isinstance(meta, dict) else meta)
         else:
@@ -357,7 +362,8 @@ def epoch_plan(counts: Sequence[int], *, epoch: int, seed: int = 0, rank: int = 
     return EpochPlan(shard_order, shard_start, start, stop, order, seed, epoch, shuffle)
 
 
-def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2) -> Iterator[tuple[int, Record]]:
+def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2,
+                 views: bool = False) -> Iterator[tuple[int, Record]]:
     """(place in the rank's order, ``Record``) from ``position`` on, reading from
     ``store`` only the shards that still hold examples due, ``prefetch`` at a time."""
     counts = np.asarray(store.examples, dtype=np.int64)
@@ -384,7 +390,7 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
             if i + prefetch < len(wanted):
                 futures.append(pool.submit(store.__getitem__, wanted[i + prefetch]))
             records = read_shard(data, store.names[s], expected=int(counts[s]),
-                                 size=sizes[s] if sizes is not None else None)
+                                 size=sizes[s] if sizes is not None else None, views=views)
             del data
             place = plan.member_order(s, len(records))
             for member, record in enumerate(records):
@@ -439,10 +445,47 @@ class PackedChunk:
         return out
 
 
-def pack_chunk(chunk: list[tuple[int, Record]]) -> PackedChunk:
-    """``chunk``'s bytes copied once into a new shared-memory buffer (see ``PackedChunk``)."""
+def shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:
+    """A uint8 tensor allocated in shared memory, as DataLoader's collate allocates in its
+    workers (``share_memory_()`` would allocate it privately, then copy it there)."""
+    n = max(1, int(np.prod(shape)))
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if new_shared is None:  # pragma: no cover - older torch
+        return torch.empty(shape, dtype=torch.uint8).share_memory_()
+    return torch.empty(0, dtype=torch.uint8).set_(new_shared(n), 0, shape)
+
+
+class BufferPool:
+    """Shared-memory buffers for packed chunks, reused: the loading process knows when a
+    worker is done with one (its result has arrived; results come in order), and a
+    fresh shared buffer costs more than the copy into it (page faults, zeroing)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[torch.Tensor] = []
+        self._out: deque[torch.Tensor] = deque()
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if b.numel() >= nbytes]
+            if fits:  # the smallest that fits (by index: == on tensors compares elements)
+                buffer = self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
+            else:
+                buffer = shared_uint8((max(1, int(nbytes * 1.25)),))  # room for a larger chunk later
+            self._out.append(buffer)
+        return buffer[:max(1, nbytes)]
+
+    def release_oldest(self) -> None:
+        with self._lock:
+            if self._out:
+                self._free.append(self._out.popleft())
+
+
+def pack_chunk(chunk: list[tuple[int, Record]], pool: BufferPool | None = None) -> PackedChunk:
+    """``chunk``'s bytes copied once into a shared-memory buffer (see ``PackedChunk``)."""
     ends = np.cumsum([len(r.data) if r.reason is None else 0 for _, r in chunk], dtype=np.int64)
-    buffer = torch.empty(max(1, int(ends[-1]) if len(ends) else 0), dtype=torch.uint8).share_memory_()
+    total = int(ends[-1]) if len(ends) else 0
+    buffer = pool.take(total) if pool is not None else shared_uint8((max(1, total),))
     view, start = buffer.numpy(), 0
     for (_, r), end in zip(chunk, ends.tolist()):
         if end > start:
@@ -458,12 +501,14 @@ def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: i
         torch.set_num_threads(1)  # one thread per worker process, as in DataLoader workers
     if isinstance(chunk, PackedChunk):
         chunk = chunk.unpacked()
+    elif any(isinstance(r.data, memoryview) for _, r in chunk):
+        chunk = [(p, r if not isinstance(r.data, memoryview) else Record(r.key, r.name, bytes(r.data), r.label))
+                 for p, r in chunk]
     labels, keys, places, bad = [], [], [], []
-    stacked = torch.empty((len(chunk), image_size, image_size, 3), dtype=torch.uint8)
-    if mp.parent_process() is not None:
-        # In shared memory from the start: the chunk then travels to the consumer as a file
-        # descriptor (torch's pickling of shared tensors), not as pickled bytes copied through a pipe.
-        stacked.share_memory_()
+    shape = (len(chunk), image_size, image_size, 3)
+    # In a worker, in shared memory from the start: the chunk then travels to the consumer as
+    # a file descriptor (torch's pickling of shared tensors), not as bytes through a pipe.
+    stacked = shared_uint8(shape) if mp.parent_process() is not None else torch.empty(shape, dtype=torch.uint8)
     view = stacked.numpy()
     for place, r in chunk:
         if r.reason is not None:
@@ -595,10 +640,13 @@ class ShardLoader:
 
     def _epoch(self, epoch: int, position: int, states: deque) -> Iterator[tuple[torch.Tensor, ...]]:
         plan = self.plan(epoch)
-        records = plan_records(self.shards, plan, position, prefetch=self.prefetch)
+        # With workers, records are views into their shard and each chunk is copied once,
+        # into a reused shared-memory buffer (see PackedChunk).
+        records = plan_records(self.shards, plan, position, prefetch=self.prefetch, views=bool(self.workers))
+        pool = BufferPool()
         decoded = ordered_map(partial(decode_chunk, image_size=self.image_size, seed=self.seed, epoch=epoch,
                                       train=self.train, antialias=self.antialias),
-                              map(pack_chunk, _chunked(records, self.chunk_size)) if self.workers
+                              map(partial(pack_chunk, pool=pool), _chunked(records, self.chunk_size)) if self.workers
                               else _chunked(records, self.chunk_size), workers=self.workers,
                               # Two chunks per worker keep every worker busy; chunks are small.
                               prefetch=max(self.prefetch, 2 * self.workers), poll_s=self.poll_s)
@@ -607,6 +655,8 @@ class ShardLoader:
         held = 0
         try:
             for chunk in decoded:
+                if self.workers:
+                    pool.release_oldest()  # this chunk's worker is done with its input
                 seen += len(chunk.keys) + len(chunk.bad)
                 if chunk.bad:
                     skipped.extend(chunk.bad)
