@@ -163,9 +163,11 @@ def _write_shard(path: Path, members):
             tf.addfile(info, io.BytesIO(data))
 
 
-def test_bad_members_are_skipped_and_counted_by_name(tmp_path, photo_jpeg):
+@pytest.mark.parametrize("workers", [0, 2])  # 2: records as views, packed into shared memory
+def test_bad_members_are_skipped_and_counted_by_name(tmp_path, photo_jpeg, workers):
     rng = np.random.default_rng(0)
     good = [photo_jpeg(rng, 40, 50) for _ in range(4)]
+    cut = photo_jpeg(rng, 40, 50)
     _write_shard(tmp_path / "shard-000000.tar", [
         ("a.jpg", good[0]), ("a.cls", b"1"),
         ("b.jpg", b"\xff\xd8\xff not really a jpeg"), ("b.cls", b"0"),  # damaged image
@@ -173,15 +175,16 @@ def test_bad_members_are_skipped_and_counted_by_name(tmp_path, photo_jpeg):
         ("d.jpg", good[2]), ("d.cls", b"seven"),  # unreadable label
         ("e.jpg", good[3]), ("e.json", json.dumps({"label": 2}).encode()),
         ("f.cls", b"1"),  # no image
+        ("g.jpg", cut[:len(cut) // 2]), ("g.cls", b"3"),  # a JPEG cut in half: a header, half the data
     ])
     shards = open_shards(tmp_path)
-    assert shards.examples == [6]
-    loader = ShardLoader(shards, batch_size=8, image_size=16, train=False, max_bad_fraction=1.0)
+    assert shards.examples == [7]
+    loader = ShardLoader(shards, batch_size=8, image_size=16, train=False, max_bad_fraction=1.0, workers=workers)
     (x, y), = list(loader)
-    assert y.tolist() == [1, 2]
+    assert y.tolist() == [1, 2] and x.shape == (2, 3, 16, 16)
     skipped = dict(loader.skipped)
     assert set(skipped) == {"shard-000000.tar:b.jpg", "shard-000000.tar:c.jpg", "shard-000000.tar:d.jpg",
-                            "shard-000000.tar:f"}
+                            "shard-000000.tar:f", "shard-000000.tar:g.jpg"}
     assert "label" in skipped["shard-000000.tar:c.jpg"] and "image" in skipped["shard-000000.tar:f"]
     # Past max_bad_fraction the read stops with one error naming them.
     with pytest.raises(DataError, match=r"not readable images.*shard-000000\.tar:b\.jpg"):

@@ -153,7 +153,12 @@ class Header:
 
 def _error(lib, h, name: str, what: str) -> BadImageError:
     text = lib.tj3GetErrorStr(h)
-    return BadImageError(f"{name}: {what}: {text.decode(errors='replace') if text else 'unknown error'}")
+    error = BadImageError(f"{name}: {what}: {text.decode(errors='replace') if text else 'unknown error'}")
+    # A handle that failed keeps part of its state (the next valid file then fails to read
+    # "Premature end of JPEG file"): it is dropped, and the next call makes a new one.
+    lib.tj3Destroy(h)
+    _local.handle = None
+    return error
 
 
 def read_header(data: bytes, name: str = "<bytes>") -> Header:
@@ -196,7 +201,7 @@ def decode_region(data: bytes, box: tuple[int, int, int, int] | None = None, sca
     g = math.gcd(*scale)
     num, denom = scale[0] // g, scale[1] // g  # libturbojpeg lists factors in lowest terms (1/1, not 8/8)
     if lib.tj3SetScalingFactor(h, _ScalingFactor(num, denom)) != 0:
-        raise ValueError(f"unsupported scaling factor {num}/{denom}: {lib.tj3GetErrorStr(h).decode()}")
+        raise ValueError(str(_error(lib, h, f"scaling factor {num}/{denom}", "unsupported scaling factor")))
     sh, sw = scaled(full_h, num, denom), scaled(full_w, num, denom)
     top, left, height, width = box if box is not None else (0, 0, sh, sw)
     if not (0 <= top and 0 <= left and height > 0 and width > 0 and top + height <= sh and left + width <= sw):

@@ -285,9 +285,10 @@ def resize_whole(crop: np.ndarray, size: int, name: str = "<bytes>", *, antialia
     (torchvision's ``RandomResizedCrop`` default), torch's kernel when torch runs one
     thread, else Pillow: about 3x the cost of plain bilinear here."""
     try:
-        crop = np.ascontiguousarray(crop)
         if not antialias and (cv2 := _opencv()) is not None:
+            # OpenCV reads rows at any stride: the box cut out of the decoded region is not copied.
             return cv2.resize(crop, (size, size), interpolation=cv2.INTER_LINEAR)
+        crop = np.ascontiguousarray(crop)
         if torch.get_num_threads() == 1 or not antialias:
             t = torch.from_numpy(crop if crop.flags.writeable else crop.copy()).permute(2, 0, 1).unsqueeze(0)
             out = torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear", antialias=antialias,

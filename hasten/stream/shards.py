@@ -194,21 +194,18 @@ class Record:
     reason: str | None = None
 
 
-def read_shard(data: bytes, name: str, *, expected: int | None = None, size: int | None = None,
-               views: bool = False) -> list[Record]:
+def read_shard(data: bytes, name: str, *, expected: int | None = None, size: int | None = None) -> list[Record]:
     """The examples of one shard, in file order (``key`` counts from 0).
 
     ``expected`` examples and ``size`` bytes (from an index) are checked; a shard
-    that is cut short or damaged raises one ``DataError`` naming it. ``views``: each
-    record's ``data`` is a memoryview into ``data`` instead of a copy (the loader packs
-    them into shared memory for its workers; a copy here would be a second one).
+    that is cut short or damaged raises one ``DataError`` naming it.
     """
     if size is not None and len(data) != size:
         raise _truncated(name, f"it is {len(data)} bytes, the index says {size}")
     # A complete tar ends with two zero blocks; a copy cut off anywhere else does not.
     if len(data) < 1024 or len(data) % 512 or any(data[-1024:]):
         raise _truncated(name, "it does not end with the tar end-of-archive blocks")
-    members = _plain_members(data, name, views)
+    members = _plain_members(data, name)
     if members is None:  # a tar extension (pax headers, long names): the standard library reads it
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
@@ -229,12 +226,11 @@ def read_shard(data: bytes, name: str, *, expected: int | None = None, size: int
 _ZERO_BLOCK = bytes(512)
 
 
-def _plain_members(data: bytes, name: str, views: bool = False) -> list[tuple[str, bytes]] | None:
+def _plain_members(data: bytes, name: str) -> list[tuple[str, bytes]] | None:
     """(name, bytes) of the regular files of a plain ustar/GNU tar, read from its
     headers directly (tarfile's per-member objects cost about as much as a small
     decode); None when the shard uses something else, for tarfile to read."""
     out, offset, n = [], 0, len(data)
-    body = memoryview(data) if views else data
     while offset + 512 <= n:
         header = data[offset:offset + 512]
         if header == _ZERO_BLOCK:
@@ -256,7 +252,7 @@ def _plain_members(data: bytes, name: str, views: bool = False) -> list[tuple[st
             member = header[:100].split(b"\0", 1)[0]
             if header[257:263] == b"ustar\x00" and header[345] != 0:  # POSIX ustar: a name prefix
                 member = header[345:500].split(b"\0", 1)[0] + b"/" + member
-            out.append((member.decode("utf-8", "surrogateescape"), body[start:start + size]))
+            out.append((member.decode("utf-8", "surrogateescape"), data[start:start + size]))
         offset = start + -(-size // 512) * 512
     raise _truncated(name, "it does not end with the tar end-of-archive blocks")
 
@@ -272,9 +268,9 @@ def _record(k: int, name: str, parts: dict[str, bytes]) -> Record:
     name = f"{name}.{image}"
     try:
         if "cls" in parts:
-            label = int(bytes(parts["cls"]).decode().strip())
+            label = int(parts["cls"].decode().strip())
         elif "json" in parts:
-            meta = json.loads(bytes(parts["json"]))
+            meta = json.loads(parts["json"])
             label = int(meta["label"] if isinstance(meta, dict) and "label" in meta else
                         meta["cls"] if isinstance(meta, dict) else meta)
         else:
@@ -362,8 +358,7 @@ def epoch_plan(counts: Sequence[int], *, epoch: int, seed: int = 0, rank: int = 
     return EpochPlan(shard_order, shard_start, start, stop, order, seed, epoch, shuffle)
 
 
-def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2,
-                 views: bool = False) -> Iterator[tuple[int, Record]]:
+def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2) -> Iterator[tuple[int, Record]]:
     """(place in the rank's order, ``Record``) from ``position`` on, reading from
     ``store`` only the shards that still hold examples due, ``prefetch`` at a time."""
     counts = np.asarray(store.examples, dtype=np.int64)
@@ -390,7 +385,7 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
             if i + prefetch < len(wanted):
                 futures.append(pool.submit(store.__getitem__, wanted[i + prefetch]))
             records = read_shard(data, store.names[s], expected=int(counts[s]),
-                                 size=sizes[s] if sizes is not None else None, views=views)
+                                 size=sizes[s] if sizes is not None else None)
             del data
             place = plan.member_order(s, len(records))
             for member, record in enumerate(records):
@@ -501,9 +496,6 @@ def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: i
         torch.set_num_threads(1)  # one thread per worker process, as in DataLoader workers
     if isinstance(chunk, PackedChunk):
         chunk = chunk.unpacked()
-    elif any(isinstance(r.data, memoryview) for _, r in chunk):
-        chunk = [(p, r if not isinstance(r.data, memoryview) else Record(r.key, r.name, bytes(r.data), r.label))
-                 for p, r in chunk]
     labels, keys, places, bad = [], [], [], []
     shape = (len(chunk), image_size, image_size, 3)
     # In a worker, in shared memory from the start: the chunk then travels to the consumer as
@@ -640,9 +632,11 @@ class ShardLoader:
 
     def _epoch(self, epoch: int, position: int, states: deque) -> Iterator[tuple[torch.Tensor, ...]]:
         plan = self.plan(epoch)
-        # With workers, records are views into their shard and each chunk is copied once,
-        # into a reused shared-memory buffer (see PackedChunk).
-        records = plan_records(self.shards, plan, position, prefetch=self.prefetch, views=bool(self.workers))
+        # With workers, each chunk's bytes are copied once more, into a reused shared-memory
+        # buffer (see PackedChunk). Records are copies out of their shard, not views into it:
+        # a view would keep the whole shard in memory for as long as the shuffle buffer holds
+        # any of its examples (measured: the resident set grew to the size of the data set).
+        records = plan_records(self.shards, plan, position, prefetch=self.prefetch)
         pool = BufferPool()
         decoded = ordered_map(partial(decode_chunk, image_size=self.image_size, seed=self.seed, epoch=epoch,
                                       train=self.train, antialias=self.antialias),
