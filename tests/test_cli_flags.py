@@ -119,6 +119,8 @@ SPEC = {
     ("data pack", "outdir"): ("new_or_empty_dir", []),
     ("data pack", "--shard-size-mb"): ("positive_float", []),
     ("data pack", "--seed"): ("seed", []),
+    ("data pack", "--max-side"): (["0", "-1", "31", "1.5", "abc", "", "99999999999999999999"], []),
+    ("data pack", "--quality"): (["0", "101", "-5", "1.5", "abc", ""], []),
     ("data jpeg", "--quality"): (["0", "101", "-1", "abc", "", "nan"], []),
 }
 # Options whose values are checked elsewhere, with the reason.
