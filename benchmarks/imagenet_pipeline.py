@@ -10,24 +10,35 @@ as an image folder and packed into 64 MiB tar shards with ``hasten data pack``'s
 function.
 
 Measured, at equal output (224x224 uint8 crops, the random-resized-crop
-distribution, random flips, batches of 256, the same number of worker processes):
+distribution, random flips, batches of 256, the same number of worker processes or
+threads):
 
-- ``hasten fused``: ``ShardLoader`` over the shards (fused decode + crop,
-  simplejpeg when installed, as it is by default);
+- ``hasten fused``: ``ShardLoader`` over the shards (partial decode of the crop box
+  with libjpeg-turbo 3 where the ``turbojpeg`` wheel installs, OpenCV's bilinear
+  resize; ``hasten.stream.fused_crop``);
+- ``hasten fused, max side 256``: the same over a copy packed with ``hasten data pack
+  --max-side 256`` (FFCV's ``max_resolution``: it changes the data, so it is never the
+  headline against full-size files);
 - ``torch DataLoader``: what a careful user writes: a map-style Dataset over the
   image files that opens each with Pillow, decodes it in full, draws the crop
   (torchvision's algorithm, one numpy generator per worker), crops and resizes
   (bilinear), flips and makes a uint8 tensor; ``DataLoader(shuffle=True,
   num_workers=k)``;
+- ``DALI CPU``: NVIDIA DALI's CPU-only pipeline (``benchmarks/pipeline_peers.py``;
+  ``pip install nvidia-dali-cuda120``, a benchmark-only peer, skipped when absent);
 - ``decode only``: full-size decode of each file in one process, no crop (the
   floor under any pipeline that decodes whole images), with simplejpeg and Pillow.
+
+Every batch is copied into a staging buffer by the consumer (as ``.to(device)``
+reads it), whichever pipeline made it. Also: the CPU of each stage of hasten's path
+(``stage_breakdown``) and the loading process's own CPU per image.
 
 Throughput is images per CPU-second (user + system time of the process and its
 workers): images per second per busy core, which a shared machine distorts much
 less than wall time (reported too). Configurations run in a freshly shuffled
 order in every repeat (``hasten.timing.interleaved``). Then: resident memory of
-``ShardLoader`` sampled over two full epochs (the main process's RSS and the
-proportional set size of the process with its workers), and the local shard
+``ShardLoader`` sampled over two full epochs in a fresh interpreter (the main
+process's RSS and the proportional set size of the process with its workers), and the local shard
 cache (``ShardCache``) behind ``SlowStorage`` (latency and bandwidth per request):
 the wall time of epoch 1 (every shard from slow storage) against epoch 2 (from
 the cache), over the first ``--cache-shards`` shards.
@@ -43,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -346,6 +358,23 @@ def rss_over_epochs(shards: ShardFiles, workers: int, epochs: int, size: int) ->
     return out
 
 
+def _child(results, fn, args) -> None:
+    results.put(fn(*args))
+
+
+def in_fresh_process(fn, *args):
+    """``fn(*args)`` in a new interpreter (spawn): its resident memory is a training
+    process's (torch, hasten), not this one's, which has loaded every peer (DALI, OpenCV)."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    child = ctx.Process(target=_child, args=(results, fn, args))  # not daemonic: it starts workers
+    child.start()
+    try:
+        return results.get()
+    finally:
+        child.join()
+
+
 def cache_epochs(shards: ShardFiles, n_shards: int, workers: int, size: int, latency_s: float,
                  bandwidth: float) -> dict:
     """Wall time of two epochs over the first ``n_shards`` shards behind SlowStorage + ShardCache."""
@@ -477,7 +506,7 @@ def main(argv: list[str] | None = None) -> dict:
             else:
                 samples[name].append(decode_only(floor_paths, kind))
         stages = {str(size): stage_breakdown(shards, size, min(768, shards.total), seed=args.seed) for size in sizes}
-        memory = rss_over_epochs(shards, k, args.memory_epochs, sizes[0])
+        memory = in_fresh_process(rss_over_epochs, shards, k, args.memory_epochs, sizes[0])
         cache_test = cache_epochs(shards, min(args.cache_shards, len(shards)), k, sizes[0], args.latency,
                                   args.bandwidth_mb * 1e6)
 
