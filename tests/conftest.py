@@ -5,6 +5,8 @@ import pytest
 import torch
 from PIL import Image
 
+from hasten.data import decode, turbojpeg
+
 # Tests must be quick and deterministic on 2 shared cores.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 os.environ.setdefault("HASTEN_PROGRESS", "0")
@@ -97,3 +99,21 @@ def photo_folder(tmp_path_factory, photo_jpeg):
 
     return write_image_folder(tmp_path_factory.mktemp("photos"), ("ant", "bee", "cat"), {"train": 18, "test": 6},
                               photo, name="{c}{i:02d}.jpg")
+
+
+# The fused crop's JPEG decoders, each forced in turn (hasten picks the first that works).
+FUSED_DECODERS = ["pillow", pytest.param("simplejpeg", marks=pytest.mark.skipif(
+    decode.simplejpeg is None, reason="simplejpeg is not installed")),
+    pytest.param("turbojpeg", marks=pytest.mark.skipif(
+        not turbojpeg.available(), reason="no libturbojpeg 3 (pip install turbojpeg)"))]
+
+
+@pytest.fixture(params=FUSED_DECODERS)
+def decoder(request, monkeypatch):
+    """The decoder ``hasten.stream.fused_crop`` uses: libturbojpeg's partial decode,
+    simplejpeg (libturbojpeg made unavailable) or Pillow (neither)."""
+    if request.param != "turbojpeg":  # the partial decoder is preferred whenever it loads
+        monkeypatch.setattr(turbojpeg, "_lib", None)
+    if request.param == "pillow":
+        monkeypatch.setattr(decode, "simplejpeg", None)
+    return request.param

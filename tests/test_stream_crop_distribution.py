@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hasten.data import decode, turbojpeg
 from hasten.stream import fused_crop as fc
 
 WIDTH, HEIGHT = 500, 375  # an ImageNet-sized photo
@@ -34,22 +33,6 @@ KEYS = 2000
 REFERENCE = 30000
 KS_C = 1.949              # c(alpha) of the two-sample KS test at alpha = 0.001
 RECOVERY_ALLOWANCE = 0.015
-
-DECODERS = ["pillow", pytest.param("simplejpeg", marks=pytest.mark.skipif(
-    decode.simplejpeg is None, reason="simplejpeg is not installed")),
-    pytest.param("turbojpeg", marks=pytest.mark.skipif(
-        not turbojpeg.available(), reason="no libturbojpeg 3 (pip install turbojpeg)"))]
-
-
-@pytest.fixture(params=DECODERS)
-def decoder(request, monkeypatch):
-    """As in tests/test_stream_fused_crop.py: force each of the fused path's decoders."""
-    if request.param != "turbojpeg":  # the partial decoder is preferred whenever it loads
-        monkeypatch.setattr(turbojpeg, "_lib", None)
-    if request.param == "pillow":
-        monkeypatch.setattr(decode, "simplejpeg", None)
-    return request.param
-
 
 # --- Reference: torchvision's algorithm --------------------------------------------------
 # RandomResizedCrop.get_params, copied from pytorch/vision torchvision/transforms/transforms.py

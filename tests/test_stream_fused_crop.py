@@ -6,23 +6,9 @@ import pytest
 import torch
 from PIL import Image
 
-from hasten.data import decode, turbojpeg
+from hasten.data import turbojpeg
 from hasten.data.decode import BadImageError
 from hasten.stream import fused_crop as fc
-
-DECODERS = ["pillow", pytest.param("simplejpeg", marks=pytest.mark.skipif(
-    decode.simplejpeg is None, reason="simplejpeg is not installed")),
-    pytest.param("turbojpeg", marks=pytest.mark.skipif(
-        not turbojpeg.available(), reason="no libturbojpeg 3 (pip install turbojpeg)"))]
-
-
-@pytest.fixture(params=DECODERS)
-def decoder(request, monkeypatch):
-    if request.param != "turbojpeg":  # the partial decoder is preferred whenever it loads
-        monkeypatch.setattr(turbojpeg, "_lib", None)
-    if request.param == "pillow":
-        monkeypatch.setattr(decode, "simplejpeg", None)
-    return request.param
 
 
 def test_boxes_follow_the_random_resized_crop_distribution():

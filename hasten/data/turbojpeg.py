@@ -161,14 +161,20 @@ def _error(lib, h, name: str, what: str) -> BadImageError:
     return error
 
 
-def read_header(data: bytes, name: str = "<bytes>") -> Header:
-    """The JPEG's size and chroma subsampling; ``BadImageError`` if the header is unreadable."""
+def _with_header(data: bytes, name: str):
+    """(library, this thread's handle) with ``data``'s header read into the handle."""
     lib = library()
     if lib is None:
         raise RuntimeError("libturbojpeg 3 is not available")
     h = _handle(lib)
     if lib.tj3DecompressHeader(h, data, len(data)) != 0:
         raise _error(lib, h, name, "cannot read the JPEG header")
+    return lib, h
+
+
+def read_header(data: bytes, name: str = "<bytes>") -> Header:
+    """The JPEG's size and chroma subsampling; ``BadImageError`` if the header is unreadable."""
+    lib, h = _with_header(data, name)
     return Header(lib.tj3Get(h, _TJPARAM_JPEGHEIGHT), lib.tj3Get(h, _TJPARAM_JPEGWIDTH),
                   lib.tj3Get(h, _TJPARAM_SUBSAMP))
 
@@ -187,12 +193,7 @@ def decode_region(data: bytes, box: tuple[int, int, int, int] | None = None, sca
     Returns (RGB uint8 array, (top, left) of the array in the scaled image): the array
     covers the box; it starts left of it when the box's left edge is not on an iMCU
     boundary, and spans the whole width when the subsampling is unknown."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("libturbojpeg 3 is not available")
-    h = _handle(lib)
-    if lib.tj3DecompressHeader(h, data, len(data)) != 0:
-        raise _error(lib, h, name, "cannot read the JPEG header")
+    lib, h = _with_header(data, name)
     full_h, full_w = lib.tj3Get(h, _TJPARAM_JPEGHEIGHT), lib.tj3Get(h, _TJPARAM_JPEGWIDTH)
     if full_h < 1 or full_w < 1 or full_h * full_w > MAX_PIXELS:
         raise BadImageError(f"{name}: unusable JPEG size {full_w}x{full_h}")
