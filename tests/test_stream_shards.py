@@ -9,7 +9,7 @@ import torch
 
 from hasten.errors import DataError
 from hasten.stream.pack import pack
-from hasten.stream.shards import ShardLoader, epoch_plan, open_shards, plan_records, read_shard
+from hasten.stream.shards import ShardFiles, ShardLoader, epoch_plan, open_shards, plan_records, read_shard
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +136,39 @@ def test_resume_reads_only_shards_that_still_hold_due_examples(packed):
     rest = list(plan_records(Counting(), plan, late))
     assert reads == [int(plan.shard_order[-1])]
     assert [t for t, _ in rest] == list(range(late, len(plan)))
+
+
+def test_local_shards_are_read_into_reused_buffers_with_the_same_records(packed, monkeypatch):
+    shards = open_shards(packed, "train")
+    calls = []
+    real = ShardFiles.read_into
+
+    def spy(self, i, buffer=None):
+        got, view = real(self, i, buffer)
+        calls.append((buffer is not None, len(got)))
+        return got, view
+
+    monkeypatch.setattr(ShardFiles, "read_into", spy)
+
+    class Bytes:  # the same shards through the plain store interface: new bytes per read
+        names, examples, sizes = shards.names, shards.examples, shards.sizes
+
+        def __getitem__(self, i):
+            return shards[i]
+
+    plan = epoch_plan(shards.examples, epoch=0, seed=3, buffer=16)
+    ours = [(t, r.key, r.name, r.data, r.label) for t, r in plan_records(shards, plan, 0, prefetch=2)]
+    theirs = [(t, r.key, r.name, r.data, r.label) for t, r in plan_records(Bytes(), plan, 0, prefetch=2)]
+    assert ours == theirs and len(calls) == len(shards)
+    # After the first prefetch + 1 reads, every read is handed a buffer to reuse (grown when a
+    # shard is larger than it).
+    assert sum(reused for reused, _ in calls) >= len(shards) - 3
+    # A buffer too small for the shard is replaced by one that fits.
+    small = bytearray(10)
+    got, view = real(shards, 0, small)
+    assert got is not small and bytes(view) == shards[0]
+    same, _ = real(shards, 0, got)
+    assert same is got
 
 
 def test_position_is_checked_against_the_epoch(packed):
