@@ -23,4 +23,8 @@ def test_smoke_run_writes_every_promised_field(tmp_path):
     assert set(r["speedup_per_core"]) == {"224", "128"} and r["speedup_per_core"]["224"]["mean"] > 0
     assert [m["epoch"] for m in r["rss_mb"]] == [1, 2] and all(m["images"] == 96 for m in r["rss_mb"])
     assert r["cache_epoch2_speedup"] > 0 and r["cache"]["slow_reads"] == r["cache"]["shards"]
-    assert "load_average_before" in r["conditions"] and "speedup per core at 224" in proc.stdout
+    stages = r["stages"]["224"]["ms_per_image"]
+    assert stages["loading process: read shard"] > 0 and any(k.startswith("worker: decode") for k in stages)
+    assert r["stages"]["224"]["total_ms_per_image"] >= sum(stages.values()) - 1e-3
+    assert "load_average_before" in r["conditions"]
+    assert "speedup per core over the Pillow DataLoader at 224" in proc.stdout
