@@ -16,6 +16,9 @@ R; the best loader without echoing found per R; then
   and e = 1 against AutoEcho at R = 0.5 (not input-bound); interleaved over seeds.
 
 Writes benchmarks/results/echo_sweep.json, echo_fresh_examples.png, echo_speedup.png.
+Each run is written to a journal (``echo_sweep.runs.jsonl`` beside the JSON) as it
+finishes; run the same command again after a stop and it resumes, taking the
+finished runs from the journal (``--fresh`` starts over).
 
     python benchmarks/echo_sweep.py [--data PATH] [--seeds 3]
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -37,7 +41,7 @@ from hasten.recipes.echo.config import SweepConfig
 from hasten.recipes.echo.data import add_data_argument, require_data
 from hasten.recipes.echo.report import format_table, markdown_tables, write_plots
 from hasten.recipes.echo.sweep import run
-from hasten.rundir import write_json
+from hasten.rundir import RunJournal, write_json
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -49,6 +53,8 @@ def main() -> int:
     ap.add_argument("--train-images", type=int, default=10_000, help="training subset (default 10000)")
     ap.add_argument("--epochs", type=float, default=3.0, help="the baseline's budget in epochs (default 3)")
     ap.add_argument("--out", default=str(RESULTS / "echo_sweep.json"), help="results JSON (default %(default)s)")
+    ap.add_argument("--journal", help="finished runs, for resuming (default: the JSON's name with .runs.jsonl)")
+    ap.add_argument("--fresh", action="store_true", help="start over: ignore (and replace) the journal")
     ap.add_argument("--markdown", metavar="JSON", help="print the results page's tables from a results JSON and stop")
     args = ap.parse_args()
     if args.markdown:
@@ -59,6 +65,12 @@ def main() -> int:
     require_data(args.data, "echo_sweep")
     torch.set_num_threads(1)
     cfg = SweepConfig(data=args.data, seeds=args.seeds, train_images=args.train_images, epochs=args.epochs)
+    journal_path = Path(args.journal or Path(args.out).with_suffix(".runs.jsonl"))
+    if args.fresh:
+        journal_path.unlink(missing_ok=True)
+    journal = RunJournal(journal_path, asdict(cfg))
+    if len(journal):
+        print(f"resuming: {len(journal)} finished runs in {journal_path}", flush=True)
 
     def log(**record) -> None:
         if record.get("event") == "target":
@@ -68,7 +80,7 @@ def main() -> int:
             print(f"R={record['ratio']:g}: loader {record['chosen']}", flush=True)
 
     with MeasuredConditions("cpu", argv=sys.argv) as cond:
-        report = run(cfg, log=log)
+        report = run(cfg, log=log, journal=journal)
     results = {"benchmark": "echo_sweep", "conditions": cond.as_dict(), **report}
     out = Path(args.out)
     write_json(out, results)

@@ -161,3 +161,61 @@ class RunDir:
 
     def __exit__(self, exc_type, *exc) -> None:
         self.close(failed=exc_type is not None)
+
+
+class RunJournal:
+    """The finished runs of a long sweep, one JSON line each, so that a sweep stopped
+    part way (a crash, a reboot, Ctrl-C) resumes where it was instead of starting again.
+
+    ``run(key, fn)`` returns the stored result of ``key`` if this journal holds one
+    written under the same ``config`` (its :func:`config_digest`), else calls ``fn()``
+    and appends its result before returning it. Lines of another configuration are
+    kept but never reused; a last line cut off mid-write is skipped and counted
+    (``torn``). ``path=None`` journals nothing. A sweep whose later choices depend on
+    earlier results (the best learning rate, a target set from the baseline) replays
+    them from the journal, so it takes the same path as the run that wrote it.
+    """
+
+    def __init__(self, path: str | os.PathLike | None, config: dict):
+        self.path = None if path is None else Path(path)
+        self.digest = config_digest(config, length=16)
+        self._done: dict[str, Any] = {}
+        self.resumed = self.torn = self.other_config = 0
+        self._cut = False  # the file ends inside a line: the next line must start on a new one
+        if self.path is not None and self.path.exists():
+            text = self.path.read_text()
+            self._cut = bool(text) and not text.endswith("\n")
+            for line in text.splitlines():
+                try:
+                    entry = json.loads(line)
+                    digest, key, result = entry["config"], entry["key"], entry["result"]
+                except (ValueError, KeyError, TypeError):
+                    self.torn += 1
+                    continue
+                if digest == self.digest:
+                    self._done[key] = result
+                else:
+                    self.other_config += 1
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._done
+
+    def run(self, key: str, fn) -> Any:
+        if key in self._done:
+            self.resumed += 1
+            # A fresh copy each time: callers annotate results, and a replay must not see that.
+            return json.loads(json.dumps(self._done[key]))
+        result = _jsonable(fn())
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            line = json.dumps({"config": self.digest, "key": key, "result": result}, separators=(",", ":"))
+            with open(self.path, "a") as f:
+                f.write(("\n" if self._cut else "") + line + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # a finished run survives a power cut, not just a crash
+            self._cut = False
+        self._done[key] = result
+        return json.loads(json.dumps(result))

@@ -290,3 +290,43 @@ def test_step_time_leaves_out_first_use_costs(colours, one_thread, monkeypatch):
     step = measure_step_time(EchoRunConfig(data=str(colours)), steps=6, warmup=3, eval_set=eval_set)
     assert len(calls) == 9
     assert step < 0.25  # >= 3 x 1 s / 6 = 0.5 s if the slow first steps counted
+
+
+def test_a_stopped_sweep_resumes_from_its_journal_without_rerunning_finished_runs(tmp_path, monkeypatch, one_thread):
+    """benchmarks/echo_sweep.py and hasten echo --sweep: stop the sweep part way (a crash
+    in its seventh run), run it again with the same journal: the finished runs are taken
+    from the journal, only the rest are trained, and the report has every run."""
+    from hasten.recipes.echo import sweep
+    from hasten.rundir import RunJournal
+
+    cfg = _sweep_cfg(epochs=0.75, seeds=2, lr_grid=(1.0,), factors=(2.0,), other_factors=(), ratios=(2.0,),
+                     buffer_sizes=(), in_flight_grid=(1,), prefetch_grid=(0,), latency_s=0.001,
+                     eval_points=(0.5, 1.0), extra_budget=1.0)
+    data = _memory_data()
+    monkeypatch.setattr(sweep, "load_data", lambda cfg: data)
+    real, trained, stop_after = sweep.train_budget, [], [7]
+
+    def counted(cfg_, data_, spec, **kw):
+        if kw.get("final_eval", True):  # not current_step_time's probe
+            if len(trained) == stop_after[0]:
+                raise KeyboardInterrupt
+            trained.append(spec)
+        return real(cfg_, data_, spec, **kw)
+
+    monkeypatch.setattr(sweep, "train_budget", counted)
+    path = tmp_path / "runs.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run(cfg, journal=RunJournal(path, dataclasses.asdict(cfg)))
+    assert len(trained) == 7 and len(path.read_text().splitlines()) >= 7  # runs and loader searches
+    first_part, stop_after[0] = list(trained), 10**6
+    trained.clear()
+    journal = RunJournal(path, dataclasses.asdict(cfg))
+    report = sweep.run(cfg, journal=journal)
+    # 2 baseline + 2 echo (tune + seed 1) + 1 buffer + 2 seeds x 5 timed (R=2: e 1, 2, auto; R<1: e 1, auto)
+    assert len(first_part) + len(trained) == 15 and len(report["results"]) == 15
+    assert journal.resumed >= 7 and report["journal"]["resumed"] == journal.resumed
+    # A third run finds everything done: nothing is trained and the report is the same.
+    trained.clear()
+    again = sweep.run(cfg, journal=RunJournal(path, dataclasses.asdict(cfg)))
+    assert trained == [] and again["target"] == report["target"]
+    assert [r["end_accuracy"] for r in again["results"]] == [r["end_accuracy"] for r in report["results"]]

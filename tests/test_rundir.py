@@ -113,3 +113,42 @@ def test_drop_metrics_after_keeps_each_step_once_after_a_resume(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines == [{"step": 3, "loss": 3.0}, {"step": 6, "loss": 6.0}, {"note": "no step"},
                      {"step": 9, "loss": -9.0}]
+
+
+def test_run_journal_replays_finished_runs_and_only_under_the_same_config(tmp_path):
+    from hasten.rundir import RunJournal
+
+    path, calls = tmp_path / "runs.jsonl", []
+
+    def work(x):
+        calls.append(x)
+        return {"x": x, "curve": [(1, 0.5)], "inf": float("inf")}
+
+    first = RunJournal(path, {"lr": 0.1})
+    a = first.run("a", lambda: work(1))
+    assert a == {"x": 1, "curve": [[1, 0.5]], "inf": None}  # as a replay will see it: JSON
+    a["x"] = 99  # a caller annotating its copy changes nothing stored
+    assert first.run("a", lambda: work(2))["x"] == 1 and calls == [1] and first.resumed == 1
+    first.run("b", lambda: work(3))
+    again = RunJournal(path, {"lr": 0.1})
+    assert len(again) == 2 and "a" in again and again.run("b", lambda: work(4))["x"] == 3 and calls == [1, 3]
+    other = RunJournal(path, {"lr": 0.2})  # other settings: nothing reused, nothing lost
+    assert len(other) == 0 and other.other_config == 2
+    other.run("a", lambda: work(5))
+    assert calls == [1, 3, 5] and len(RunJournal(path, {"lr": 0.1})) == 2
+    assert RunJournal(None, {}).run("a", lambda: work(6))["x"] == 6 and calls[-1] == 6
+
+
+def test_run_journal_skips_a_line_cut_off_mid_write_and_starts_the_next_on_its_own_line(tmp_path):
+    from hasten.rundir import RunJournal
+
+    path = tmp_path / "runs.jsonl"
+    j = RunJournal(path, {})
+    j.run("a", lambda: {"v": 1})
+    with open(path, "a") as f:
+        f.write('{"config": "')  # the process died inside a write
+    cut = RunJournal(path, {})
+    assert len(cut) == 1 and cut.torn == 1
+    cut.run("b", lambda: {"v": 2})
+    after = RunJournal(path, {})
+    assert after.torn == 1 and after.run("b", lambda: {"v": 3}) == {"v": 2} and "a" in after

@@ -10,6 +10,8 @@ a fixed budget with a learning-rate schedule, tuned baseline and echo settings,
 fresh examples to the target per variant, the shuffle-buffer study, and wall
 time to the target at R about 2, 4, 6 and 8 with AutoEcho; writes PNG plots, a
 table and JSON (``benchmarks/echo_sweep.py`` runs the same with its conditions).
+Each finished run goes to a journal under ``runs/`` named for the sweep's settings,
+so the same command after a stop resumes where it was.
 
 The method is in ``hasten.recipes.echo``: ``run`` (one run), ``compare`` (the
 comparison) and ``sweep`` (the sweep); this parses, runs it and prints.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import asdict
 
 import torch
 
@@ -26,7 +29,7 @@ from hasten import cli_types as t
 from hasten.echo import VARIANTS
 from hasten.environment import hardware_label, pick_device
 from hasten.errors import ConfigError
-from hasten.rundir import RunDir, write_json
+from hasten.rundir import RunDir, RunJournal, stable_run_path, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,7 +100,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"hasten echo: target {record['target']:.4f} (baseline mean - std), "
                       f"step time {record['step_time_s'] * 1e3:.1f} ms")
 
-        result = echo_sweep.run(cfg, log=log) if args.sweep else echo_compare.compare(cfg, log=log)
+        if args.sweep:
+            journal = RunJournal(stable_run_path("echo-sweep", asdict(cfg)) / "runs.jsonl", asdict(cfg))
+            print(f"hasten echo: resuming, {len(journal)} finished runs in {journal.path}" if len(journal) else
+                  f"hasten echo: each finished run goes to {journal.path} (rerun the command to resume)")
+            result = echo_sweep.run(cfg, log=log, journal=journal)
+        else:
+            result = echo_compare.compare(cfg, log=log)
         report = {"command": rd.environment["command"], "hardware": hardware_label(rd.environment), **result}
         rd.write_results(report)
         if args.json:

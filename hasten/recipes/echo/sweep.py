@@ -39,6 +39,7 @@ training.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -62,6 +63,7 @@ from hasten.recipes.echo.data import (IdentityStore, MemoryData, Source, fresh_k
                                       test_batches)
 from hasten.recipes.echo.report import goals, summarize
 from hasten.recipes.echo.run import MEAN, STD, SmallNet
+from hasten.rundir import RunJournal
 from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import Stopwatch, interleaved
 
@@ -247,17 +249,22 @@ def _rank(result: dict) -> tuple:
             result["steps_to_target"] or math.inf, -(result["end_accuracy"] or 0.0))
 
 
-def tune(cfg: SweepConfig, data: MemoryData, spec: RunSpec, target: float, log) -> tuple[RunSpec, list[dict]]:
+def tune(cfg: SweepConfig, data: MemoryData, spec: RunSpec, target: float, log,
+         budget: Callable[..., dict] | None = None) -> tuple[RunSpec, list[dict]]:
     """The learning rate (and if needed a longer budget) for ``spec`` on seed 0: the grid
-    value that reaches ``target`` with the fewest fresh examples."""
-    trials = [train_budget(cfg, data, replace(spec, lr=cfg.lr * m, seed=0), target=target)
-              for m in cfg.lr_grid]
+    value that reaches ``target`` with the fewest fresh examples. ``budget(phase, spec,
+    **kw)`` runs one training run (default: ``train_budget``; the sweep's goes through
+    its journal)."""
+    if budget is None:
+        def budget(phase: str, spec: RunSpec, **kw) -> dict:
+            return train_budget(cfg, data, spec, **kw)
+    trials = [budget("tune", replace(spec, lr=cfg.lr * m, seed=0), target=target) for m in cfg.lr_grid]
     for t in trials:
         log(event="tune", **_brief(t))
     best = min(trials, key=_rank)
     if not best["reached_target"] and cfg.extra_budget > 1:
-        longer = train_budget(cfg, data, replace(spec, lr=best["lr"], seed=0,
-                                                 steps=round(spec.steps * cfg.extra_budget)), target=target)
+        longer = budget("tune", replace(spec, lr=best["lr"], seed=0, steps=round(spec.steps * cfg.extra_budget)),
+                        target=target)
         log(event="tune", **_brief(longer))
         trials.append(longer)
         best = min(trials, key=_rank)
@@ -269,11 +276,21 @@ def _brief(r: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- The sweep
-def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
-    """Everything in the module docstring; the JSON-able report."""
+def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: RunJournal | None = None) -> dict:
+    """Everything in the module docstring; the JSON-able report.
+
+    ``journal``: a :class:`hasten.rundir.RunJournal` made with ``asdict(cfg)``; each
+    training run and loader search is written to it as it finishes, and a rerun
+    takes the finished ones from it (the sweep resumes where it stopped)."""
     log = log or (lambda **record: None)
+    journal = journal if journal is not None else RunJournal(None, asdict(cfg))
     t_start = time.perf_counter()
     data = load_data(cfg)
+
+    def budget(phase: str, spec: RunSpec, **kw) -> dict:
+        """One training run, through the journal: the key is what decides its result."""
+        key = json.dumps({"phase": phase, "spec": asdict(spec), **kw}, sort_keys=True)
+        return journal.run(key, lambda: train_budget(cfg, data, spec, **kw))
     entries: list[dict] = []
     timed_jobs = _timed_jobs(cfg)
     other = [(v, e) for v in ("example-after", "batch") for e in cfg.other_factors]
@@ -290,7 +307,7 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
 
     # (1) The baseline: learning rate tuned on seed 0 by end accuracy, then every seed.
     base_spec = RunSpec(lr=cfg.lr, steps=cfg.steps, e_max=cfg.e_max)
-    trials = [train_budget(cfg, data, replace(base_spec, lr=cfg.lr * m)) for m in cfg.lr_grid]
+    trials = [budget("baseline", replace(base_spec, lr=cfg.lr * m)) for m in cfg.lr_grid]
     for t in trials:
         bar.update(1)
         log(event="tune", **_brief(t))
@@ -298,7 +315,7 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
     base_spec = replace(base_spec, lr=best["lr"])
     record(best, "a")
     for seed in range(1, cfg.seeds):
-        record(train_budget(cfg, data, replace(base_spec, seed=seed)), "a")
+        record(budget("baseline", replace(base_spec, seed=seed)), "a")
     ends = [e["end_accuracy"] for e in entries]
     target = float(np.mean(ends) - (np.std(ends, ddof=1) if len(ends) > 1 else 0.0))
     for e in entries:  # the baseline's own crossings, now that the target is known
@@ -311,18 +328,18 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
     # (2) Echo settings, tuned on seed 0 (the tuning run counts as that seed), then every seed.
     tuned: dict[tuple[str, float], RunSpec] = {}
     for variant, e in [("example-before", e) for e in cfg.factors] + other:
-        spec, trials = tune(cfg, data, replace(base_spec, variant=variant, echo=e), target, log)
+        spec, trials = tune(cfg, data, replace(base_spec, variant=variant, echo=e), target, log, budget)
         bar.update(len(cfg.lr_grid) - 1)
         tuned[(variant, e)] = spec
         tuning[f"{variant} e={e:g}"] = {"lr": spec.lr, "steps": spec.steps, "trials": [_trial(t) for t in trials]}
         record(next(t for t in trials if t["lr"] == spec.lr and t["budget_steps"] == spec.steps), "a")
         for seed in range(1, cfg.seeds):
-            record(train_budget(cfg, data, replace(spec, seed=seed), target=target), "a")
+            record(budget("seeds", replace(spec, seed=seed), target=target), "a")
 
     # (3) The shuffle buffer: duplicates and their cost at one factor, seed 0.
     spec = tuned.get(("example-before", cfg.buffer_factor)) or replace(base_spec, echo=cfg.buffer_factor)
     for size in (*cfg.buffer_sizes, None):
-        result = train_budget(cfg, data, replace(spec, shuffle_buffer=size, seed=0), target=target)
+        result = budget("buffer", replace(spec, shuffle_buffer=size, seed=0), target=target)
         result["predicted_duplicate_rate"] = expected_duplicate_rate(result["shuffle_buffer"], spec.echo,
                                                                      cfg.batch_size)
         record(result, "buffer")
@@ -332,7 +349,9 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
     for ratio in (*cfg.ratios, cfg.not_bound_ratio):
         # The loader search runs once per R; each timed run then sets the link from its
         # own step-time measurement (current_step_time), keeping the chosen loader.
-        src, trials = best_loader(cfg, data, source_for(cfg, data, ratio, step_s), step_s)
+        found = journal.run(f"loader R={ratio!r}", lambda: dict(zip(
+            ("chosen", "trials"), best_loader(cfg, data, source_for(cfg, data, ratio, step_s), step_s))))
+        src, trials = Source(**found["chosen"]), found["trials"]
         loaders[ratio] = src
         loader_report[f"R={ratio:g}"] = {"chosen": asdict(src), "trials": trials}
         log(event="loader", ratio=ratio, chosen=asdict(src), trials=trials)
@@ -344,12 +363,17 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
         else:
             spec = tuned[("example-before", echo)]
         group = f"R={ratio:g}" if ratio >= 1 else "R<1"
-        now = current_step_time(cfg, data)
-        source = replace(loaders[ratio], link_bytes_per_s=source_for(cfg, data, ratio, now).link_bytes_per_s)
-        result = train_budget(cfg, data, replace(spec, seed=seed_idx), source=source, target=target,
-                              stop_at_target=True)
-        result.update(nominal_ratio=ratio, calibration_step_s=now)
-        record(result, group)
+
+        def timed(spec=spec, ratio=ratio, seed_idx=seed_idx) -> dict:
+            now = current_step_time(cfg, data)
+            source = replace(loaders[ratio], link_bytes_per_s=source_for(cfg, data, ratio, now).link_bytes_per_s)
+            result = train_budget(cfg, data, replace(spec, seed=seed_idx), source=source, target=target,
+                                  stop_at_target=True)
+            return {**result, "nominal_ratio": ratio, "calibration_step_s": now}
+        # The link is set from the step time measured just before the run, so the key holds R, not the link.
+        key = json.dumps({"phase": f"timed R={ratio!r}", "spec": asdict(replace(spec, seed=seed_idx)),
+                          "target": target}, sort_keys=True)
+        record(journal.run(key, timed), group)
     bar.close()
     # R of an echoed run is the one measured without echoing at the same R and seed.
     for e in entries:
@@ -367,6 +391,8 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None) -> dict:
         "baseline": [e for e in entries if e["echo_factor"] == 1.0],
         "results": entries, "summary": rows, "goals": goals(rows, cfg.ratios),
         "sweep_wall_s": time.perf_counter() - t_start,
+        "journal": {"path": None if journal.path is None else str(journal.path), "runs": len(journal),
+                    "resumed": journal.resumed, "torn_lines": journal.torn},
     }
 
 
