@@ -44,7 +44,7 @@ the wall time of epoch 1 (every shard from slow storage) against epoch 2 (from
 the cache), over the first ``--cache-shards`` shards.
 
     python benchmarks/imagenet_pipeline.py [--images 20000] [--classes 100] [--workers 2] [--repeats 3]
-        [--measure-images 3000] [--image-sizes 224,128] [--cache-shards 4] [--smoke]
+        [--measure-images 4096] [--image-sizes 224,128] [--cache-shards 4] [--smoke]
 
 Writes ``benchmarks/results/imagenet_pipeline.json`` (``--out``); ``--smoke``: a
 tiny set and one repeat, written under the cache directory unless ``--out`` is given.
@@ -84,6 +84,7 @@ from pipeline_peers import dali_cpu_iter, dali_unavailable_reason  # noqa: E402 
 
 RESULTS = Path(__file__).parent / "results"
 GOAL_SPEEDUP, GOAL_CACHE, GOAL_OVER_DALI = 2.5, 3.0, 2.0
+WARMUP_BATCHES = 4  # batches before the clocks start: two per worker, as the loaders queue them
 FORMAT = 1  # bump when the generated images change
 
 
@@ -198,35 +199,73 @@ def image_files(folder: Path, split: str = "train") -> list[tuple[str, int]]:
 # ----------------------------------------------------------------------------
 
 def cpu_seconds() -> float:
+    """User + system CPU of this process (all its threads: DALI's) and of its live
+    descendants (worker processes), from /proc. ``os.times()``'s children fields would
+    count workers only once they have exited, so not over a window in steady state."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    total = t.user + t.system
+    tick = os.sysconf("SC_CLK_TCK")
+    todo, seen = [os.getpid()], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            kids = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (task / "children").read_text().split()]
+        except OSError:
+            kids = []  # exited meanwhile
+        for kid in kids:
+            try:
+                fields = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            except (OSError, IndexError, ValueError):
+                continue
+            todo.append(kid)
+    return total
 
 
-def measure(make_iter, images: int, size: int) -> tuple[float, float, int, float]:
+def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> tuple[float, float, int, float, float]:
     """(images per wall second, images per CPU-second, images, CPU ms per image of this
-    process alone) over at least ``images``. Every batch is copied into a staging
-    buffer, as ``.to(device)`` would read it: a loader whose batches arrive in shared
-    memory is charged for touching them, whichever process pays for that."""
-    wall0, cpu0 = time.perf_counter(), cpu_seconds()
-    t0 = os.times()
+    process alone, seconds to the first batch) in steady state: the clocks start after
+    ``warmup`` batches (workers started, read-ahead and shuffle buffer filled, queues
+    full) and stop at a batch boundary ``images`` later. The work in flight (batches
+    decoded ahead, whatever the pipeline) is then about the same at both ends, so the
+    CPU between them is what those images cost; counted from the start instead, a short
+    sample charges every pipeline for its start-up and for the batches it decoded ahead
+    and never delivered. Every batch is copied into a staging buffer, as
+    ``.to(device)`` would read it: a loader whose batches arrive in shared memory is
+    charged for touching them, whichever process pays for that."""
+    start = time.perf_counter()
     it = make_iter()
-    n, staging = 0, None
+    n, staging, batches, first = 0, None, 0, None
+    wall0 = cpu0 = t0 = None
+    if warmup == 0:  # (the smoke test's one-batch epochs) from the start, start-up included
+        wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
     for x, _ in it:
         assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, size, size)
         if staging is None or staging.shape != x.shape:
             staging = torch.empty(x.shape, dtype=torch.uint8)
         staging.copy_(x)
-        n += len(x)
-        if n >= images:
-            break
-    wall = time.perf_counter() - wall0
-    t1 = os.times()
+        batches += 1
+        if first is None:
+            first = time.perf_counter() - start
+        if warmup and batches == warmup:
+            wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
+        elif batches > warmup:
+            n += len(x)
+            if n >= images:
+                break
+    if wall0 is None or n == 0:
+        raise RuntimeError(f"the pipeline gave {batches} batches: too few to measure after {warmup} of warm-up")
+    wall, cpu, t1 = time.perf_counter() - wall0, cpu_seconds() - cpu0, os.times()
     if hasattr(it, "close"):
         it.close()
-    del it  # workers are joined here, so that their CPU time is counted
+    del it
     time.sleep(0.3)
     own = (t1.user - t0.user) + (t1.system - t0.system)
-    return n / wall, n / max(cpu_seconds() - cpu0, 1e-9), n, own / n * 1e3
+    return n / wall, n / max(cpu, 1e-9), n, own / n * 1e3, first
 
 
 def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int, float]:
@@ -416,7 +455,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--test-per-class", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2, help="decode processes, for both pipelines")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--measure-images", type=int, default=3000, help="images per throughput sample")
+    ap.add_argument("--measure-images", type=int, default=4096,
+                    help="images per throughput sample, after --warmup-batches")
+    ap.add_argument("--warmup-batches", type=int, default=WARMUP_BATCHES,
+                    help="batches before the clocks start (default %(default)s; 0: count the start-up too)")
     ap.add_argument("--image-sizes", default="224,128", help="output sizes; the goal is about 224")
     ap.add_argument("--memory-epochs", type=int, default=2)
     ap.add_argument("--cache-shards", type=int, default=4, help="shards in the slow-storage cache test")
@@ -433,7 +475,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.smoke:
         args.images, args.classes, args.test_per_class = 96, 4, 2
-        args.repeats, args.measure_images, args.cache_shards = 1, 40, 2
+        args.repeats, args.measure_images, args.cache_shards, args.warmup_batches = 1, 40, 2, 0
         args.latency, args.bandwidth_mb, args.workers = 0.02, 50.0, min(args.workers, 1)
     torch.set_num_threads(1)
     cache = Path(args.cache_dir or os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
@@ -496,16 +538,16 @@ def main(argv: list[str] | None = None) -> dict:
                                               desc="throughput", unit="run"):
             order.append(name)
             seed = args.seed * 1000 + r
+            sample = (args.measure_images, size, args.warmup_batches)
             if kind == "hasten":
-                samples[name].append(measure(hasten_iter(size, seed), args.measure_images, size))
+                samples[name].append(measure(hasten_iter(size, seed), *sample))
             elif kind == "baseline":
-                samples[name].append(measure(baseline_iter(size, seed), args.measure_images, size))
+                samples[name].append(measure(baseline_iter(size, seed), *sample))
             elif kind == "presized":
                 samples[name].append(measure(lambda: iter(ShardLoader(presized, batch_size=256, image_size=size,
-                                                                      workers=k, seed=seed)),
-                                             args.measure_images, size))
+                                                                      workers=k, seed=seed)), *sample))
             elif kind == "dali":
-                samples[name].append(measure(dali_iter(size, seed), args.measure_images, size))
+                samples[name].append(measure(dali_iter(size, seed), *sample))
             else:
                 samples[name].append(decode_only(floor_paths, kind))
         stages = {str(size): stage_breakdown(shards, size, min(768, shards.total), seed=args.seed) for size in sizes}
@@ -519,6 +561,7 @@ def main(argv: list[str] | None = None) -> dict:
                       "images_per_s_per_core": stats([s[1] for s in samples[name]]),
                       "images_per_s_wall": stats([s[0] for s in samples[name]]),
                       "loading_process_ms_per_image": stats([s[3] for s in samples[name]]),
+                      "seconds_to_first_batch": stats([s[4] for s in samples[name]]) if size else None,
                       "images_per_sample": samples[name][0][2]}
     def ratio(a: str, b: str) -> dict:
         """Mean over mean, and per repeat (the repeats ran in the same shuffled rounds)."""
@@ -540,6 +583,9 @@ def main(argv: list[str] | None = None) -> dict:
                  "shard_mb": round(data_mb / len(shards), 1), "train_mb": round(data_mb, 1),
                  "mean_jpeg_kb": round(data_mb * 1e3 / shards.total, 1), "cache_dir_name": folder.parent.name},
         "workers": k, "batch_size": 256, "repeats": args.repeats, "run_order": order,
+        "measured": {"images_per_sample": args.measure_images, "warmup_batches": args.warmup_batches,
+                     "cpu": "user + system of the process's threads and its live worker processes, from /proc, "
+                            "between the end of the warm-up and the last batch"},
         "pipelines": rows,
         "images_per_s_per_core": {name: row["images_per_s_per_core"]["mean"] for name, row in rows.items()},
         "speedup_per_core": speedup,
