@@ -80,11 +80,11 @@ from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_peers import dali_cpu_iter, dali_unavailable_reason  # noqa: E402 - a sibling benchmark module
+from pipeline_peers import (WARMUP_BATCHES, dali_cpu_iter, dali_unavailable_reason, measure,  # noqa: E402
+                            torchvision_sample, torchvision_unavailable_reason, torchvision_versions)
 
 RESULTS = Path(__file__).parent / "results"
 GOAL_SPEEDUP, GOAL_CACHE, GOAL_OVER_DALI = 2.5, 3.0, 2.0
-WARMUP_BATCHES = 4  # batches before the clocks start: two per worker, as the loaders queue them
 FORMAT = 1  # bump when the generated images change
 
 
@@ -197,76 +197,6 @@ def image_files(folder: Path, split: str = "train") -> list[tuple[str, int]]:
 # ----------------------------------------------------------------------------
 # Measurements
 # ----------------------------------------------------------------------------
-
-def cpu_seconds() -> float:
-    """User + system CPU of this process (all its threads: DALI's) and of its live
-    descendants (worker processes), from /proc. ``os.times()``'s children fields would
-    count workers only once they have exited, so not over a window in steady state."""
-    t = os.times()
-    total = t.user + t.system
-    tick = os.sysconf("SC_CLK_TCK")
-    todo, seen = [os.getpid()], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            kids = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
-                    for c in (task / "children").read_text().split()]
-        except OSError:
-            kids = []  # exited meanwhile
-        for kid in kids:
-            try:
-                fields = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            except (OSError, IndexError, ValueError):
-                continue
-            todo.append(kid)
-    return total
-
-
-def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> tuple[float, float, int, float, float]:
-    """(images per wall second, images per CPU-second, images, CPU ms per image of this
-    process alone, seconds to the first batch) in steady state: the clocks start after
-    ``warmup`` batches (workers started, read-ahead and shuffle buffer filled, queues
-    full) and stop at a batch boundary ``images`` later. The work in flight (batches
-    decoded ahead, whatever the pipeline) is then about the same at both ends, so the
-    CPU between them is what those images cost; counted from the start instead, a short
-    sample charges every pipeline for its start-up and for the batches it decoded ahead
-    and never delivered. Every batch is copied into a staging buffer, as
-    ``.to(device)`` would read it: a loader whose batches arrive in shared memory is
-    charged for touching them, whichever process pays for that."""
-    start = time.perf_counter()
-    it = make_iter()
-    n, staging, batches, first = 0, None, 0, None
-    wall0 = cpu0 = t0 = None
-    if warmup == 0:  # (the smoke test's one-batch epochs) from the start, start-up included
-        wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
-    for x, _ in it:
-        assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, size, size)
-        if staging is None or staging.shape != x.shape:
-            staging = torch.empty(x.shape, dtype=torch.uint8)
-        staging.copy_(x)
-        batches += 1
-        if first is None:
-            first = time.perf_counter() - start
-        if warmup and batches == warmup:
-            wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
-        elif batches > warmup:
-            n += len(x)
-            if n >= images:
-                break
-    if wall0 is None or n == 0:
-        raise RuntimeError(f"the pipeline gave {batches} batches: too few to measure after {warmup} of warm-up")
-    wall, cpu, t1 = time.perf_counter() - wall0, cpu_seconds() - cpu0, os.times()
-    if hasattr(it, "close"):
-        it.close()
-    del it
-    time.sleep(0.3)
-    own = (t1.user - t0.user) + (t1.system - t0.system)
-    return n / wall, n / max(cpu, 1e-9), n, own / n * 1e3, first
-
 
 def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int, float]:
     """Full-size decodes in this process: (images per wall second, per CPU-second, images, CPU ms per image)."""
@@ -470,6 +400,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-side", type=int, default=256, help="also measure a copy packed with hasten data pack "
                     "--max-side (FFCV's max_resolution; 0: skip)")
+    ap.add_argument("--torchvision-python", default=os.environ.get("HASTEN_TORCHVISION_PYTHON"),
+                    help="a Python with torch and torchvision (its own venv) for the torchvision peer "
+                         "(default $HASTEN_TORCHVISION_PYTHON; none: skipped)")
     ap.add_argument("--out", default=None, help=f"JSON path (default {RESULTS / 'imagenet_pipeline.json'})")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (checks that it runs)")
     args = ap.parse_args(argv)
@@ -519,11 +452,20 @@ def main(argv: list[str] | None = None) -> dict:
     def dali_iter(size, seed):
         return dali_cpu_iter(files, size, 256, threads=k, seed=seed)
 
+    tv_reason = torchvision_unavailable_reason(args.torchvision_python)
+    if tv_reason:
+        print(f"torchvision peer skipped: {tv_reason}", file=sys.stderr)
+    else:
+        files_json = cache / "imagenet-like" / f"files-{len(files)}.json"
+        write_json(files_json, files)
+
     configs = []
     for size in sizes:
         configs += [(f"hasten fused {size}", "hasten", size), (f"torch DataLoader {size}", "baseline", size)]
         if not dali_reason:
             configs.append((f"DALI CPU {size}", "dali", size))
+        if not tv_reason:
+            configs.append((f"torchvision DataLoader {size}", "torchvision", size))
         if presized is not None:
             configs.append((f"hasten fused {size}, max side {args.max_side}", "presized", size))
     decoders = ["pillow"] + (["simplejpeg"] if decode.simplejpeg is not None else [])
@@ -548,6 +490,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                                       workers=k, seed=seed)), *sample))
             elif kind == "dali":
                 samples[name].append(measure(dali_iter(size, seed), *sample))
+            elif kind == "torchvision":
+                samples[name].append(torchvision_sample(args.torchvision_python, files_json, size,
+                                                        args.measure_images, args.warmup_batches, k, seed))
             else:
                 samples[name].append(decode_only(floor_paths, kind))
         stages = {str(size): stage_breakdown(shards, size, min(768, shards.total), seed=args.seed) for size in sizes}
@@ -591,6 +536,10 @@ def main(argv: list[str] | None = None) -> dict:
         "speedup_per_core": speedup,
         "speedup_per_core_over_dali": over_dali,
         "dali": dali_reason or "measured",
+        "torchvision": tv_reason or f"measured (torch, torchvision: {torchvision_versions(args.torchvision_python)})",
+        "speedup_per_core_over_torchvision": {
+            str(size): ratio(f"hasten fused {size}", f"torchvision DataLoader {size}") for size in sizes
+            if f"torchvision DataLoader {size}" in rows},
         "over_simplejpeg_full_decode": floor,
         "stages": stages,
         "rss_mb": memory,
@@ -619,6 +568,9 @@ def main(argv: list[str] | None = None) -> dict:
     for size, s in speedup.items():
         print(f"speedup per core over the Pillow DataLoader at {size}: {s['mean']:.2f}x (goal {GOAL_SPEEDUP}x); "
               f"per repeat {s['per_repeat']}")
+    for size, s in result["speedup_per_core_over_torchvision"].items():
+        print(f"over torchvision decode_jpeg + v2 in a DataLoader at {size}: {s['mean']:.2f}x; per repeat "
+              f"{s['per_repeat']}")
     for size, s in over_dali.items():
         print(f"over DALI's CPU pipeline at {size}: {s['mean']:.2f}x (goal {GOAL_OVER_DALI}x); per repeat {s['per_repeat']}")
     if floor:

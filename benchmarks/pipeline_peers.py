@@ -27,12 +27,19 @@ permutation as hasten's and the DataLoader's are.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 
 DALI_PIP = "nvidia-dali-cuda120"
+WARMUP_BATCHES = 4  # batches before the clocks start: two per worker, as the loaders queue them
 _reason: str | None | bool = False  # False: not checked yet
 
 
@@ -104,3 +111,163 @@ def dali_cpu_iter(files: list[tuple[str, int]], size: int, batch_size: int, thre
             del p  # stops DALI's threads before the caller reads the CPU clock
 
     return make
+
+
+# ----------------------------------------------------------------------------
+# Measurement (shared by every pipeline, in this interpreter or another)
+# ----------------------------------------------------------------------------
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process (all its threads: DALI's) and of its live
+    descendants (worker processes), from /proc. ``os.times()``'s children fields would
+    count workers only once they have exited, so not over a window in steady state."""
+    t = os.times()
+    total = t.user + t.system
+    tick = os.sysconf("SC_CLK_TCK")
+    todo, seen = [os.getpid()], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            kids = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (task / "children").read_text().split()]
+        except OSError:
+            kids = []  # exited meanwhile
+        for kid in kids:
+            try:
+                fields = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            except (OSError, IndexError, ValueError):
+                continue
+            todo.append(kid)
+    return total
+
+
+def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> tuple[float, float, int, float, float]:
+    """(images per wall second, images per CPU-second, images, CPU ms per image of this
+    process alone, seconds to the first batch) in steady state: the clocks start after
+    ``warmup`` batches (workers started, read-ahead and shuffle buffer filled, queues
+    full) and stop at a batch boundary ``images`` later. The work in flight (batches
+    decoded ahead, whatever the pipeline) is then about the same at both ends, so the
+    CPU between them is what those images cost; counted from the start instead, a short
+    sample charges every pipeline for its start-up and for the batches it decoded ahead
+    and never delivered. Every batch is copied into a staging buffer, as
+    ``.to(device)`` would read it: a loader whose batches arrive in shared memory is
+    charged for touching them, whichever process pays for that."""
+    start = time.perf_counter()
+    it = make_iter()
+    n, staging, batches, first = 0, None, 0, None
+    wall0 = cpu0 = t0 = None
+    if warmup == 0:  # (the smoke test's one-batch epochs) from the start, start-up included
+        wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
+    for x, _ in it:
+        assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, size, size)
+        if staging is None or staging.shape != x.shape:
+            staging = torch.empty(x.shape, dtype=torch.uint8)
+        staging.copy_(x)
+        batches += 1
+        if first is None:
+            first = time.perf_counter() - start
+        if warmup and batches == warmup:
+            wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
+        elif batches > warmup:
+            n += len(x)
+            if n >= images:
+                break
+    if wall0 is None or n == 0:
+        raise RuntimeError(f"the pipeline gave {batches} batches: too few to measure after {warmup} of warm-up")
+    wall, cpu, t1 = time.perf_counter() - wall0, cpu_seconds() - cpu0, os.times()
+    if hasattr(it, "close"):
+        it.close()
+    del it
+    time.sleep(0.3)
+    own = (t1.user - t0.user) + (t1.system - t0.system)
+    return n / wall, n / max(cpu, 1e-9), n, own / n * 1e3, first
+
+
+
+# ----------------------------------------------------------------------------
+# torchvision: decode_jpeg + transforms.v2 in a DataLoader, in its own interpreter
+# ----------------------------------------------------------------------------
+
+class TorchvisionRRC(torch.utils.data.Dataset):
+    """What the torchvision documentation suggests for fast JPEG loading: the file's bytes
+    (``read_file``), ``decode_jpeg`` (libjpeg-turbo, full image, CHW uint8), then
+    ``transforms.v2`` ``RandomResizedCrop(size)`` (bilinear, antialiased: v2's default)
+    and ``RandomHorizontalFlip``."""
+
+    def __init__(self, files: list[tuple[str, int]], size: int):
+        from torchvision.transforms import v2
+
+        self.files = files
+        self.transform = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+        path, label = self.files[i]
+        return self.transform(decode_jpeg(read_file(path), mode=ImageReadMode.RGB)), label
+
+
+def torchvision_iter(files: list[tuple[str, int]], size: int, batch_size: int, workers: int,
+                     seed: int) -> Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]:
+    """As ``dali_cpu_iter``: one epoch of the torchvision pipeline in a DataLoader."""
+    def make():
+        return iter(torch.utils.data.DataLoader(TorchvisionRRC(files, size), batch_size=batch_size, shuffle=True,
+                                                num_workers=workers,
+                                                generator=torch.Generator().manual_seed(seed)))
+    return make
+
+
+def torchvision_unavailable_reason(python: str | None) -> str | None:
+    """None when ``python`` imports torchvision with a working ``decode_jpeg``, else one line."""
+    if not python:
+        return ("no interpreter with torchvision given (--torchvision-python; torchvision on PyPI does not import "
+                "beside torch 2.13.0+cpu: make a venv with pip install torch==2.14.1 torchvision==0.29.1)")
+    probe = ("import torch, torchvision, torchvision.io as io; "
+             "print(torch.__version__, torchvision.__version__)")
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{python} does not run: {e}"
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return f"torchvision does not import in {python}: {last}"
+    return None
+
+
+def torchvision_versions(python: str) -> str:
+    out = subprocess.run([python, "-c", "import torch, torchvision; print(torch.__version__, torchvision.__version__)"],
+                         capture_output=True, text=True, timeout=300)
+    return out.stdout.strip()
+
+
+def torchvision_sample(python: str, files_json: str | os.PathLike, size: int, images: int, warmup: int,
+                       workers: int, seed: int) -> tuple[float, float, int, float, float]:
+    """One ``measure`` sample of the torchvision pipeline, taken in ``python`` (another
+    interpreter: its torch and torchvision), through this file's ``peer_main``."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import pipeline_peers; "
+            "sys.exit(pipeline_peers.peer_main(sys.argv[1:]))")
+    out = subprocess.run([python, "-c", code, "torchvision", str(files_json), str(size), str(images), str(warmup),
+                          str(workers), str(seed)], capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        raise RuntimeError(f"torchvision peer failed: {out.stderr.strip()[-1500:]}")
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def peer_main(argv: list[str]) -> int:
+    """``torchvision FILES_JSON SIZE IMAGES WARMUP WORKERS SEED``: print one sample as JSON."""
+    kind, files_json, size, images, warmup, workers, seed = argv
+    if kind != "torchvision":
+        raise SystemExit(f"unknown peer {kind!r}")
+    torch.set_num_threads(1)
+    files = [tuple(f) for f in json.loads(Path(files_json).read_text())]
+    size = int(size)
+    print(json.dumps(measure(torchvision_iter(files, size, 256, int(workers), int(seed)), int(images), size,
+                             int(warmup))))
+    return 0
