@@ -179,6 +179,9 @@ def read_header(data: bytes, name: str = "<bytes>") -> Header:
                   lib.tj3Get(h, _TJPARAM_SUBSAMP))
 
 
+EDGE = 2  # pixels decoded beyond each side of a region (see decode_region); 2 measured enough, tests check it
+
+
 def scaled(dim: int, num: int, denom: int) -> int:
     """TJSCALED: a dimension at scaling factor num/denom (rounded up, as the IDCT outputs it)."""
     return (dim * num + denom - 1) // denom
@@ -207,17 +210,24 @@ def decode_region(data: bytes, box: tuple[int, int, int, int] | None = None, sca
     top, left, height, width = box if box is not None else (0, 0, sh, sw)
     if not (0 <= top and 0 <= left and height > 0 and width > 0 and top + height <= sh and left + width <= sw):
         raise ValueError(f"box {box} outside the {sw}x{sh} scaled image")
+    # A margin around the box inside the image: at the edges of a cropping region,
+    # libjpeg-turbo upsamples chroma without the neighbouring samples (the first and
+    # last rows, the last column, differ from a full decode by a few levels); decoded
+    # with EDGE more pixels on each side, the box's own pixels are a full decode's.
+    m_top, m_bottom = min(EDGE, top), min(EDGE, sh - top - height)
     subsamp = lib.tj3Get(h, _TJPARAM_SUBSAMP)
     if 0 <= subsamp < len(_MCU_WIDTH):
         step = scaled(_MCU_WIDTH[subsamp], num, denom)
-        x = left - left % step
-        w = left + width - x
+        start = max(0, left - EDGE)
+        x = start - start % step
+        w = min(sw, left + width + EDGE) - x
     else:  # unknown subsampling: libturbojpeg refuses column cropping; rows still skip
         x, w = 0, sw
-    region = _Region(x, top, w, height) if (x, top, w, height) != (0, 0, sw, sh) else _Region(0, 0, 0, 0)
+    y, rows = top - m_top, height + m_top + m_bottom
+    region = _Region(x, y, w, rows) if (x, y, w, rows) != (0, 0, sw, sh) else _Region(0, 0, 0, 0)
     if lib.tj3SetCroppingRegion(h, region) != 0:
-        raise _error(lib, h, name, f"cannot crop to {(x, top, w, height)}")
-    out = np.empty((height, w, 3), dtype=np.uint8)
+        raise _error(lib, h, name, f"cannot crop to {(x, y, w, rows)}")
+    out = np.empty((rows, w, 3), dtype=np.uint8)
     if lib.tj3Decompress8(h, data, len(data), out.ctypes.data, w * 3, _TJPF_RGB) != 0:
         raise _error(lib, h, name, "cannot decode")
-    return out, (top, x)
+    return out[m_top:m_top + height, :left + width - x], (top, x)

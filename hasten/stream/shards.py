@@ -61,7 +61,7 @@ from hasten.data.workers import ordered_map
 from hasten.echo.stages import check_buffer_size, shuffle_buffer
 from hasten.errors import DataError
 from hasten.stream.decode_pool import MIN_COUNTED
-from hasten.stream.fused_crop import example_rng, fused_crop
+from hasten.stream.fused_crop import ExampleRngs, fused_crop
 from hasten.stream.loader import to_device
 
 INDEX = "index.json"
@@ -539,12 +539,13 @@ def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: i
     # a file descriptor (torch's pickling of shared tensors), not as bytes through a pipe.
     stacked = shared_uint8(shape) if mp.parent_process() is not None else torch.empty(shape, dtype=torch.uint8)
     view = stacked.numpy()
+    rngs = ExampleRngs()  # example_rng's streams, without making a generator per example
     for place, r in chunk:
         if r.reason is not None:
             bad.append((r.name, r.reason))
             continue
         try:
-            rng = example_rng(seed, epoch, r.key) if train else None
+            rng = rngs(seed, epoch, r.key) if train else None
             # Each crop is written straight into its slot of the chunk (no second copy).
             fused_crop(r.data, r.name, image_size, rng=rng, out=view[len(keys)], antialias=antialias)
         except BadImageError as e:
