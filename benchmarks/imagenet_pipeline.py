@@ -214,10 +214,11 @@ def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int, floa
 
 def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int = 0) -> dict:
     """CPU ms per image of each stage of hasten's path, in one process (one torch thread):
-    the loading process's part (read the shard, parse the tar, pack a batch's bytes into
-    shared memory) and a decode worker's (unpack, header and crop box, decode, resize,
-    flip and place in the batch). Measured by wrapping the functions the loader calls, so
-    the split follows the code; "other" is the rest of ``decode_chunk``."""
+    the loading process's part (scan the shard's tar headers, pack a chunk's records for
+    a worker) and a decode worker's (unpack, read the image's bytes from the shard file,
+    header and crop box, decode, resize into the batch, flip). Measured by wrapping the
+    functions the loader calls, so the split follows the code; "other" is the rest of
+    ``decode_chunk``."""
     from hasten.data import turbojpeg
     from hasten.stream import fused_crop as fc
     from hasten.stream import shards as sh
@@ -234,27 +235,23 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
         return wrapper
 
     originals = [(turbojpeg, "decode_region"), (fc, "resize_whole"), (fc, "_finish"), (fc, "decode_scaled"),
-                 (fc, "resize_box"), (sh.PackedChunk, "unpacked")]
+                 (fc, "resize_box"), (sh, "read_member")]
     saved = [getattr(o, a) for o, a in originals]
-    labels = ["decode (region, libturbojpeg)", "resize", "flip + place in batch", "decode (simplejpeg/Pillow)",
-              "resize", "unpack in worker"]
-    records, parsed, i, buffer = [], 0, 0, None
-    t_read = t_parse = 0.0
+    labels = ["decode (region, libturbojpeg)", "resize (into the batch)", "flip (in the batch)",
+              "decode (simplejpeg/Pillow)", "resize", "read the image's bytes (pread)"]
+    records, i, t_scan = [], 0, 0.0
     while len(records) < images and i < len(shards):
         t = time.process_time()
-        buffer, data = shards.read_into(i, buffer)  # as the loader reads: into a reused buffer
-        t_read += time.process_time() - t
-        t = time.process_time()
-        got = sh.read_shard(data, shards.names[i])
-        t_parse += time.process_time() - t
-        parsed += len(got)
-        records += [(j, r) for j, r in enumerate(got, start=len(records))]
+        got = sh.scan_shard(shards.paths[i], shards.names[i])  # as the loader reads local shards
+        t_scan += time.process_time() - t
+        records += got
         i += 1
+    parsed = len(records)
     records = records[:images]
-    for (_, r), k in zip(records, range(len(records))):
+    for k, r in enumerate(records):
         r.key = k
-    chunks = [records[j:j + 256] for j in range(0, len(records), 256)]
-    pool = sh.BufferPool()  # as the loader packs: into reused shared-memory buffers
+    chunks = [list(enumerate(records[j:j + 256], start=j)) for j in range(0, len(records), 256)]
+    pool = sh.BufferPool()  # as the loader packs: records only, images stay in the shard file
     t_pack = t_total = 0.0
     try:
         for (o, a), label in zip(originals, labels):
@@ -271,10 +268,10 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
         for (o, a), fn in zip(originals, saved):
             setattr(o, a, fn)
     n = len(records)
-    per = {"loading process: read shard": t_read / parsed, "loading process: parse tar": t_parse / parsed,
-           "loading process: pack into shared memory": t_pack / n}
+    per = {"loading process: scan the shard's tar headers": t_scan / parsed,
+           "loading process: pack records for a worker": t_pack / n}
     per.update({f"worker: {k}": v / n for k, v in spent.items()})
-    per["worker: other (header, crop box, bookkeeping)"] = (t_total - sum(spent.values())) / n
+    per["worker: other (unpack, header, crop box, generator, bookkeeping)"] = (t_total - sum(spent.values())) / n
     return {"images": n, "image_size": size, "ms_per_image": {k: round(v * 1e3, 4) for k, v in per.items()},
             "total_ms_per_image": round(sum(per.values()) * 1e3, 4),
             "decoder": "libturbojpeg partial decode" if turbojpeg.available() else

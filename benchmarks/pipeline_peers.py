@@ -153,7 +153,8 @@ def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> 
     decoded ahead, whatever the pipeline) is then about the same at both ends, so the
     CPU between them is what those images cost; counted from the start instead, a short
     sample charges every pipeline for its start-up and for the batches it decoded ahead
-    and never delivered. Every batch is copied into a staging buffer, as
+    and never delivered. Every batch is copied into a staging buffer (in its own memory
+    format), as
     ``.to(device)`` would read it: a loader whose batches arrive in shared memory is
     charged for touching them, whichever process pays for that."""
     start = time.perf_counter()
@@ -164,8 +165,10 @@ def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> 
         wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
     for x, _ in it:
         assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, size, size)
-        if staging is None or staging.shape != x.shape:
-            staging = torch.empty(x.shape, dtype=torch.uint8)
+        if staging is None or staging.shape != x.shape or staging.stride() != x.stride():
+            # In the batch's own memory format, as .to(device) keeps it (channels_last stays
+            # channels_last): a copy, not a transpose.
+            staging = torch.empty_like(x)
         staging.copy_(x)
         batches += 1
         if first is None:

@@ -1,5 +1,6 @@
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -9,7 +10,8 @@ import torch
 
 from hasten.errors import DataError
 from hasten.stream.pack import pack
-from hasten.stream.shards import ShardFiles, ShardLoader, epoch_plan, open_shards, plan_records, read_shard
+from hasten.stream.shards import (ShardFiles, ShardLoader, epoch_plan, open_shards, plan_records, read_member,
+                                  read_shard, scan_shard)
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +173,55 @@ def test_local_shards_are_read_into_reused_buffers_with_the_same_records(packed,
     assert same is got
 
 
+def test_scanned_shards_give_the_same_records_and_the_workers_read_the_same_bytes(packed):
+    shards = open_shards(packed, "train")
+    plan = epoch_plan(shards.examples, epoch=1, seed=5, buffer=16)
+    eager = list(plan_records(shards, plan, 0, prefetch=2))
+    lazy = list(plan_records(shards, plan, 0, prefetch=2, lazy=True))
+    assert [(t, r.key, r.name, r.label, r.reason) for t, r in lazy] == \
+        [(t, r.key, r.name, r.label, r.reason) for t, r in eager]
+    assert all(r.data is None and r.where is not None for _, r in lazy)  # no image bytes in this process
+    assert all(read_member(a.where) == b.data for (_, a), (_, b) in zip(lazy, eager))
+    # Scanning checks what reading checks: the index's example count and size.
+    with pytest.raises(DataError, match="index says"):
+        scan_shard(shards.paths[0], shards.names[0], expected=shards.examples[0] + 1)
+    with pytest.raises(DataError, match="index says"):
+        scan_shard(shards.paths[0], shards.names[0], size=shards.sizes[0] + 512)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_shard_changed_after_it_was_scanned_costs_its_examples_not_the_run(tmp_path, photo_jpeg, workers,
+                                                                             monkeypatch):
+    """The file is cut (or copied over) between the scan and the workers' reads: its
+    examples are skipped and counted by name, never decoded from other bytes."""
+    import hasten.stream.shards as sh
+
+    rng = np.random.default_rng(1)
+    _write_shard(tmp_path / "shard-000000.tar", [m for i in range(6) for m in
+                                                 ((f"{i}.jpg", photo_jpeg(rng, 40, 50)), (f"{i}.cls", b"1"))])
+    path = tmp_path / "shard-000000.tar"
+    real_scan = sh.scan_shard
+
+    def scan_then_cut(*a, **kw):
+        records = real_scan(*a, **kw)
+        with open(path, "r+b") as f:
+            f.truncate(records[3].where[1])  # from the fourth image on, the bytes are gone
+        os.utime(path, ns=(1, 1))  # (a clock too coarse to see the change must not matter)
+        return records
+
+    monkeypatch.setattr(sh, "scan_shard", scan_then_cut)
+    loader = ShardLoader(open_shards(tmp_path), batch_size=8, image_size=16, train=False, max_bad_fraction=1.0,
+                         workers=workers)
+    assert list(loader) == []
+    assert {name for name, _ in loader.skipped} == {f"shard-000000.tar:{i}.jpg" for i in range(6)}
+    assert all("changed after it was scanned" in why for _, why in loader.skipped)
+    # Bytes that come short of the scanned size are an error too.
+    _write_shard(path, [("0.jpg", photo_jpeg(rng, 40, 50)), ("0.cls", b"1")])
+    where = real_scan(path, "s")[0].where
+    with pytest.raises(OSError, match="shorter"):
+        read_member((where[0], where[1], 10**9, where[3]))
+
+
 def test_position_is_checked_against_the_epoch(packed):
     loader = ShardLoader(open_shards(packed, "train"), batch_size=4)
     with pytest.raises(ValueError, match="outside"):
@@ -306,3 +357,6 @@ def test_pax_and_long_names_are_read_by_the_standard_library(tmp_path, photo_jpe
     shards = open_shards(tmp_path)
     (record,) = read_shard(shards[0], shards.names[0], expected=1)
     assert record.data == data and record.label == 2 and record.name.endswith(f"{long_key}.jpg")
+    assert scan_shard(shards.paths[0], shards.names[0]) is None  # left to tarfile: the loader reads it whole
+    (x, y), = list(ShardLoader(shards, batch_size=4, image_size=16, train=False, workers=1))
+    assert y.tolist() == [2]

@@ -213,6 +213,9 @@ class Record:
     data: bytes | None
     label: int
     reason: str | None = None
+    # (shard file, offset, size, the file's identity when scanned) of the image's bytes, when
+    # the worker that decodes it reads them itself (``scan_shard``) instead of receiving them.
+    where: tuple[str, int, int, tuple[int, int, int]] | None = None
 
 
 def read_shard(data: bytes, name: str, *, expected: int | None = None, size: int | None = None) -> list[Record]:
@@ -247,6 +250,34 @@ def read_shard(data: bytes, name: str, *, expected: int | None = None, size: int
 _ZERO_BLOCK = bytes(512)
 
 
+class _Extension(Exception):
+    """A tar header this reader leaves to ``tarfile`` (pax, GNU long names, links, ...)."""
+
+
+def _header(header: bytes, offset: int, n: int, name: str) -> tuple[str | None, int]:
+    """(member name, or None for a directory; content size) of the plain ustar/GNU tar
+    header at ``offset`` of a file of ``n`` bytes. Raises ``_Extension`` for what only
+    ``tarfile`` reads, ``DataError`` for a damaged header or a member cut off."""
+    kind = header[156:157]
+    if kind not in (b"0", b"\0", b"5"):
+        raise _Extension  # pax or GNU long-name headers, links, ...
+    try:
+        size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+        checksum = int(header[148:156].split(b"\0", 1)[0].strip(), 8)
+    except ValueError:
+        raise _Extension from None  # base-256 sizes of huge members, or a damaged header: tarfile decides
+    if checksum != sum(header) - sum(header[148:156]) + 8 * 32:
+        raise _truncated(name, f"bad tar header checksum at byte {offset}")
+    if offset + 512 + size > n:
+        raise _truncated(name, f"a member ends past the end of the file (byte {offset + 512 + size} of {n})")
+    if kind == b"5":
+        return None, size
+    member = header[:100].split(b"\0", 1)[0]
+    if header[257:263] == b"ustar\x00" and header[345] != 0:  # POSIX ustar: a name prefix
+        member = header[345:500].split(b"\0", 1)[0] + b"/" + member
+    return member.decode("utf-8", "surrogateescape"), size
+
+
 def _plain_members(data: bytes, name: str) -> list[tuple[str, bytes]] | None:
     """(name, bytes) of the regular files of a plain ustar/GNU tar, read from its
     headers directly (tarfile's per-member objects cost about as much as a small
@@ -256,29 +287,120 @@ def _plain_members(data: bytes, name: str) -> list[tuple[str, bytes]] | None:
         header = bytes(data[offset:offset + 512])
         if header == _ZERO_BLOCK:
             return out
-        kind = header[156:157]
-        if kind not in (b"0", b"\0", b"5"):
-            return None  # pax or GNU long-name headers, links, ...
         try:
-            size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
-            checksum = int(header[148:156].split(b"\0", 1)[0].strip(), 8)
-        except ValueError:
-            return None  # base-256 sizes of huge members, or a damaged header: tarfile decides
-        if checksum != sum(header) - sum(header[148:156]) + 8 * 32:
-            raise _truncated(name, f"bad tar header checksum at byte {offset}")
+            member, size = _header(header, offset, n, name)
+        except _Extension:
+            return None
         start = offset + 512
-        if start + size > n:
-            raise _truncated(name, f"a member ends past the end of the file (byte {start + size} of {n})")
-        if kind != b"5":
-            member = header[:100].split(b"\0", 1)[0]
-            if header[257:263] == b"ustar\x00" and header[345] != 0:  # POSIX ustar: a name prefix
-                member = header[345:500].split(b"\0", 1)[0] + b"/" + member
+        if member is not None:
             # bytes(...) copies out of a reused buffer (a memoryview); on bytes, slicing already copied.
             content = data[start:start + size]
-            out.append((member.decode("utf-8", "surrogateescape"),
-                        content if isinstance(content, bytes) else bytes(content)))
+            out.append((member, content if isinstance(content, bytes) else bytes(content)))
         offset = start + -(-size // 512) * 512
     raise _truncated(name, "it does not end with the tar end-of-archive blocks")
+
+
+def scan_shard(path: str | os.PathLike, name: str, *, expected: int | None = None,
+               size: int | None = None) -> list[Record] | None:
+    """``read_shard`` without reading the images: the examples of a local shard file from
+    its tar headers (one small read per member), each image as ``Record.where`` (file,
+    offset, size) for the decode worker to read, labels read here. The checks are
+    ``read_shard``'s. None when the tar uses extensions (the caller reads it whole).
+
+    Why: read whole, every image's bytes were copied three times in the loading process
+    (the shard into memory, the record out of it, the batch into shared memory); read
+    where it is decoded, once, in the worker, from the page cache."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise DataError(f"cannot read shard {name}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        n, ident = st.st_size, (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if size is not None and n != size:
+            raise _truncated(name, f"it is {n} bytes, the index says {size}")
+        if n < 1024 or n % 512 or any(os.pread(fd, 1024, n - 1024)):
+            raise _truncated(name, "it does not end with the tar end-of-archive blocks")
+        members: list[tuple[str, int, int, bytes | None]] = []
+        offset = 0
+        while offset + 512 <= n:
+            block = os.pread(fd, 1024, offset)  # the header and the start of the member (a label fits)
+            header = block[:512]
+            if header == _ZERO_BLOCK:
+                break
+            try:
+                member, length = _header(header, offset, n, name)
+            except _Extension:
+                return None
+            start = offset + 512
+            if member is not None:
+                suffix = _split_key(member)[1]
+                if suffix in IMAGE_SUFFIXES:
+                    content = None
+                elif length <= 512:
+                    content = block[512:512 + length]
+                else:
+                    content = os.pread(fd, length, start)
+                members.append((member, start, length, content))
+            offset = start + -(-length // 512) * 512
+        else:
+            raise _truncated(name, "it does not end with the tar end-of-archive blocks")
+    except OSError as e:
+        raise DataError(f"cannot read shard {name}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    groups: list[tuple[str, dict[str, bytes], dict[str, tuple[int, int]]]] = []
+    for member, start, length, content in members:
+        key, suffix = _split_key(member)
+        if not groups or groups[-1][0] != key:
+            groups.append((key, {}, {}))
+        groups[-1][1][suffix] = content if content is not None else b""
+        groups[-1][2][suffix] = (start, length)
+    if expected is not None and len(groups) != expected:
+        raise _truncated(name, f"it holds {len(groups)} examples, the index says {expected}")
+    out, where = [], str(path)
+    for k, (key, parts, spans) in enumerate(groups):
+        r = _record(k, f"{name}:{key}", parts)
+        if r.reason is None:
+            image = next(s for s in IMAGE_SUFFIXES if s in parts)
+            r.data, r.where = None, (where, *spans[image], ident)
+        out.append(r)
+    return out
+
+
+_FILES: dict[tuple, int] = {}  # (shard file, identity) -> descriptor, per process: a worker reads many images
+_MAX_FILES = 16
+
+
+def read_member(where: tuple[str, int, int, tuple[int, int, int]]) -> bytes:
+    """The bytes at (file, offset, size) of the file as ``scan_shard`` saw it;
+    ``OSError`` when they cannot all be read or the file is no longer that file (a
+    shard copied over since: its offsets would point into other bytes)."""
+    path, offset, size, ident = where
+    fd = _FILES.get((path, ident))
+    if fd is None:
+        if len(_FILES) >= _MAX_FILES:  # the oldest first: shards are read one after another
+            os.close(_FILES.pop(next(iter(_FILES))))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino, st.st_mtime_ns) != tuple(ident):
+            os.close(fd)
+            raise OSError("the shard file changed after it was scanned")
+        _FILES[(path, ident)] = fd
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise OSError(f"{len(data)} of {size} bytes at byte {offset}: the file is shorter than when it was scanned")
+    return data
+
+
+def _with_bytes(r: Record) -> Record:
+    """``r`` with its image bytes in ``data`` (read from ``where``), or marked bad if unreadable."""
+    if r.where is None or r.reason is not None:
+        return r
+    try:
+        return Record(r.key, r.name, read_member(r.where), r.label)
+    except OSError as e:
+        return Record(r.key, r.name, None, r.label, f"cannot read its bytes ({e.strerror or e})")
 
 
 def _truncated(name: str, why: str) -> DataError:
@@ -382,9 +504,13 @@ def epoch_plan(counts: Sequence[int], *, epoch: int, seed: int = 0, rank: int = 
     return EpochPlan(shard_order, shard_start, start, stop, order, seed, epoch, shuffle)
 
 
-def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2) -> Iterator[tuple[int, Record]]:
+def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2,
+                 lazy: bool = False) -> Iterator[tuple[int, Record]]:
     """(place in the rank's order, ``Record``) from ``position`` on, reading from
-    ``store`` only the shards that still hold examples due, ``prefetch`` at a time."""
+    ``store`` only the shards that still hold examples due, ``prefetch`` at a time.
+
+    ``lazy``: local shard files (``ShardFiles``) are scanned, not read (``scan_shard``):
+    the records carry where their images are (``Record.where``), for the decoder to read."""
     counts = np.asarray(store.examples, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]) if len(counts) else np.zeros(0, np.int64)
     remaining = plan.order[position:]
@@ -405,20 +531,26 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
     buffers: deque[bytearray] = deque()
 
     def read(s: int):
+        if lazy and isinstance(store, ShardFiles):
+            scanned = scan_shard(store.paths[s], store.names[s], expected=int(counts[s]),
+                                 size=sizes[s] if sizes is not None else None)
+            if scanned is not None:
+                return None, None, scanned
         if isinstance(store, ShardFiles):
-            return store.read_into(s, buffers.popleft() if buffers else None)
-        return None, store[s]
+            return (*store.read_into(s, buffers.popleft() if buffers else None), None)
+        return None, store[s], None
 
     try:
         # Shards are read ``prefetch`` ahead: reads from slow storage overlap like concurrent requests.
         futures = [pool.submit(read, s) for s in wanted[:prefetch]]
         for i, s in enumerate(wanted):
-            buffer, data = futures[i].result()
+            buffer, data, records = futures[i].result()
             futures[i] = None  # the shard's bytes are freed (or their buffer reused) once parsed
             if i + prefetch < len(wanted):
                 futures.append(pool.submit(read, wanted[i + prefetch]))
-            records = read_shard(data, store.names[s], expected=int(counts[s]),
-                                 size=sizes[s] if sizes is not None else None)
+            if records is None:
+                records = read_shard(data, store.names[s], expected=int(counts[s]),
+                                     size=sizes[s] if sizes is not None else None)
             if isinstance(data, memoryview):
                 data.release()
             del data
@@ -471,8 +603,10 @@ class PackedChunk:
     def unpacked(self) -> list[tuple[int, Record]]:
         view, start, out = self.buffer.numpy(), 0, []
         for (place, r), end in zip(self.records, self.ends.tolist()):
-            out.append((place, r if r.reason is not None else
-                        Record(r.key, r.name, view[start:end].tobytes(), r.label)))
+            if r.where is not None or r.reason is not None:
+                out.append((place, _with_bytes(r)))  # the worker reads the image itself
+            else:
+                out.append((place, Record(r.key, r.name, view[start:end].tobytes(), r.label)))
             start = end
         return out
 
@@ -515,7 +649,8 @@ class BufferPool:
 
 def pack_chunk(chunk: list[tuple[int, Record]], pool: BufferPool | None = None) -> PackedChunk:
     """``chunk``'s bytes copied once into a shared-memory buffer (see ``PackedChunk``)."""
-    ends = np.cumsum([len(r.data) if r.reason is None else 0 for _, r in chunk], dtype=np.int64)
+    ends = np.cumsum([len(r.data) if r.reason is None and r.data is not None else 0 for _, r in chunk],
+                     dtype=np.int64)
     total = int(ends[-1]) if len(ends) else 0
     buffer = pool.take(total) if pool is not None else shared_uint8((max(1, total),))
     view, start = buffer.numpy(), 0
@@ -523,7 +658,8 @@ def pack_chunk(chunk: list[tuple[int, Record]], pool: BufferPool | None = None) 
         if end > start:
             view[start:end] = np.frombuffer(r.data, np.uint8)
         start = end
-    return PackedChunk(buffer, ends, [(place, Record(r.key, r.name, None, r.label, r.reason)) for place, r in chunk])
+    return PackedChunk(buffer, ends, [(place, Record(r.key, r.name, None, r.label, r.reason, r.where))
+                                      for place, r in chunk])
 
 
 def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: int, seed: int, epoch: int,
@@ -531,8 +667,7 @@ def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: i
     """Fused decode + crop of a list of (place, Record); bad ones are listed, not raised."""
     if mp.parent_process() is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)  # one thread per worker process, as in DataLoader workers
-    if isinstance(chunk, PackedChunk):
-        chunk = chunk.unpacked()
+    chunk = chunk.unpacked() if isinstance(chunk, PackedChunk) else [(place, _with_bytes(r)) for place, r in chunk]
     labels, keys, places, bad = [], [], [], []
     shape = (len(chunk), image_size, image_size, 3)
     # In a worker, in shared memory from the start: the chunk then travels to the consumer as
@@ -670,11 +805,14 @@ class ShardLoader:
 
     def _epoch(self, epoch: int, position: int, states: deque) -> Iterator[tuple[torch.Tensor, ...]]:
         plan = self.plan(epoch)
-        # With workers, each chunk's bytes are copied once more, into a reused shared-memory
-        # buffer (see PackedChunk). Records are copies out of their shard, not views into it:
-        # a view would keep the whole shard in memory for as long as the shuffle buffer holds
-        # any of its examples (measured: the resident set grew to the size of the data set).
-        records = plan_records(self.shards, plan, position, prefetch=self.prefetch)
+        # Local shard files are scanned, not read: the decode workers read each image's bytes
+        # themselves (scan_shard). From other stores (slow storage, a cache) the shards are
+        # read whole and, with workers, each chunk's bytes copied once more into a reused
+        # shared-memory buffer (PackedChunk). Records are copies out of their shard, not views
+        # into it: a view would keep the whole shard in memory for as long as the shuffle
+        # buffer holds any of its examples (measured: the resident set grew to the size of the
+        # data set).
+        records = plan_records(self.shards, plan, position, prefetch=self.prefetch, lazy=True)
         pool = BufferPool()
         decoded = ordered_map(partial(decode_chunk, image_size=self.image_size, seed=self.seed, epoch=epoch,
                                       train=self.train, antialias=self.antialias),
