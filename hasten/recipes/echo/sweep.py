@@ -349,8 +349,10 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
     for ratio in (*cfg.ratios, cfg.not_bound_ratio):
         # The loader search runs once per R; each timed run then sets the link from its
         # own step-time measurement (current_step_time), keeping the chosen loader.
-        found = journal.run(f"loader R={ratio!r}", lambda: dict(zip(
-            ("chosen", "trials"), best_loader(cfg, data, source_for(cfg, data, ratio, step_s), step_s))))
+        def search(ratio=ratio) -> dict:
+            chosen, trials = best_loader(cfg, data, source_for(cfg, data, ratio, step_s), step_s)
+            return {"chosen": asdict(chosen), "trials": trials}
+        found = journal.run(f"loader R={ratio!r}", search)
         src, trials = Source(**found["chosen"]), found["trials"]
         loaders[ratio] = src
         loader_report[f"R={ratio:g}"] = {"chosen": asdict(src), "trials": trials}
