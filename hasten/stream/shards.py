@@ -20,11 +20,14 @@ examples still to come: resuming reads only the shards that still hold some of
 them, and decodes only those.
 
 Memory stays bounded whatever the size of the set: ``prefetch`` shards read
-ahead (whole shards, as bytes), one shard's worth of examples waiting for their
-turn in the in-shard shuffle, ``shuffle_buffer`` undecoded examples, and
-``prefetch`` decoded chunks. Shards come through any store with ``store[i] ->
-bytes``: ``ShardFiles`` (a file system), possibly behind
-``hasten.stream.slow_storage.SlowStorage`` and ``hasten.stream.shard_cache.ShardCache``.
+ahead, one shard's worth of examples waiting for their turn in the in-shard
+shuffle, ``shuffle_buffer`` undecoded examples, and ``prefetch`` decoded chunks.
+Shards come through any store with ``store[i] -> bytes``: ``ShardFiles`` (a file
+system), possibly behind ``hasten.stream.slow_storage.SlowStorage`` and
+``hasten.stream.shard_cache.ShardCache``. Local shard files are not read by the
+loading process: it scans their tar headers (``scan_shard``) and the decode workers
+read each image's bytes where they decode it (``read_member``), so the examples in
+the buffers are a few dozen bytes each; shards from other stores are read whole.
 Decoding is ``hasten.stream.fused_crop`` in the worker pool of ``hasten.data.workers``.
 
 Bad input: an undecodable image or a missing or unreadable label is skipped and
