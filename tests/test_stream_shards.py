@@ -360,3 +360,43 @@ def test_pax_and_long_names_are_read_by_the_standard_library(tmp_path, photo_jpe
     assert scan_shard(shards.paths[0], shards.names[0]) is None  # left to tarfile: the loader reads it whole
     (x, y), = list(ShardLoader(shards, batch_size=4, image_size=16, train=False, workers=1))
     assert y.tolist() == [2]
+
+
+def _batch_pools(monkeypatch):
+    import hasten.stream.shards as sh
+
+    made = []
+
+    class Spy(sh.BatchPool):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(sh, "BatchPool", Spy)
+    return made
+
+
+@pytest.mark.parametrize("keep", ["batches", "views", "numpy"])
+def test_batches_the_consumer_keeps_are_never_written_over(packed, monkeypatch, keep):
+    """Workers write into reused buffers only once no batch, view or array of them is
+    alive; here everything is kept, so every batch must still hold what it held."""
+    made = _batch_pools(monkeypatch)
+    loader = ShardLoader(open_shards(packed, "train"), batch_size=4, image_size=16, workers=2, seed=1)
+    kept, copies = [], []
+    for x, _ in loader:
+        kept.append(x if keep == "batches" else x[:, :, 2:] if keep == "views" else x.numpy())
+        copies.append(x.clone())
+    assert len(kept) > made[0].cap  # more batches than the pool has buffers
+    for a, b in zip(kept, copies):
+        assert np.array_equal(np.asarray(a), np.asarray(b[:, :, 2:] if keep == "views" else b))
+    assert made[0].unpooled > 0 and made[0].created == made[0].cap
+
+
+def test_batches_the_consumer_lets_go_of_are_reused_with_the_same_pixels(packed, monkeypatch):
+    made = _batch_pools(monkeypatch)
+    reference = [x.clone() for x, _ in ShardLoader(open_shards(packed, "train"), batch_size=4, image_size=16, seed=1)]
+    got = [x.clone() for x, _ in ShardLoader(open_shards(packed, "train"), batch_size=4, image_size=16, workers=2,
+                                              seed=1)]
+    assert all(torch.equal(a, b) for a, b in zip(reference, got)) and len(got) == len(reference)
+    pool = made[-1]
+    assert pool.reused > 0 and pool.unpooled == 0 and pool.created < len(got)

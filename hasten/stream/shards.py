@@ -581,7 +581,7 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
 
 @dataclass
 class DecodedChunk:
-    images: torch.Tensor  # (k, S, S, 3) uint8
+    images: torch.Tensor | None  # (k, S, S, 3) uint8; None: written into the chunk's BatchPool buffer
     labels: np.ndarray  # int64 (k,)
     keys: np.ndarray  # int64 (k,) global example numbers
     places: np.ndarray  # int64 (k,) place in the rank's order
@@ -599,6 +599,7 @@ class PackedChunk:
     buffer: torch.Tensor  # uint8, in shared memory
     ends: np.ndarray  # int64 (k,)
     records: list[tuple[int, Record]]  # (place, Record with data=None)
+    out: torch.Tensor | None = None  # a BatchPool buffer (shared) for the crops, or None: a new one
 
     def __len__(self) -> int:
         return len(self.records)
@@ -650,7 +651,68 @@ class BufferPool:
                 self._free.append(self._out.popleft())
 
 
-def pack_chunk(chunk: list[tuple[int, Record]], pool: BufferPool | None = None) -> PackedChunk:
+class BatchPool:
+    """Shared-memory batches reused from chunk to chunk: a decode worker writes its crops
+    into a buffer the loading process owns (sent with the task), and the consumer's batch
+    is a view of it. A fresh shared batch costs a page fault and a page of zeroes per 4 KB
+    on its first write (measured: a 224 px crop resized into a fresh buffer 0.30 ms, into
+    a reused one 0.19).
+
+    A buffer is handed to a worker again only once nothing outside the pool refers to its
+    memory: no batch, view or numpy array of it is alive (torch's count of the tensors on
+    its storage), so a batch that the consumer keeps (a list, an echo buffer) is never
+    written over; at most ``cap`` buffers, beyond that the worker allocates a new batch
+    (``take`` returns None). Without torch's count (a private function) nothing is reused."""
+
+    _count = getattr(torch._C, "_storage_Use_Count", None)
+
+    def __init__(self, shape: tuple[int, ...], cap: int) -> None:
+        self.shape, self.cap = tuple(shape), int(cap)
+        self._lock = threading.Lock()
+        self._buffers: list[torch.Tensor] = []
+        self._base: list[int] = []  # each buffer's count while only the pool holds it
+        self._busy: set[int] = set()  # sent to a worker, its result not back yet
+        self._in_flight: deque[int | None] = deque()
+        self.reused = self.created = self.unpooled = 0
+
+    def _refs(self, i: int) -> int:
+        return self._count(self._buffers[i].untyped_storage()._cdata)
+
+    def take(self) -> torch.Tensor | None:
+        """A free buffer for the next chunk sent (in the order results will arrive), or None."""
+        with self._lock:
+            if self._count is not None:
+                for i in range(len(self._buffers)):
+                    if i not in self._busy and self._refs(i) <= self._base[i]:
+                        self._busy.add(i)
+                        self._in_flight.append(i)
+                        self.reused += 1
+                        return self._buffers[i]
+                if len(self._buffers) < self.cap:
+                    self._buffers.append(shared_uint8(self.shape))
+                    i = len(self._buffers) - 1
+                    self._base.append(self._refs(i))
+                    self._busy.add(i)
+                    self._in_flight.append(i)
+                    self.created += 1
+                    return self._buffers[i]
+            self._in_flight.append(None)
+            self.unpooled += 1
+            return None
+
+    def arrived(self) -> torch.Tensor | None:
+        """The buffer of the oldest chunk in flight, whose result has just arrived (None if
+        it had none); from now on it is free as soon as nothing else refers to it."""
+        with self._lock:
+            i = self._in_flight.popleft() if self._in_flight else None
+            if i is None:
+                return None
+            self._busy.discard(i)
+            return self._buffers[i]
+
+
+def pack_chunk(chunk: list[tuple[int, Record]], pool: BufferPool | None = None,
+               batches: "BatchPool | None" = None) -> PackedChunk:
     """``chunk``'s bytes copied once into a shared-memory buffer (see ``PackedChunk``)."""
     ends = np.cumsum([len(r.data) if r.reason is None and r.data is not None else 0 for _, r in chunk],
                      dtype=np.int64)
@@ -662,7 +724,7 @@ def pack_chunk(chunk: list[tuple[int, Record]], pool: BufferPool | None = None) 
             view[start:end] = np.frombuffer(r.data, np.uint8)
         start = end
     return PackedChunk(buffer, ends, [(place, Record(r.key, r.name, None, r.label, r.reason, r.where))
-                                      for place, r in chunk])
+                                      for place, r in chunk], batches.take() if batches is not None else None)
 
 
 def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: int, seed: int, epoch: int,
@@ -670,12 +732,21 @@ def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: i
     """Fused decode + crop of a list of (place, Record); bad ones are listed, not raised."""
     if mp.parent_process() is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)  # one thread per worker process, as in DataLoader workers
+    out = chunk.out if isinstance(chunk, PackedChunk) else None
     chunk = chunk.unpacked() if isinstance(chunk, PackedChunk) else [(place, _with_bytes(r)) for place, r in chunk]
     labels, keys, places, bad = [], [], [], []
     shape = (len(chunk), image_size, image_size, 3)
+    if out is not None and (out.shape[0] < len(chunk) or tuple(out.shape[1:]) != shape[1:]):
+        out = None  # (not this chunk's size: a new batch)
     # In a worker, in shared memory from the start: the chunk then travels to the consumer as
-    # a file descriptor (torch's pickling of shared tensors), not as bytes through a pipe.
-    stacked = shared_uint8(shape) if mp.parent_process() is not None else torch.empty(shape, dtype=torch.uint8)
+    # a file descriptor (torch's pickling of shared tensors), not as bytes through a pipe; or
+    # into the loading process's reused buffer, which does not travel back at all.
+    if out is not None:
+        stacked = out[:len(chunk)]
+    elif mp.parent_process() is not None:
+        stacked = shared_uint8(shape)
+    else:
+        stacked = torch.empty(shape, dtype=torch.uint8)
     view = stacked.numpy()
     rngs = ExampleRngs()  # example_rng's streams, without making a generator per example
     for place, r in chunk:
@@ -692,8 +763,9 @@ def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: i
         labels.append(r.label)
         keys.append(r.key)
         places.append(place)
-    return DecodedChunk(stacked[:len(keys)], np.asarray(labels, np.int64), np.asarray(keys, np.int64),
-                        np.asarray(places, np.int64), chunk[-1][0] + 1 if chunk else 0, bad)
+    return DecodedChunk(stacked[:len(keys)] if out is None else None, np.asarray(labels, np.int64),
+                        np.asarray(keys, np.int64), np.asarray(places, np.int64), chunk[-1][0] + 1 if chunk else 0,
+                        bad)
 
 
 def _chunked(items, size: int):
@@ -817,12 +889,15 @@ class ShardLoader:
         # data set).
         records = plan_records(self.shards, plan, position, prefetch=self.prefetch, lazy=True)
         pool = BufferPool()
+        in_flight = max(self.prefetch, 2 * self.workers)  # two chunks per worker keep every worker busy
+        # Batches reused while the consumer lets go of them: the chunks in flight, those waiting
+        # here and in to_device, and a few the consumer holds.
+        batches = BatchPool((self.chunk_size, self.image_size, self.image_size, 3), cap=in_flight + 6)
         decoded = ordered_map(partial(decode_chunk, image_size=self.image_size, seed=self.seed, epoch=epoch,
                                       train=self.train, antialias=self.antialias),
-                              map(partial(pack_chunk, pool=pool), _chunked(records, self.chunk_size)) if self.workers
-                              else _chunked(records, self.chunk_size), workers=self.workers,
-                              # Two chunks per worker keep every worker busy; chunks are small.
-                              prefetch=max(self.prefetch, 2 * self.workers), poll_s=self.poll_s)
+                              map(partial(pack_chunk, pool=pool, batches=batches), _chunked(records, self.chunk_size))
+                              if self.workers else _chunked(records, self.chunk_size), workers=self.workers,
+                              prefetch=in_flight, poll_s=self.poll_s)
         seen, skipped = 0, []
         parts: list[DecodedChunk] = []
         held = 0
@@ -830,6 +905,10 @@ class ShardLoader:
             for chunk in decoded:
                 if self.workers:
                     pool.release_oldest()  # this chunk's worker is done with its input
+                    out = batches.arrived()
+                    if chunk.images is None:  # the worker wrote the crops into our buffer
+                        chunk.images = out[:len(chunk.keys)]
+                    del out
                 seen += len(chunk.keys) + len(chunk.bad)
                 if chunk.bad:
                     skipped.extend(chunk.bad)
