@@ -281,13 +281,13 @@ def _header(header: bytes, offset: int, n: int, name: str) -> tuple[str | None, 
     return member.decode("utf-8", "surrogateescape"), size
 
 
-def _plain_members(data: bytes, name: str) -> list[tuple[str, bytes]] | None:
-    """(name, bytes) of the regular files of a plain ustar/GNU tar, read from its
-    headers directly (tarfile's per-member objects cost about as much as a small
-    decode); None when the shard uses something else, for tarfile to read."""
-    out, offset, n = [], 0, len(data)
+def _walk(read, n: int, name: str) -> list[tuple[str, int, int]] | None:
+    """(member name, content offset, size) of the regular files of a plain ustar/GNU tar of
+    ``n`` bytes, from its headers (``read(offset, count) -> bytes``); None when the shard
+    uses something else, for tarfile to read."""
+    out, offset = [], 0
     while offset + 512 <= n:
-        header = bytes(data[offset:offset + 512])
+        header = read(offset, 512)
         if header == _ZERO_BLOCK:
             return out
         try:
@@ -296,11 +296,18 @@ def _plain_members(data: bytes, name: str) -> list[tuple[str, bytes]] | None:
             return None
         start = offset + 512
         if member is not None:
-            # bytes(...) copies out of a reused buffer (a memoryview); on bytes, slicing already copied.
-            content = data[start:start + size]
-            out.append((member, content if isinstance(content, bytes) else bytes(content)))
+            out.append((member, start, size))
         offset = start + -(-size // 512) * 512
     raise _truncated(name, "it does not end with the tar end-of-archive blocks")
+
+
+def _plain_members(data: bytes, name: str) -> list[tuple[str, bytes]] | None:
+    """(name, bytes) of the regular files of a plain ustar/GNU tar, read from its
+    headers directly (tarfile's per-member objects cost about as much as a small
+    decode); None when the shard uses something else, for tarfile to read."""
+    members = _walk(lambda offset, count: bytes(data[offset:offset + count]), len(data), name)
+    # bytes(...) copies out of a reused buffer (a memoryview); on bytes, slicing already copied.
+    return None if members is None else [(m, bytes(data[start:start + size])) for m, start, size in members]
 
 
 def scan_shard(path: str | os.PathLike, name: str, *, expected: int | None = None,
@@ -324,40 +331,22 @@ def scan_shard(path: str | os.PathLike, name: str, *, expected: int | None = Non
             raise _truncated(name, f"it is {n} bytes, the index says {size}")
         if n < 1024 or n % 512 or any(os.pread(fd, 1024, n - 1024)):
             raise _truncated(name, "it does not end with the tar end-of-archive blocks")
-        members: list[tuple[str, int, int, bytes | None]] = []
-        offset = 0
-        while offset + 512 <= n:
-            block = os.pread(fd, 1024, offset)  # the header and the start of the member (a label fits)
-            header = block[:512]
-            if header == _ZERO_BLOCK:
-                break
-            try:
-                member, length = _header(header, offset, n, name)
-            except _Extension:
-                return None
-            start = offset + 512
-            if member is not None:
-                suffix = _split_key(member)[1]
-                if suffix in IMAGE_SUFFIXES:
-                    content = None
-                elif length <= 512:
-                    content = block[512:512 + length]
-                else:
-                    content = os.pread(fd, length, start)
-                members.append((member, start, length, content))
-            offset = start + -(-length // 512) * 512
-        else:
-            raise _truncated(name, "it does not end with the tar end-of-archive blocks")
+        members = _walk(lambda offset, count: os.pread(fd, count, offset), n, name)
+        if members is None:
+            return None
+        # Labels are read here (a few bytes each); images stay where they are.
+        contents = [b"" if _split_key(m)[1] in IMAGE_SUFFIXES else os.pread(fd, length, start)
+                    for m, start, length in members]
     except OSError as e:
         raise DataError(f"cannot read shard {name}: {e.strerror or e}") from None
     finally:
         os.close(fd)
     groups: list[tuple[str, dict[str, bytes], dict[str, tuple[int, int]]]] = []
-    for member, start, length, content in members:
+    for (member, start, length), content in zip(members, contents):
         key, suffix = _split_key(member)
         if not groups or groups[-1][0] != key:
             groups.append((key, {}, {}))
-        groups[-1][1][suffix] = content if content is not None else b""
+        groups[-1][1][suffix] = content
         groups[-1][2][suffix] = (start, length)
     if expected is not None and len(groups) != expected:
         raise _truncated(name, f"it holds {len(groups)} examples, the index says {expected}")
