@@ -294,7 +294,7 @@ def test_step_time_leaves_out_first_use_costs(colours, one_thread, monkeypatch):
 
 def test_a_stopped_sweep_resumes_from_its_journal_without_rerunning_finished_runs(tmp_path, monkeypatch, one_thread):
     """benchmarks/echo_sweep.py and hasten echo --sweep: stop the sweep part way (a crash
-    in its seventh run), run it again with the same journal: the finished runs are taken
+    in its eighth training run), run it again with the same journal: the finished runs are taken
     from the journal, only the rest are trained, and the report has every run."""
     from hasten.recipes.echo import sweep
     from hasten.rundir import RunJournal
