@@ -350,7 +350,7 @@ def scan_shard(path: str | os.PathLike, name: str, *, expected: int | None = Non
         groups[-1][2][suffix] = (start, length)
     if expected is not None and len(groups) != expected:
         raise _truncated(name, f"it holds {len(groups)} examples, the index says {expected}")
-    out, where = [], str(path)
+    out, where = [], os.path.abspath(path)  # the workers may not share this process's working directory
     for k, (key, parts, spans) in enumerate(groups):
         r = _record(k, f"{name}:{key}", parts)
         if r.reason is None:
@@ -523,7 +523,7 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
     buffers: deque[bytearray] = deque()
 
     def read(s: int):
-        if lazy and isinstance(store, ShardFiles):
+        if lazy and isinstance(store, ShardFiles) and hasattr(os, "pread"):  # (not on Windows)
             scanned = scan_shard(store.paths[s], store.names[s], expected=int(counts[s]),
                                  size=sizes[s] if sizes is not None else None)
             if scanned is not None:
