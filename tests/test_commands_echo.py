@@ -65,3 +65,28 @@ def test_sweep_options_build_the_sweep_config(colours):
     cfg = config_from(p.parse_args(["--data", str(colours), "--sweep", "--e-max", "6"]), "cpu")
     assert isinstance(cfg, SweepConfig) and cfg.seeds == 3 and cfg.e_max == 6.0
     assert config_from(p.parse_args(["--data", str(colours), "--sweep", "--repeats", "5"]), "cpu").seeds == 5
+
+
+def test_sweep_command_journals_under_runs_and_says_it_resumes(colours, tmp_path, monkeypatch, capsys):
+    """hasten echo --sweep hands the sweep a journal named for its settings, under the runs
+    root, and says so; run again, it says how many finished runs it will take from it."""
+    from hasten.recipes.echo import sweep
+
+    monkeypatch.setenv("HASTEN_RUNS", str(tmp_path / "runs"))
+    seen = []
+
+    def fake_run(cfg, *, log=None, journal=None):
+        seen.append(journal.path)
+        journal.run("a finished run", lambda: {"end_accuracy": 0.5})
+        return {"summary": [], "results": []}
+
+    monkeypatch.setattr(sweep, "run", fake_run)
+    monkeypatch.setattr("hasten.recipes.echo.report.write_plots", lambda summary, directory: [])
+    argv = ["echo", "--data", str(colours), "--sweep", "--device", "cpu"]
+    assert main(argv) == 0
+    assert "rerun the command to resume" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "resuming, 1 finished runs" in capsys.readouterr().out
+    assert seen[0] == seen[1] and seen[0].is_file() and (tmp_path / "runs") in seen[0].parents
+    assert main([*argv, "--e-max", "4"]) == 0  # other settings: another journal
+    assert seen[2] != seen[0]
