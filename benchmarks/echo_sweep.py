@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions
+from hasten.environment import MeasuredConditions, describe_environment
 from hasten.recipes.echo.config import SweepConfig
 from hasten.recipes.echo.data import add_data_argument, require_data
 from hasten.recipes.echo.report import format_table, markdown_tables, write_plots
-from hasten.recipes.echo.sweep import run
+from hasten.recipes.echo.sweep import journal_settings, run
 from hasten.rundir import RunJournal, write_json
 
 RESULTS = Path(__file__).parent / "results"
@@ -68,9 +67,14 @@ def main() -> int:
     journal_path = Path(args.journal or Path(args.out).with_suffix(".runs.jsonl"))
     if args.fresh:
         journal_path.unlink(missing_ok=True)
-    journal = RunJournal(journal_path, asdict(cfg))
+    commit = describe_environment()["git_commit"]
+    journal = RunJournal(journal_path, journal_settings(cfg), meta={"git_commit": commit})
     if len(journal):
         print(f"resuming: {len(journal)} finished runs in {journal_path}", flush=True)
+        older = sorted({str(m.get("git_commit")) for m in journal.replayed_meta} - {str(commit)})
+        if older:
+            print(f"warning: some finished runs were made by other code (commits {', '.join(older)}); "
+                  "--fresh starts over", flush=True)
 
     def log(**record) -> None:
         if record.get("event") == "target":

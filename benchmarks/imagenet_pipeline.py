@@ -266,7 +266,7 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
             sh.decode_chunk(packed, image_size=size, seed=seed, epoch=0, train=True)
             t_total += time.process_time() - t
             pool.release_oldest()  # the chunk is decoded: its buffers serve the next one
-            batches.arrived()
+            batches.arrived(0)
     finally:
         for (o, a), fn in zip(originals, saved):
             setattr(o, a, fn)

@@ -120,29 +120,30 @@ def dali_cpu_iter(files: list[tuple[str, int]], size: int, batch_size: int, thre
 def cpu_seconds() -> float:
     """User + system CPU of this process (all its threads: DALI's) and of its live
     descendants (worker processes), from /proc. ``os.times()``'s children fields would
-    count workers only once they have exited, so not over a window in steady state."""
+    count workers only once they have exited, so not over a window in steady state.
+    Descendants are found from every process's parent in /proc/<pid>/stat (the
+    ``children`` files need a kernel option)."""
     t = os.times()
     total = t.user + t.system
     tick = os.sysconf("SC_CLK_TCK")
-    todo, seen = [os.getpid()], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
+    parent, cpu = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
             continue
-        seen.add(pid)
         try:
-            kids = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
-                    for c in (task / "children").read_text().split()]
-        except OSError:
-            kids = []  # exited meanwhile
-        for kid in kids:
-            try:
-                fields = Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            except (OSError, IndexError, ValueError):
-                continue
-            todo.append(kid)
-    return total
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        parent[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    ours, grew = {os.getpid()}, True
+    while grew:
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in ours and pid not in ours:
+                ours.add(pid)
+                grew = True
+    return total + sum(cpu[pid] for pid in ours if pid != os.getpid())
 
 
 def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> tuple[float, float, int, float, float]:
@@ -179,8 +180,11 @@ def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> 
             n += len(x)
             if n >= images:
                 break
-    if wall0 is None or n == 0:
-        raise RuntimeError(f"the pipeline gave {batches} batches: too few to measure after {warmup} of warm-up")
+    if wall0 is None or n < images:
+        # An epoch that ends inside the window has joined its workers: their CPU would be
+        # missing from the end reading.
+        raise RuntimeError(f"the pipeline gave {batches} batches: too few for {warmup} of warm-up and {images} "
+                           "images to measure")
     wall, cpu, t1 = time.perf_counter() - wall0, cpu_seconds() - cpu0, os.times()
     if hasattr(it, "close"):
         it.close()

@@ -168,7 +168,8 @@ class RunJournal:
     part way (a crash, a reboot, Ctrl-C) resumes where it was instead of starting again.
 
     ``run(key, fn)`` returns the stored result of ``key`` if this journal holds one
-    written under the same ``config`` (its :func:`config_digest`), else calls ``fn()``
+    written under the same ``config`` (its :func:`config_digest`: put in it what the
+    results depend on, the hardware for timings), else calls ``fn()``
     and appends its result before returning it. Lines of another configuration are
     kept but never reused; a last line cut off mid-write is skipped and counted
     (``torn``). ``path=None`` journals nothing. A sweep whose later choices depend on
@@ -176,9 +177,11 @@ class RunJournal:
     them from the journal, so it takes the same path as the run that wrote it.
     """
 
-    def __init__(self, path: str | os.PathLike | None, config: dict):
+    def __init__(self, path: str | os.PathLike | None, config: dict, meta: dict | None = None):
         self.path = None if path is None else Path(path)
         self.digest = config_digest(config, length=16)
+        self.meta = _jsonable(meta or {})  # written with each line (the code's commit, say); not part of the key
+        self.replayed_meta: list[dict] = []  # the distinct metas of the lines taken from the file
         self._done: dict[str, Any] = {}
         self.resumed = self.torn = self.other_config = 0
         self._cut = False  # the file ends inside a line: the next line must start on a new one
@@ -194,6 +197,8 @@ class RunJournal:
                     continue
                 if digest == self.digest:
                     self._done[key] = result
+                    if entry.get("meta", {}) not in self.replayed_meta:
+                        self.replayed_meta.append(entry.get("meta", {}))
                 else:
                     self.other_config += 1
 
@@ -211,7 +216,8 @@ class RunJournal:
         result = _jsonable(fn())
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            line = json.dumps({"config": self.digest, "key": key, "result": result}, separators=(",", ":"))
+            line = json.dumps({"config": self.digest, "key": key, "result": result, "meta": self.meta},
+                              separators=(",", ":"))
             with open(self.path, "a") as f:
                 f.write(("\n" if self._cut else "") + line + "\n")
                 f.flush()

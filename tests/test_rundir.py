@@ -137,6 +137,10 @@ def test_run_journal_replays_finished_runs_and_only_under_the_same_config(tmp_pa
     other.run("a", lambda: work(5))
     assert calls == [1, 3, 5] and len(RunJournal(path, {"lr": 0.1})) == 2
     assert RunJournal(None, {}).run("a", lambda: work(6))["x"] == 6 and calls[-1] == 6
+    tagged = RunJournal(tmp_path / "tagged.jsonl", {}, meta={"git_commit": "abc"})
+    tagged.run("a", lambda: work(7))
+    later = RunJournal(tmp_path / "tagged.jsonl", {}, meta={"git_commit": "def"})
+    assert later.replayed_meta == [{"git_commit": "abc"}]  # who made the runs it will replay
 
 
 def test_run_journal_skips_a_line_cut_off_mid_write_and_starts_the_next_on_its_own_line(tmp_path):

@@ -400,3 +400,30 @@ def test_batches_the_consumer_lets_go_of_are_reused_with_the_same_pixels(packed,
     assert all(torch.equal(a, b) for a, b in zip(reference, got)) and len(got) == len(reference)
     pool = made[-1]
     assert pool.reused > 0 and pool.unpooled == 0 and pool.created < len(got)
+
+
+def test_a_buffer_handed_out_is_not_taken_again_until_its_views_are_gone():
+    from hasten.stream.shards import BatchPool
+
+    pool = BatchPool((4, 8, 8, 3), cap=1)
+    first = pool.take()
+    assert first is not None and pool.take() is None  # in flight: not free; the cap: no second one
+    view = pool.arrived(3)  # the first chunk's; made while the buffer is still marked busy
+    assert pool.arrived(0) is None  # (the second chunk had no buffer)
+    assert view.shape == (3, 8, 8, 3) and pool.take() is None  # the consumer's view holds it
+    del view
+    assert pool.take() is first and pool.reused == 1 and pool.unpooled == 2
+
+
+def test_a_shard_rewritten_in_place_after_its_first_read_is_not_read_at_stale_offsets(tmp_path, photo_jpeg):
+    rng = np.random.default_rng(2)
+    path = tmp_path / "shard-000000.tar"
+    _write_shard(path, [m for i in range(2) for m in ((f"{i}.jpg", photo_jpeg(rng, 40, 50)), (f"{i}.cls", b"1"))])
+    records = scan_shard(path, "s")
+    assert read_member(records[0].where)  # now open, in the descriptor cache
+    with open(path, "r+b") as f:  # same inode, same size, other bytes
+        f.seek(records[1].where[1])
+        f.write(b"\0" * 16)
+    os.utime(path, ns=(10**18, 10**18))
+    with pytest.raises(OSError, match="changed after it was scanned"):
+        read_member(records[1].where)

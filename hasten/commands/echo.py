@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict
 
 import torch
 
@@ -101,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
                       f"step time {record['step_time_s'] * 1e3:.1f} ms")
 
         if args.sweep:
-            journal = RunJournal(stable_run_path("echo-sweep", asdict(cfg)) / "runs.jsonl", asdict(cfg))
+            settings = echo_sweep.journal_settings(cfg)
+            journal = RunJournal(stable_run_path("echo-sweep", settings) / "runs.jsonl", settings,
+                                 meta={"git_commit": rd.environment.get("git_commit")})
             print(f"hasten echo: resuming, {len(journal)} finished runs in {journal.path}" if len(journal) else
                   f"hasten echo: each finished run goes to {journal.path} (rerun the command to resume)")
             result = echo_sweep.run(cfg, log=log, journal=journal)

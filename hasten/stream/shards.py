@@ -361,6 +361,7 @@ def scan_shard(path: str | os.PathLike, name: str, *, expected: int | None = Non
 
 
 _FILES: dict[tuple, int] = {}  # (shard file, identity) -> descriptor, per process: a worker reads many images
+_FILES_LOCK = threading.Lock()  # without workers, several loaders' feeder threads share the cache
 _MAX_FILES = 16
 
 
@@ -369,20 +370,42 @@ def read_member(where: tuple[str, int, int, tuple[int, int, int]]) -> bytes:
     ``OSError`` when they cannot all be read or the file is no longer that file (a
     shard copied over since: its offsets would point into other bytes)."""
     path, offset, size, ident = where
-    fd = _FILES.get((path, ident))
-    if fd is None:
-        if len(_FILES) >= _MAX_FILES:  # the oldest first: shards are read one after another
-            os.close(_FILES.pop(next(iter(_FILES))))
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino, st.st_mtime_ns) != tuple(ident):
-            os.close(fd)
+    ident = tuple(ident)
+    # Held while reading too: another thread must not close (and the system reuse) this
+    # descriptor between the lookup and the read.
+    with _FILES_LOCK:
+        fd = _FILES.get((path, ident))
+        if fd is None:
+            if len(_FILES) >= _MAX_FILES:  # the oldest first: shards are read one after another
+                os.close(_FILES.pop(next(iter(_FILES))))
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            _FILES[(path, ident)] = fd
+        st = os.fstat(fd)  # every read: a file rewritten in place keeps its inode, not its mtime
+        if (st.st_dev, st.st_ino, st.st_mtime_ns) != ident:
+            os.close(_FILES.pop((path, ident)))
             raise OSError("the shard file changed after it was scanned")
-        _FILES[(path, ident)] = fd
-    data = os.pread(fd, size, offset)
+        data = os.pread(fd, size, offset)
     if len(data) != size:
         raise OSError(f"{len(data)} of {size} bytes at byte {offset}: the file is shorter than when it was scanned")
     return data
+
+
+def close_files() -> None:
+    """Close the descriptors ``read_member`` keeps open in this process."""
+    with _FILES_LOCK:
+        while _FILES:
+            os.close(_FILES.popitem()[1])
+
+
+def _after_fork_in_child() -> None:
+    # A fork while another thread held the lock would leave it held forever in the child.
+    global _FILES_LOCK
+    _FILES_LOCK = threading.Lock()
+    close_files()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _with_bytes(r: Record) -> Record:
@@ -529,7 +552,11 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
             if scanned is not None:
                 return None, None, scanned
         if isinstance(store, ShardFiles):
-            return (*store.read_into(s, buffers.popleft() if buffers else None), None)
+            try:
+                buffer = buffers.popleft()  # (two reader threads may race for the last one)
+            except IndexError:
+                buffer = None
+            return (*store.read_into(s, buffer), None)
         return None, store[s], None
 
     try:
@@ -689,15 +716,18 @@ class BatchPool:
             self.unpooled += 1
             return None
 
-    def arrived(self) -> torch.Tensor | None:
-        """The buffer of the oldest chunk in flight, whose result has just arrived (None if
-        it had none); from now on it is free as soon as nothing else refers to it."""
+    def arrived(self, n: int) -> torch.Tensor | None:
+        """The first ``n`` crops of the buffer of the oldest chunk in flight, whose result
+        has just arrived (None if it had no buffer); from now on the buffer is free as soon
+        as nothing refers to it. The view is made before the buffer stops being busy (under
+        the lock): a ``take`` in the feeder thread in between must not find it free."""
         with self._lock:
             i = self._in_flight.popleft() if self._in_flight else None
             if i is None:
                 return None
+            view = self._buffers[i][:n]
             self._busy.discard(i)
-            return self._buffers[i]
+            return view
 
 
 def pack_chunk(chunk: list[tuple[int, Record]], pool: BufferPool | None = None,
@@ -894,16 +924,17 @@ class ShardLoader:
             for chunk in decoded:
                 if self.workers:
                     pool.release_oldest()  # this chunk's worker is done with its input
-                    out = batches.arrived()
+                    out = batches.arrived(len(chunk.keys))
                     if chunk.images is None:  # the worker wrote the crops into our buffer
-                        chunk.images = out[:len(chunk.keys)]
+                        chunk.images = out
                     del out
                 seen += len(chunk.keys) + len(chunk.bad)
                 if chunk.bad:
                     skipped.extend(chunk.bad)
                     self.skipped.extend(chunk.bad)
                     check_bad_fraction(skipped, seen, self.max_bad_fraction, min_total=MIN_COUNTED)
-                parts.append(chunk)
+                if len(chunk.keys):  # (a chunk of bad records only would cost the next batch a copy)
+                    parts.append(chunk)
                 held += len(chunk.keys)
                 while held >= self.batch_size:
                     batch, parts, held = _take(parts, self.batch_size)
@@ -915,6 +946,8 @@ class ShardLoader:
                 yield self._tensors(batch)
         finally:
             decoded.close()
+            if not self.workers:
+                close_files()  # (workers' descriptors end with them)
 
     def _tensors(self, batch: DecodedChunk) -> tuple[torch.Tensor, ...]:
         # A (B, 3, S, S) view in channels_last memory format, as StreamLoader gives.

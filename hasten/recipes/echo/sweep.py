@@ -357,7 +357,7 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
         loaders[ratio] = src
         loader_report[f"R={ratio:g}"] = {"chosen": asdict(src), "trials": trials}
         log(event="loader", ratio=ratio, chosen=asdict(src), trials=trials)
-    for seed_idx, (ratio, echo) in interleaved(timed_jobs, cfg.seeds, seed=0):
+    for job, (seed_idx, (ratio, echo)) in enumerate(interleaved(timed_jobs, cfg.seeds, seed=0)):
         if echo == 1.0:
             spec = base_spec
         elif echo == "auto":
@@ -373,7 +373,8 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
                                   stop_at_target=True)
             return {**result, "nominal_ratio": ratio, "calibration_step_s": now}
         # The link is set from the step time measured just before the run, so the key holds R, not the link.
-        key = json.dumps({"phase": f"timed R={ratio!r}", "spec": asdict(replace(spec, seed=seed_idx)),
+        # The job's place in the interleaved order too: two jobs with the same settings are two runs.
+        key = json.dumps({"phase": f"timed R={ratio!r}", "job": job, "spec": asdict(replace(spec, seed=seed_idx)),
                           "target": target}, sort_keys=True)
         record(journal.run(key, timed), group)
     bar.close()
@@ -396,6 +397,15 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
         "journal": {"path": None if journal.path is None else str(journal.path), "runs": len(journal),
                     "resumed": journal.resumed, "torn_lines": journal.torn},
     }
+
+
+def journal_settings(cfg: SweepConfig) -> dict:
+    """What a journal's finished runs depend on besides the code: the sweep's settings (the
+    data as an absolute path), the hardware and torch's threads (the wall times)."""
+    from hasten.environment import cpu_name
+
+    return {**asdict(cfg), "data": os.path.abspath(cfg.data), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads()}
 
 
 def _timed_jobs(cfg: SweepConfig) -> list[tuple[float, float | str]]:
