@@ -23,6 +23,12 @@ from hasten.profile.verdict import classify
 SCRIPTS = Path(__file__).parent / "profile_scripts"
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2")
 
+# How far a profiled share may be from the one measured directly. On two shared cores the
+# direct share itself moves between runs by up to about 0.1 (seen in CI: 0.70 then 0.57 for
+# one script); at 0.1, one CI run in about three failed on one of these tests (misses of 0.01
+# to 0.03). A wrong verdict or a share from the wrong loop is off by far more.
+SHARE_TOL = 0.15
+
 
 def truth_step_s(cmd, tmp_path, mode="asrun", steps=10, warmup=3) -> float:
     """The script's own mean seconds per optimizer step (the slowest rank), uninstrumented."""
@@ -54,7 +60,7 @@ def test_nanogpt_get_batch_on_a_memmap(tmp_path):
            "--device-sleep", "0.01")
     a = run_profile(cmd)
     assert a.verdict == "input-bound" and not a.loader_driven
-    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=0.1)
+    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=SHARE_TOL)
     top = a.recommendations[0]
     assert top.apply is None and "get_batch" in top.how  # named, with the lines that apply it
     assert top.predicted_speedup <= top.bound  # never more than the data wait allows
@@ -64,7 +70,7 @@ def test_a_plain_list_of_tensors(tmp_path):
     cmd = (sys.executable, SCRIPTS / "tensor_list.py", "--augment-sleep", "0.012", "--device-sleep", "0.01")
     a = run_profile(cmd, steps=50)  # the sampler that names `augment` takes 10 samples a second: 1 s of them
     assert a.verdict == "input-bound" and not a.loader_driven
-    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=0.1)
+    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=SHARE_TOL)
     assert any("augment" in r.how for r in a.recommendations)
 
 
@@ -75,9 +81,7 @@ def test_ddp_with_no_sync_accumulation(tmp_path):
     a = run_profile(cmd, steps=6)
     assert a.ranks == 2 and a.micro_batches == 4  # four micro-batches are one optimizer step
     direct = 1 - truth_step_s(cmd, tmp_path, "commoff") / truth_step_s(cmd, tmp_path)
-    # Two gloo ranks on two shared cores: the direct share itself moved by about 0.1 between
-    # runs (one CI run of three read 0.29 against a direct 0.16), hence 0.15 here.
-    assert a.comm_fraction == pytest.approx(direct, abs=0.15)
+    assert a.comm_fraction == pytest.approx(direct, abs=SHARE_TOL)
     assert a.verdict == classify(0.0, direct)[0] == "communication-bound"
 
 
@@ -86,7 +90,7 @@ def test_a_validation_loader_iterated_first_is_not_the_training_loop(tmp_path):
            "--val-every", "5")
     a = run_profile(cmd)
     assert a.verdict == "compute-bound"
-    assert a.compute_fraction == pytest.approx(1 - share(cmd, tmp_path), abs=0.1)
+    assert a.compute_fraction == pytest.approx(1 - share(cmd, tmp_path), abs=SHARE_TOL)
     (val,) = [d for d in a.loaders if not d["training"]]
     assert "SlowVal" in val["name"]
     assert any("SlowVal" in e["reason"] for e in a.excluded)  # the validation passes inside the window
@@ -96,7 +100,7 @@ def test_next_iter_of_a_loader_every_step(tmp_path):
     cmd = (sys.executable, SCRIPTS / "next_iter.py", "--item-sleep", "0.004", "--batch", "4")
     a = run_profile(cmd)
     assert a.verdict == "input-bound" and a.loader_driven
-    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=0.1)
+    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=SHARE_TOL)
 
 
 @pytest.mark.slow
@@ -109,7 +113,7 @@ def test_two_decoding_workers_on_two_cores_is_input_bound_with_measured_worker_c
     a = run_profile(cmd)
     truth.append(share(cmd, tmp_path))
     assert a.verdict == "input-bound" and a.num_workers == 2
-    assert min(truth) - 0.1 <= a.data_wait_fraction <= max(truth) + 0.1, (a.data_wait_fraction, truth)
+    assert min(truth) - SHARE_TOL <= a.data_wait_fraction <= max(truth) + SHARE_TOL, (a.data_wait_fraction, truth)
     # measured from /proc, not 0.0: 8 items of 4 ms busy CPU, plus each item's tensor, collation and
     # hand-off (the benchmark measured 35 ms; under a loaded machine's tests up to 50 ms)
     assert 0.5 * 8 * 0.004 <= a.cpu["worker_cpu_per_batch_s"] <= 2 * 8 * 0.004
@@ -124,7 +128,7 @@ def test_a_script_that_never_stops_is_profiled_for_a_window_and_the_wait_is_expl
     # said while it ran (at 2 s, 4 s, ...): what it saw, and where the time went once sampled
     assert stall and any("load_everything" in m for m in stall)
     assert a.verdict == "input-bound" and a.steps >= 10  # about a second of ~20 ms steps
-    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=0.1)
+    assert a.data_wait_fraction == pytest.approx(share(cmd, tmp_path), abs=SHARE_TOL)
 
 
 @pytest.mark.multiproc
