@@ -154,7 +154,8 @@ def echo_copies(factor: float, *, seed: int, epoch: int, index: int) -> int:
 
 
 def _echo(
-    items: Iterable[T], factor: Factor, seed: int, epoch: int, counters: EchoCounters | None, per_batch: bool
+    items: Iterable[T], factor: Factor, seed: int, epoch: int, counters: EchoCounters | None, per_batch: bool,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[T]:
     auto = factor if isinstance(factor, AutoEcho) else None
     c = counters if counters is not None else EchoCounters()
@@ -165,13 +166,13 @@ def _echo(
     # no device to synchronise here, and per-copy clock reads and bookkeeping cost about 5%
     # of a 4.5 ms step at e = 1 (hasten's sweep). The downstream time of an item runs from
     # handing out its first copy until its next item is asked for.
-    top = time.perf_counter()
+    top = clock()
     while True:
         try:
             item = next(it)
         except StopIteration:
             return
-        got = time.perf_counter()
+        got = clock()
         wait = got - top
         c.upstream_wait_s += wait
         e = auto.factor if auto is not None else factor
@@ -186,7 +187,7 @@ def _echo(
             auto.emitted_copies(n)
         for _ in range(n):
             yield item
-        top = time.perf_counter()
+        top = clock()
         downstream = top - got
         c.downstream_s += downstream
         if auto is not None:
@@ -200,26 +201,30 @@ def _echo(
 
 
 def echo_examples(
-    examples: Iterable[T], factor: Factor, *, seed: int = 0, epoch: int = 0, counters: EchoCounters | None = None
+    examples: Iterable[T], factor: Factor, *, seed: int = 0, epoch: int = 0, counters: EchoCounters | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[T]:
     """Yield each example ``factor`` times in a row (see the module docstring).
 
     Put it before the augmentation for ``example-before`` echoing, after it for
     ``example-after``; follow it with ``shuffle_buffer``. ``factor`` may be an
     ``AutoEcho``, which then sees this stage's timings. Use a different ``epoch``
-    per pass so the non-integral draws differ between epochs.
+    per pass so the non-integral draws differ between epochs. ``clock``: the seconds the
+    stage's timings (and AutoEcho's) are read from; a modelled source passes its own
+    (``hasten.recipes.echo.clock``).
     """
-    return _echo(examples, check_factor(factor), seed, epoch, counters, per_batch=False)
+    return _echo(examples, check_factor(factor), seed, epoch, counters, per_batch=False, clock=clock)
 
 
 def echo_batches(
-    batches: Iterable[T], factor: Factor, *, seed: int = 0, epoch: int = 0, counters: EchoCounters | None = None
+    batches: Iterable[T], factor: Factor, *, seed: int = 0, epoch: int = 0, counters: EchoCounters | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[T]:
     """Yield each batch ``factor`` times in a row: batch echoing.
 
     Works on any iterable of batches, a ``torch.utils.data.DataLoader`` included.
     """
-    return _echo(batches, check_factor(factor), seed, epoch, counters, per_batch=True)
+    return _echo(batches, check_factor(factor), seed, epoch, counters, per_batch=True, clock=clock)
 
 
 def shuffle_buffer(items: Iterable[T], size: int | Callable[[], int], *, seed: int = 0) -> Iterator[T]:

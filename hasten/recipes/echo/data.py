@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,7 +169,7 @@ def _counted(items, counters: EchoCounters):
 
 
 def pipeline(fresh: Iterator[int], spec: RunSpec, factor, buffer, batch_size: int,
-             counters: EchoCounters) -> Iterator[np.ndarray]:
+             counters: EchoCounters, clock: Callable[[], float] = time.perf_counter) -> Iterator[np.ndarray]:
     """(keys, copy numbers) batches: echo stage, shuffle buffer and batching as in
     ``hasten.stream.loader``. The copy numbers key the augmentation: example-before
     augments every copy afresh, example-after and batch echoing repeat identical copies.
@@ -178,8 +179,8 @@ def pipeline(fresh: Iterator[int], spec: RunSpec, factor, buffer, batch_size: in
         return _batches(((k, 0, 0) for k in _counted(fresh, counters)), batch_size)
     if spec.variant == "batch":
         batches = _batches(((k, 0, 0) for k in _counted(fresh, counters)), batch_size)
-        return echo_batches(batches, factor, seed=spec.seed, counters=counters)
-    copies = _number_copies(echo_examples(fresh, factor, seed=spec.seed, counters=counters))
+        return echo_batches(batches, factor, seed=spec.seed, counters=counters, clock=clock)
+    copies = _number_copies(echo_examples(fresh, factor, seed=spec.seed, counters=counters, clock=clock))
     if spec.variant == "example-after":
         copies = ((k, 0, n) for k, _, n in copies)  # identical copies: one augmentation per example
     return _batches(shuffle_buffer(copies, buffer, seed=spec.seed), batch_size)

@@ -27,6 +27,21 @@ def stats(values) -> dict:
             "n": len(vals)}
 
 
+# Student t, two-sided 95%, by degrees of freedom (more than 9: the normal's 1.96 understates a little).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def mean_ci(values) -> dict:
+    """Mean, sample std, the half-width of the 95% interval (Student t) and the values, ignoring None."""
+    vals = [float(v) for v in values if v is not None]
+    n = len(vals)
+    if not n:
+        return {"n": 0, "mean": None, "std": None, "ci95": None, "values": []}
+    std = float(np.std(vals, ddof=1)) if n > 1 else None
+    return {"n": n, "mean": float(np.mean(vals)), "std": std,
+            "ci95": T95.get(n - 1, 1.96) * std / n ** 0.5 if std is not None else None, "values": vals}
+
+
 def summarize(entries: list[dict]) -> list[dict]:
     """Mean and spread per (group, variant, echo) with the speedup (mean wall time of
     e = 1 over the row's) and the fresh-example ratio against e = 1 of the same group."""

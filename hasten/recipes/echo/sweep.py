@@ -58,6 +58,7 @@ from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
 from hasten.echo.stages import check_variant
 from hasten.nn.tta import evaluate
 from hasten.progress import progress
+from hasten.recipes.echo.clock import ModelledClocks
 from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import (IdentityStore, MemoryData, Source, fresh_keys, load_data, pipeline,
                                       test_batches)
@@ -79,7 +80,7 @@ def lr_at(step: float, steps: int, peak: float, warmup: float) -> float:
 
 def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: Source | None = None,
                  target: float | None = None, stop_at_target: bool = False, final_eval: bool = True,
-                 log=None) -> dict:
+                 clocks: ModelledClocks | None = None, log=None) -> dict:
     """Train ``spec.steps`` steps with the schedule; evaluate at ``cfg.eval_points``.
 
     With ``target``: the first evaluation at or above it gives the fresh examples,
@@ -91,6 +92,11 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     *effective examples* (``AutoEcho.count``/``progress``): the schedule, the
     evaluation points and the end follow its progress, so the run takes as many
     steps as its repeats' value asks (more than ``spec.steps`` when it echoes).
+
+    With ``clocks`` (``hasten.recipes.echo.clock``; instead of ``source``): fresh examples
+    come at full speed and each clock adds the waits of its modelled upstream to the
+    measured time; the result's ``clock_*`` lists hold each clock's wall time, waits and
+    wall time to the target. AutoEcho is told the first clock's waits.
     """
     check_variant(spec.variant)
     dev = torch.device(cfg.device)
@@ -112,7 +118,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         storage = SlowStorage(IdentityStore(), latency_s=source.latency_s, link_bytes_per_s=source.link_bytes_per_s,
                               size_of=lambda part: int(data.wire_bytes[part % n].sum()))
     torch.manual_seed(spec.seed)
-    model = SmallNet(cfg.width, len(data.classes) or 10).to(dev)
+    model = sweep_model(cfg, data).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9, nesterov=True,
                           weight_decay=cfg.weight_decay)
     mean, std = torch.tensor(MEAN, device=dev), torch.tensor(STD, device=dev)
@@ -130,12 +136,17 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     counters = EchoCounters()
     waiting, stepping = Stopwatch(), Stopwatch()
     steps, factors, reached, curve = 0, [], None, []
-    batches = pipeline(fresh_keys(n, spec.seed, storage, source), spec, factor, buffer, cfg.batch_size, counters)
+    fresh = fresh_keys(n, spec.seed, storage, source)
+    batches = pipeline(clocks.items(fresh) if clocks is not None else fresh, spec, factor, buffer, cfg.batch_size,
+                       counters, clock=clocks.time if clocks is not None else time.perf_counter)
+    clock_reached = None
     try:
         while steps < max_steps and position() < spec.steps:
             waiting.start()
+            before = clocks.waited[0] if clocks is not None else 0.0
             keys, copies, numbers = next(batches)
             waited = waiting.stop()
+            modelled_wait = clocks.waited[0] - before if clocks is not None else 0.0
             stepping.start()
             counters.record_batch(keys.tolist())
             idx = keys % n
@@ -154,8 +165,10 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
                     per = losses.detach()
                     auto.observe_loss(float(per[~repeat].mean()), float(per[repeat].mean()))
             stepped = stepping.stop()
+            if clocks is not None:
+                clocks.advance(waited + stepped)  # the pipeline's own time and the step, both measured
             if auto is not None:
-                auto.record_step(waited, stepped, len(keys))
+                auto.record_step(waited + modelled_wait, stepped, len(keys))
                 auto.count(per_step)
             steps += 1
             factors.append(auto.factor if auto is not None else float(spec.echo))
@@ -166,11 +179,12 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
                         (auto.paused() if auto is not None else nullcontext()):
                     accuracy = evaluate(model, test_batches(data, cfg.test_images, dev))
                 wall = waiting.elapsed + stepping.elapsed
-                curve.append((steps, accuracy, counters.fresh_examples, wall))
+                curve.append((steps, accuracy, counters.fresh_examples, wall, *([list(clocks.now)] if clocks else [])))
                 if log is not None:
                     log(step=steps, fresh=counters.fresh_examples, accuracy=accuracy, wall_s=wall, echo=factors[-1])
                 if target is not None and reached is None and accuracy >= target:
                     reached = (counters.fresh_examples, steps, wall)
+                    clock_reached = list(clocks.now) if clocks is not None else None
                     if stop_at_target:
                         break
     finally:
@@ -195,7 +209,26 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "step_time_s": step_s / max(steps, 1), "duplicate_rate": counters.duplicate_rate,
         "autoecho_cap": auto.cap if auto is not None else None,
         "effective_examples": auto.effective_examples if auto is not None else None,
+        **({} if clocks is None else {
+            "clock_per_example_s": clocks.per_example_s, "clock_lead": clocks.lead, "clock_wall_s": list(clocks.now),
+            "clock_waited_s": list(clocks.waited), "clock_wall_to_target_s": clock_reached}),
     }
+
+
+def sweep_model(cfg: SweepConfig, data: MemoryData) -> torch.nn.Module:
+    """SmallNet, or the speedrun network (``hasten.models.speedrun_net``) with ``cfg.net_widths``;
+    its 2x2 whitening conv's weight set from 5,000 training images spread evenly over the
+    subset (which is in class order) and frozen, as airbench does; its bias trains."""
+    classes = len(data.classes) or 10
+    if cfg.net_widths is None:
+        return SmallNet(cfg.width, classes)
+    from hasten.models.speedrun_net import NetConfig, SpeedrunNet
+    from hasten.nn.whitening import init_whitening_conv
+
+    model = SpeedrunNet(NetConfig(widths=tuple(cfg.net_widths), num_classes=classes))
+    sample = torch.from_numpy(data.train[::max(1, len(data.train) // 5000)][:5000]).permute(0, 3, 1, 2).float()
+    init_whitening_conv(model.whiten, normalize(sample, torch.tensor(MEAN), torch.tensor(STD)))
+    return model
 
 
 # ----------------------------------------------------------------------------- The slow source and its best loader
