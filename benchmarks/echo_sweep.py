@@ -35,12 +35,12 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions, describe_environment
+from hasten.environment import MeasuredConditions
 from hasten.recipes.echo.config import SweepConfig
 from hasten.recipes.echo.data import add_data_argument, require_data
 from hasten.recipes.echo.report import format_table, markdown_tables, write_plots
-from hasten.recipes.echo.sweep import journal_settings, run
-from hasten.rundir import RunJournal, write_json
+from hasten.recipes.echo.sweep import add_journal_arguments, open_journal, run
+from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -51,11 +51,10 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default 3)")
     ap.add_argument("--train-images", type=int, default=10_000, help="training subset (default 10000)")
     ap.add_argument("--epochs", type=float, default=3.0, help="the baseline's budget in epochs (default 3)")
-    ap.add_argument("--out", default=str(RESULTS / "echo_sweep.json"), help="results JSON (default %(default)s)")
-    ap.add_argument("--journal", help="finished runs, for resuming (default: the JSON's name with .runs.jsonl)")
-    ap.add_argument("--fresh", action="store_true", help="start over: ignore (and replace) the journal")
-    ap.add_argument("--markdown", metavar="JSON", help="print the results page's tables from a results JSON and stop")
+    add_journal_arguments(ap, str(RESULTS / "echo_sweep.json"))
     args = ap.parse_args()
+    if args.seeds < 1 or args.train_images < 1 or args.epochs <= 0:
+        ap.error("--seeds and --train-images must be >= 1 and --epochs > 0")
     if args.markdown:
         import json
 
@@ -64,17 +63,7 @@ def main() -> int:
     require_data(args.data, "echo_sweep")
     torch.set_num_threads(1)
     cfg = SweepConfig(data=args.data, seeds=args.seeds, train_images=args.train_images, epochs=args.epochs)
-    journal_path = Path(args.journal or Path(args.out).with_suffix(".runs.jsonl"))
-    if args.fresh:
-        journal_path.unlink(missing_ok=True)
-    commit = describe_environment()["git_commit"]
-    journal = RunJournal(journal_path, journal_settings(cfg), meta={"git_commit": commit})
-    if len(journal):
-        print(f"resuming: {len(journal)} finished runs in {journal_path}", flush=True)
-        older = sorted({str(m.get("git_commit")) for m in journal.replayed_meta} - {str(commit)})
-        if older:
-            print(f"warning: some finished runs were made by other code (commits {', '.join(older)}); "
-                  "--fresh starts over", flush=True)
+    journal = open_journal(args, cfg)
 
     def log(**record) -> None:
         if record.get("event") == "target":

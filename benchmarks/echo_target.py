@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions, describe_environment
+from hasten.environment import MeasuredConditions
 from hasten.recipes.echo.config import SweepConfig
 from hasten.recipes.echo.data import add_data_argument, require_data
-from hasten.recipes.echo.sweep import journal_settings
+from hasten.recipes.echo.sweep import add_journal_arguments, open_journal
 from hasten.recipes.echo.target import accuracy_margin, run_target, target_table
-from hasten.rundir import RunJournal, write_json
+from hasten.rundir import write_json
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -67,10 +67,7 @@ def main() -> int:
     add_data_argument(ap)
     ap.add_argument("--seeds", type=int, default=3, help="seeds per setting (default 3)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    ap.add_argument("--out", default=str(RESULTS / "echo_target.json"), help="results JSON (default %(default)s)")
-    ap.add_argument("--journal", help="finished runs, for resuming (default: the JSON's name with .runs.jsonl)")
-    ap.add_argument("--fresh", action="store_true", help="start over: ignore (and replace) the journal")
-    ap.add_argument("--markdown", metavar="JSON", help="print the results table from a results JSON and stop")
+    add_journal_arguments(ap, str(RESULTS / "echo_target.json"))
     args = ap.parse_args()
     if args.markdown:
         report = json.loads(Path(args.markdown).read_text())
@@ -81,13 +78,7 @@ def main() -> int:
     require_data(args.data, "echo_target")
     torch.set_num_threads(args.threads)
     cfg = SweepConfig.at_target(args.data, seeds=args.seeds)
-    journal_path = Path(args.journal or Path(args.out).with_suffix(".runs.jsonl"))
-    if args.fresh:
-        journal_path.unlink(missing_ok=True)
-    commit = describe_environment()["git_commit"]
-    journal = RunJournal(journal_path, journal_settings(cfg), meta={"git_commit": commit})
-    if len(journal):
-        print(f"resuming: {len(journal)} finished runs in {journal_path}", flush=True)
+    journal = open_journal(args, cfg)
 
     def log(**record) -> None:
         if record.get("event") == "run":

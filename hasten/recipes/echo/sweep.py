@@ -99,6 +99,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     wall time to the target. AutoEcho is told the first clock's waits.
     """
     check_variant(spec.variant)
+    if source is not None and clocks is not None:
+        raise ValueError("train_budget: a run's upstream is either a slow source or modelled clocks, not both")
     dev = torch.device(cfg.device)
     n = len(data.train)
     auto = None
@@ -439,6 +441,37 @@ def journal_settings(cfg: SweepConfig) -> dict:
 
     return {**asdict(cfg), "data": os.path.abspath(cfg.data), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads()}
+
+
+def add_journal_arguments(parser, out_default: str) -> None:
+    """The sweep benchmarks' output and resume flags: --out, --journal, --fresh, --markdown."""
+    parser.add_argument("--out", default=out_default, help="results JSON (default %(default)s)")
+    parser.add_argument("--journal", help="finished runs, for resuming (default: the JSON's name with .runs.jsonl)")
+    parser.add_argument("--fresh", action="store_true", help="start over: ignore (and replace) the journal")
+    parser.add_argument("--markdown", metavar="JSON", help="print the results page's tables from a results JSON "
+                                                           "and stop")
+
+
+def open_journal(args, cfg: SweepConfig) -> RunJournal:
+    """The journal the flags of :func:`add_journal_arguments` name, for ``cfg``: emptied with
+    --fresh; when it holds finished runs, a line saying so, and a warning if other code
+    (another commit) made some of them."""
+    from pathlib import Path
+
+    from hasten.environment import describe_environment
+
+    path = Path(args.journal or Path(args.out).with_suffix(".runs.jsonl"))
+    if args.fresh:
+        path.unlink(missing_ok=True)
+    commit = describe_environment()["git_commit"]
+    journal = RunJournal(path, journal_settings(cfg), meta={"git_commit": commit})
+    if len(journal):
+        print(f"resuming: {len(journal)} finished runs in {path}", flush=True)
+        older = sorted({str(m.get("git_commit")) for m in journal.replayed_meta} - {str(commit)})
+        if older:
+            print(f"warning: some finished runs were made by other code (commits {', '.join(older)}); "
+                  "--fresh starts over", flush=True)
+    return journal
 
 
 def _timed_jobs(cfg: SweepConfig) -> list[tuple[float, float | str]]:
