@@ -101,6 +101,9 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     check_variant(spec.variant)
     if source is not None and clocks is not None:
         raise ValueError("train_budget: a run's upstream is either a slow source or modelled clocks, not both")
+    if spec.echo == "auto" and clocks is not None and len(clocks.per_example_s) > 1:
+        raise ValueError("train_budget: AutoEcho decides from one clock's waits; give it one clock, not "
+                         f"{len(clocks.per_example_s)}")
     dev = torch.device(cfg.device)
     n = len(data.train)
     auto = None
@@ -439,7 +442,13 @@ def journal_settings(cfg: SweepConfig) -> dict:
     data as an absolute path), the hardware and torch's threads (the wall times)."""
     from hasten.environment import cpu_name
 
-    return {**asdict(cfg), "data": os.path.abspath(cfg.data), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+    settings = asdict(cfg)
+    if cfg.net_widths is None and cfg.target is None and cfg.lead_batches == 2:
+        # The paper-regime sweep, which reads none of these fields: its journals from before
+        # they existed keep their digest (and `hasten echo --sweep` its run directory).
+        for name in ("net_widths", "target", "lead_batches"):
+            del settings[name]
+    return {**settings, "data": os.path.abspath(cfg.data), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads()}
 
 
