@@ -224,9 +224,18 @@ def test_the_target_sweep_resumes_without_rerunning_finished_runs_and_times_ever
     first, stop_after[0] = len(trained), 10**6
     trained.clear()
     report = target.run_target(cfg, journal=RunJournal(path, dataclasses.asdict(cfg)))
-    # tuning: e = 1, 2, 4 on seed 0; then seed 1 of those three and AutoEcho at R = 2, 4, 8 for both seeds
-    assert first + len(trained) == 3 + 3 + 6 and len(report["runs"]) == 12
+    # tuning: e = 1, 2, 4 on seed 0; then seed 1 of those three and AutoEcho at R = 2, 4, 8 for both seeds;
+    # then each run already at the target at its first evaluation again, evaluated from 20% of the budget.
+    hits = [r for r in report["runs"] if r["reached_target"] and r["curve"][0][1] >= 0.6]
+    assert len(report["runs"]) == 12 and 1 <= len(hits) and first + len(trained) == 12 + len(hits)
     assert report["journal"]["resumed"] == 4
+    dense = [r for r in report["timed_runs"] if "dense_of" in r]
+    assert len(dense) == len(hits)
+    for r in dense:
+        assert r["reached_target"]
+        if r["echo_factor"] != "auto":  # the same training as the first run (AutoEcho's follows the time)
+            assert r["curve"][0][0] == round(0.2 * r["budget_steps"])  # evaluated from 20% of the budget
+            assert r["steps_to_target"] <= r["dense_of"]["steps_to_target"]
     fixed = [r for r in report["runs"] if r["echo_factor"] != "auto"]
     assert all(r["ratios"] == [2.0, 4.0, 8.0] for r in fixed)
     assert sorted(r["ratios"][0] for r in report["runs"] if r["echo_factor"] == "auto") == [2.0, 2.0, 4.0, 4.0,
