@@ -147,7 +147,9 @@ def run_target(cfg: SweepConfig, *, log: Callable[..., None] | None = None,
         if run["reached_target"] and run["curve"] and run["curve"][0][1] >= cfg.target:
             spec, clock_ratios = next((s, r) for m, s, r in made if m is run)
             first = min(cfg.eval_points)
-            dense = tuple(round(f, 4) for f in np.arange(DENSE_FROM, first, DENSE_STEP)) + (first,)
+            # Denser before the first evaluation, then the usual ones: a rerun of AutoEcho (whose
+            # training follows the time) may cross later than the first run did.
+            dense = tuple(round(f, 4) for f in np.arange(DENSE_FROM, first, DENSE_STEP)) + tuple(cfg.eval_points)
             again = budget("dense", spec, clock_ratios=clock_ratios, stop_at_target=True, eval_points=dense)
             timed[i] = {**again, "dense_of": {"steps_to_target": run["steps_to_target"],
                                               "first_eval_hit": True}}
