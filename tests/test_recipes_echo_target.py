@@ -7,14 +7,14 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from hasten.echo import AutoEcho, EchoCounters
 from hasten.recipes.echo.clock import ModelledClocks
 from hasten.recipes.echo.config import RunSpec, SweepConfig
-from hasten.recipes.echo.data import MemoryData, fresh_keys, pipeline
+from hasten.recipes.echo.data import fresh_keys, pipeline
 from hasten.recipes.echo.sweep import train_budget
 from hasten.recipes.echo.target import per_ratio, summarize_target, target_goals, target_table
+from test_recipes_echo import _memory_data
 
 
 # ----------------------------------------------------------------------------- The clock
@@ -180,23 +180,6 @@ def test_one_run_with_several_clocks_gives_one_entry_per_ratio():
 
 
 # ----------------------------------------------------------------------------- The sweep
-def _memory_data(n=512, m=200, seed=0):
-    rng = np.random.default_rng(seed)
-
-    def images(k):
-        labels = rng.integers(0, 2, k)
-        x = rng.integers(0, 60, (k, 16, 16, 3)).astype(np.uint8)
-        x[labels == 0, :, :, 0] += 120
-        x[labels == 1, :, :, 2] += 120
-        return x, labels.astype(np.int64)
-
-    train, train_labels = images(n)
-    test, test_labels = images(m)
-    return MemoryData(train=train, train_labels=train_labels, wire_bytes=np.full(n, 900),
-                      test=torch.from_numpy(test).permute(0, 3, 1, 2).contiguous(),
-                      test_labels=torch.from_numpy(test_labels), eval_order=torch.randperm(m), classes=["r", "b"])
-
-
 def test_the_target_sweep_resumes_without_rerunning_finished_runs_and_times_every_ratio(
         tmp_path, monkeypatch, one_thread):
     from hasten.recipes.echo import target

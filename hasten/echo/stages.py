@@ -155,9 +155,10 @@ def echo_copies(factor: float, *, seed: int, epoch: int, index: int) -> int:
 
 def _echo(
     items: Iterable[T], factor: Factor, seed: int, epoch: int, counters: EchoCounters | None, per_batch: bool,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] | None = None,
 ) -> Iterator[T]:
     auto = factor if isinstance(factor, AutoEcho) else None
+    clock = clock or time.perf_counter  # looked up per call, not at import
     c = counters if counters is not None else EchoCounters()
     it = iter(items)
     window = [0, 0, 0.0, 0.0]  # fresh, emitted, wait_s, downstream_s since the last AutoEcho update
@@ -202,7 +203,7 @@ def _echo(
 
 def echo_examples(
     examples: Iterable[T], factor: Factor, *, seed: int = 0, epoch: int = 0, counters: EchoCounters | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] | None = None,
 ) -> Iterator[T]:
     """Yield each example ``factor`` times in a row (see the module docstring).
 
@@ -210,15 +211,15 @@ def echo_examples(
     ``example-after``; follow it with ``shuffle_buffer``. ``factor`` may be an
     ``AutoEcho``, which then sees this stage's timings. Use a different ``epoch``
     per pass so the non-integral draws differ between epochs. ``clock``: the seconds the
-    stage's timings (and AutoEcho's) are read from; a modelled source passes its own
-    (``hasten.recipes.echo.clock``).
+    stage's timings (and AutoEcho's) are read from (default ``time.perf_counter``); a
+    modelled source passes its own (``hasten.recipes.echo.clock``).
     """
     return _echo(examples, check_factor(factor), seed, epoch, counters, per_batch=False, clock=clock)
 
 
 def echo_batches(
     batches: Iterable[T], factor: Factor, *, seed: int = 0, epoch: int = 0, counters: EchoCounters | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] | None = None,
 ) -> Iterator[T]:
     """Yield each batch ``factor`` times in a row: batch echoing.
 

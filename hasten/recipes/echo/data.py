@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -169,7 +168,7 @@ def _counted(items, counters: EchoCounters):
 
 
 def pipeline(fresh: Iterator[int], spec: RunSpec, factor, buffer, batch_size: int,
-             counters: EchoCounters, clock: Callable[[], float] = time.perf_counter) -> Iterator[np.ndarray]:
+             counters: EchoCounters, clock: Callable[[], float] | None = None) -> Iterator[np.ndarray]:
     """(keys, copy numbers) batches: echo stage, shuffle buffer and batching as in
     ``hasten.stream.loader``. The copy numbers key the augmentation: example-before
     augments every copy afresh, example-after and batch echoing repeat identical copies.

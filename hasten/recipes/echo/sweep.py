@@ -143,7 +143,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     steps, factors, reached, curve = 0, [], None, []
     fresh = fresh_keys(n, spec.seed, storage, source)
     batches = pipeline(clocks.items(fresh) if clocks is not None else fresh, spec, factor, buffer, cfg.batch_size,
-                       counters, clock=clocks.time if clocks is not None else time.perf_counter)
+                       counters, clock=clocks.time if clocks is not None else None)
     clock_reached = None
     try:
         while steps < max_steps and position() < spec.steps:
