@@ -89,9 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         summary["fraction_of_matmul_rate"] = summary["achieved_tflops"] / rate
         print(f"\n{'hardware':<28} {'torch':<14} {'preset':<10} {'n':>3} {'TTA acc mean':>12} {'std':>7} "
               f"{'time_s mean':>11} {'std':>6} {'TFLOP/s':>8} {'of matmul':>9}")
+        def std(x, digits):  # None for one run: no spread measured
+            return f"{x:.{digits}f}" if x is not None else "-"
+
         print(f"{hardware_label(env)[:28]:<28} {env['torch']:<14} {summary['preset']:<10} {len(summary['runs']):>3} "
-              f"{summary['mean_accuracy']:>12.4f} {summary['std_accuracy']:>7.4f} {summary['mean_time_s']:>11.2f} "
-              f"{summary['std_time_s']:>6.2f} {summary['achieved_tflops']:>8.3f} {summary['fraction_of_matmul_rate']:>9.1%}")
+              f"{summary['mean_accuracy']:>12.4f} {std(summary['std_accuracy'], 4):>7} {summary['mean_time_s']:>11.2f} "
+              f"{std(summary['std_time_s'], 2):>6} {summary['achieved_tflops']:>8.3f} "
+              f"{summary['fraction_of_matmul_rate']:>9.1%}")
     print(cond.summary())
     write_json(out, summary)
     print(f"wrote {out}")

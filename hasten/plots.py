@@ -79,8 +79,8 @@ def plot_echo_fresh_examples(rows: Sequence[dict], path: str | Path) -> Path:
         pts = [(e, r) for e, r in pts if r["fresh_examples_to_target"]["mean"] is not None]
         if pts:
             ax.errorbar([e for e, _ in pts], [r["fresh_examples_to_target"]["mean"] for _, r in pts],
-                        yerr=[r["fresh_examples_to_target"]["std"] for _, r in pts], marker="o", capsize=3,
-                        label=variant)
+                        yerr=[r["fresh_examples_to_target"]["std"] or 0.0 for _, r in pts],  # None: one run
+                        marker="o", capsize=3, label=variant)
     ax.set_xlabel("echo factor e")
     ax.set_ylabel("fresh examples to target")
     ax.set_title("(a) fresh examples to target vs echo factor")
@@ -151,9 +151,10 @@ def plot_large_batch(results: dict, path: str | Path) -> Path:
 
 def plot_bars_with_spread(labels: Sequence[str], means: Sequence[float], spreads: Sequence[float],
                           path: str | Path, *, ylabel: str, title: str) -> Path:
-    """Vertical bars with error bars, one per configuration (throughput tables)."""
+    """Vertical bars with error bars, one per configuration (throughput tables); a spread
+    of None (one run: no spread measured) draws no error bar."""
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    ax.bar(labels, means, yerr=spreads, capsize=4)
+    ax.bar(labels, means, yerr=[s or 0.0 for s in spreads], capsize=4)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=8)
     ax.tick_params(axis="x", labelsize=7)

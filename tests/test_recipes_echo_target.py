@@ -154,8 +154,8 @@ def test_speedups_are_paired_by_seed_and_need_every_seed():
                _entry(4.0, "auto", 0, 40.0), _entry(4.0, "auto", 1, 80.0)]
     rows = {r["echo_factor"]: r for r in summarize_target(entries, [4.0], e_max=8.0)}
     assert rows["4.0"]["speedup"]["values"] == [4.0, 2.0] and rows["4.0"]["speedup"]["mean"] == 3.0
-    # t(1) = 12.706 for two seeds: half-width 12.706 x std / sqrt(2)
-    assert rows["4.0"]["speedup"]["ci95"] == pytest.approx(12.706 * np.std([4.0, 2.0], ddof=1) / 2 ** 0.5)
+    # t(0.975, 1) = 12.706205 for two seeds: half-width 12.706205 x std / sqrt(2)
+    assert rows["4.0"]["speedup"]["ci95"] == pytest.approx(12.706205 * np.std([4.0, 2.0], ddof=1) / 2 ** 0.5)
     assert rows["2.0"]["speedup"] is None and rows["2.0"]["reached"] == 1  # a missed seed: no mean speed-up
     assert rows["4.0"]["ideal_speedup"] == 4.0 and rows["2.0"]["ideal_speedup"] == 2.0
     assert rows["auto"]["ideal_speedup"] == 4.0  # min(e_max, R)

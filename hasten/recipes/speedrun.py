@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
 
+from hasten import stats
 from hasten.data import ImageDataset
 from hasten.data.device_loader import Augmentation, GpuLoader
 from hasten.data.host_loader import HostLoader
@@ -580,24 +580,18 @@ def summarize(results: list[RunResult], *, preset: str, device: torch.device, fl
     return {
         "runs": [{"accuracy": r.accuracy, "tta_accuracy": r.tta_accuracy, "time_s": r.time_s,
                   "cpu_time_s": r.cpu_time_s} for r in results],
-        "mean_accuracy": statistics.fmean(tta),  # headline: with the recipe's TTA, as airbench reports
-        "std_accuracy": statistics.stdev(tta) if len(tta) > 1 else 0.0,
-        "mean_accuracy_no_tta": statistics.fmean(r.accuracy for r in results),
-        "mean_time_s": statistics.fmean(times),
-        "std_time_s": statistics.stdev(times) if len(times) > 1 else 0.0,
-        "mean_cpu_time_s": statistics.fmean(r.cpu_time_s for r in results),
+        "mean_accuracy": stats.mean(tta),  # headline: with the recipe's TTA, as airbench reports
+        "std_accuracy": stats.sample_std(tta),  # None for one run: no spread measured
+        "mean_accuracy_no_tta": stats.mean(r.accuracy for r in results),
+        "mean_time_s": stats.mean(times),
+        "std_time_s": stats.sample_std(times),
+        "mean_cpu_time_s": stats.mean(r.cpu_time_s for r in results),
         "device": str(device),
         "preset": preset,
         "flops_per_run": flops,
-        "achieved_tflops": flops / statistics.fmean(times) / 1e12,
+        "achieved_tflops": flops / stats.mean(times) / 1e12,
         **extra,
     }
-
-
-def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
 def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
@@ -623,19 +617,21 @@ def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
     for name, _ in rungs:
         runs = results[name]
         reached = [r for r in runs if r.epochs_to_target is not None]
-        acc, acc_std = _mean_std([r.tta_accuracy for r in runs])
-        t, t_std = _mean_std([r.time_s for r in runs])
+        acc = [r.tta_accuracy for r in runs]
+        times = [r.time_s for r in runs]
         row = {"rung": name, "runs": len(runs), "reached": len(reached),
-               "epochs_to_target": statistics.fmean(r.epochs_to_target for r in reached) if reached else None,
-               "time_to_target_s": statistics.fmean(r.time_to_target_s for r in reached) if reached else None,
-               "final_accuracy": acc, "final_accuracy_std": acc_std,
-               "final_accuracy_runs": [r.tta_accuracy for r in runs],
-               "time_s": t, "time_s_std": t_std, "time_s_runs": [r.time_s for r in runs],
-               "cpu_time_s": statistics.fmean(r.cpu_time_s for r in runs)}
+               "epochs_to_target": stats.mean(r.epochs_to_target for r in reached),
+               "time_to_target_s": stats.mean(r.time_to_target_s for r in reached),
+               "final_accuracy": stats.mean(acc), "final_accuracy_std": stats.sample_std(acc),
+               "final_accuracy_runs": acc,
+               "time_s": stats.mean(times), "time_s_std": stats.sample_std(times), "time_s_runs": times,
+               "cpu_time_s": stats.mean(r.cpu_time_s for r in runs)}
         rows.append(row)
         ep = f"{row['epochs_to_target']:.1f}" if reached else "not reached"
         tt = f"{row['time_to_target_s']:.1f}" if reached else "-"
-        say(f"{name:<34} {len(reached):>3}/{len(runs):<3} {ep:>16} {tt:>16} {acc:>9.4f} {acc_std:>6.4f} {t:>8.1f}")
+        acc_std = f"{row['final_accuracy_std']:.4f}" if row["final_accuracy_std"] is not None else "-"
+        say(f"{name:<34} {len(reached):>3}/{len(runs):<3} {ep:>16} {tt:>16} {row['final_accuracy']:>9.4f} {acc_std:>6} "
+            f"{row['time_s']:>8.1f}")
     if run_dir is not None:
         from hasten.plots import plot_bars
 

@@ -1,7 +1,7 @@
-"""Statistics, tables, goals and plots for the echo sweep and comparison
+"""Summary rows, tables, goals and plots for the echo sweep and comparison
 (``hasten.recipes.echo.sweep``, ``hasten.recipes.echo.compare``): mean and spread per
-(group, variant, e), the speedup against e = 1, the paper's goals, the markdown of
-docs/results/echo.md.
+(group, variant, e) (``hasten.stats``), the speedup against e = 1, the paper's goals,
+the markdown of docs/results/echo.md.
 
 Changes the training math: no (reporting only).
 """
@@ -10,41 +10,14 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
+from hasten.stats import describe
 
 SUMMARY_FIELDS = ("fresh_examples_to_target", "steps_to_target", "wall_time_to_target_s", "end_accuracy",
                   "final_accuracy", "idle_fraction", "upstream_ratio", "mean_echo_factor", "duplicate_rate",
                   "step_time_s")
 
 
-# ----------------------------------------------------------------------------- Statistics
-def stats(values) -> dict:
-    """Mean, sample standard deviation (0 for one value) and count, ignoring None."""
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return {"mean": None, "std": None, "n": 0}
-    return {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
-            "n": len(vals)}
-
-
-# Student t, two-sided 95%, by degrees of freedom; above 30 the normal's 1.96 (2% narrow at 30).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-       20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
-       29: 2.045, 30: 2.042}
-
-
-def mean_ci(values) -> dict:
-    """Mean, sample std, the half-width of the 95% interval (Student t) and the values, ignoring None."""
-    vals = [float(v) for v in values if v is not None]
-    n = len(vals)
-    if not n:
-        return {"n": 0, "mean": None, "std": None, "ci95": None, "values": []}
-    std = float(np.std(vals, ddof=1)) if n > 1 else None
-    return {"n": n, "mean": float(np.mean(vals)), "std": std,
-            "ci95": T95.get(n - 1, 1.96) * std / n ** 0.5 if std is not None else None, "values": vals}
-
-
+# ----------------------------------------------------------------------------- Summary rows
 def summarize(entries: list[dict]) -> list[dict]:
     """Mean and spread per (group, variant, echo) with the speedup (mean wall time of
     e = 1 over the row's) and the fresh-example ratio against e = 1 of the same group."""
@@ -57,7 +30,7 @@ def summarize(entries: list[dict]) -> list[dict]:
         row = {"group": group, "variant": variant, "echo_factor": echo, "n": len(runs),
                "reached": sum(r["reached_target"] for r in runs), "lr": runs[0].get("lr"),
                "budget_steps": runs[0].get("budget_steps"), "shuffle_buffer": runs[0].get("shuffle_buffer")}
-        row.update({f: stats([r.get(f) for r in runs]) for f in SUMMARY_FIELDS})
+        row.update({f: describe([r.get(f) for r in runs]) for f in SUMMARY_FIELDS})
         rows.append(row)
     for row in rows:
         base = next((r for r in rows if r["group"] == row["group"] and r["echo_factor"] == "1.0"), None)
@@ -138,8 +111,9 @@ def goals(rows: list[dict], ratios) -> dict:
             {"variant": r["variant"], "echo_factor": r["echo_factor"], "budget_steps": r["budget_steps"],
              "mean": r["final_accuracy"]["mean"], "std": r["final_accuracy"]["std"],
              "baseline_mean": b["mean"], "baseline_std": b["std"],
-             # "within the seeds' spread": not below the baseline's mean minus its std
-             "within_spread": r["final_accuracy"]["mean"] >= b["mean"] - b["std"]}
+             # "within the seeds' spread": not below the baseline's mean minus its std (one
+             # baseline seed has no spread to be within: None)
+             "within_spread": r["final_accuracy"]["mean"] >= b["mean"] - b["std"] if b["std"] is not None else None}
             for r in rows if r["group"] == "a" and r is not base and r["final_accuracy"]["mean"] is not None]
     nb_base = next((r for r in rows if r["group"] == "R<1" and r["echo_factor"] == "1.0"), None)
     nb_auto = next((r for r in rows if r["group"] == "R<1" and r["echo_factor"] == "auto"), None)

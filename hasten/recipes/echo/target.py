@@ -47,9 +47,9 @@ from hasten.progress import progress
 from hasten.recipes.echo.clock import ModelledClocks
 from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import load_data
-from hasten.recipes.echo.report import mean_ci
 from hasten.recipes.echo.sweep import _brief, _rank, current_step_time, train_budget, tune
 from hasten.rundir import RunJournal
+from hasten.stats import mean_ci, paired_ratios
 from hasten.timing import interleaved
 
 
@@ -186,8 +186,9 @@ def summarize_target(entries: list[dict], ratios, e_max: float) -> list[dict]:
         for factor in dict.fromkeys(str(e["echo_factor"]) for e in group):
             runs = sorted((e for e in group if str(e["echo_factor"]) == factor), key=lambda e: e["seed"])
             reached = [e for e in runs if e["reached_target"]]
-            speedups = [base[e["seed"]]["wall_time_to_target_s"] / e["wall_time_to_target_s"] for e in reached
-                        if e["seed"] in base and base[e["seed"]]["reached_target"]]
+            speedups = paired_ratios({s: b["wall_time_to_target_s"] for s, b in sorted(base.items())
+                                      if b["reached_target"]},
+                                     {e["seed"]: e["wall_time_to_target_s"] for e in reached})
             e_ideal = e_max if factor == "auto" else float(factor)
             measured = mean_ci([e["upstream_ratio"] for e in runs])
             rows.append({
