@@ -23,9 +23,7 @@ Defaults: ``--steps 10`` timed steps per hook. Needs root (network namespaces).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,11 +31,11 @@ import torch.distributed as dist
 from hasten.distributed import data_parallel as dp
 from hasten.harness.launch import spawn
 from hasten.harness.netns import EmulatedCluster, probe
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.rundir import write_json
 from hasten.timing import Stopwatch, interleaved
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _common import RESULTS, MeasuredConditions, hardware_label, mean, sample_std
+
 WORLD, LINK_GBIT, WIDTH, LOCAL_BATCH = 4, 1.0, 1024, 32
 CASES = [("native", None), ("ring", None), ("torus", None), ("naive", None),
          ("native", "bf16"), ("ring", "bf16")]
@@ -87,6 +85,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10, help="timed steps per hook, after 1 warm-up (default 10)")
     a = p.parse_args()
+    if a.steps < 2:
+        p.error("--steps must be >= 2 (a spread needs two)")
     reason = probe()
     if reason is not None:
         raise SystemExit(f"network namespaces unavailable: {reason}")
@@ -108,14 +108,14 @@ def main() -> None:
           f"||w - w_0|| = {update_norm:.4g} (what training changed)")
     print(f"{'hook':<14} {'step ms':>9} {'+-':>7} {'max |w - native|':>17} {'/ ||w||':>9} {'/ ||w - w_0||':>13}")
     for key, r in res.items():
-        mean, std = statistics.fmean(r["times_s"]), statistics.stdev(r["times_s"])
+        step_s, std = mean(r["times_s"]), sample_std(r["times_s"])
         delta = r["weights"] - ref
-        row = {"hook": key, "n": len(r["times_s"]), "step_s": mean, "step_std_s": std, "times_s": r["times_s"],
+        row = {"hook": key, "n": len(r["times_s"]), "step_s": step_s, "step_std_s": std, "times_s": r["times_s"],
                "max_abs_weight_diff_vs_native": delta.abs().max().item(),
                "weight_diff_norm_relative_to_weight_norm": delta.norm().item() / weight_norm,
                "weight_diff_norm_relative_to_update_norm": delta.norm().item() / update_norm}
         rows.append(row)
-        print(f"{key:<14} {mean * 1e3:9.1f} {std * 1e3:7.1f} {row['max_abs_weight_diff_vs_native']:17.2e} "
+        print(f"{key:<14} {step_s * 1e3:9.1f} {std * 1e3:7.1f} {row['max_abs_weight_diff_vs_native']:17.2e} "
               f"{row['weight_diff_norm_relative_to_weight_norm']:9.1e} "
               f"{row['weight_diff_norm_relative_to_update_norm']:13.1e}")
     print(cond.summary())

@@ -30,12 +30,12 @@ import argparse
 import time
 from pathlib import Path
 
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.harness.netns import probe
 from hasten.recipes.allreduce import AllreduceConfig, format_table, human, run
 from hasten.rundir import write_json
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _common import RESULTS, MeasuredConditions, hardware_label
+
 LINK_GBIT, INTER_GBIT, LOCAL = 1.0, 0.25, 4
 MB = 1 << 20
 

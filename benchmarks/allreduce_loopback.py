@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.recipes.allreduce import AllreduceConfig, format_table, run
 from hasten.rundir import write_json
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _common import RESULTS, MeasuredConditions, hardware_label
+
 SIZES = (1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)  # 1K, 64K, 1M, 16M, 256M
 
 

@@ -26,13 +26,12 @@ table, writes ``benchmarks/results/allreduce_scale.json`` and ``allreduce_scale.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from hasten.distributed.cost_model import Link, simulate
-from hasten.environment import MeasuredConditions
 from hasten.rundir import write_json
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _common import RESULTS, MeasuredConditions
+
 NS = [4, 16, 64, 256, 1024, 2048, 4096]
 MESSAGES = {"100MB": 100e6, "1MB": 1e6}
 ALGOS = ("naive", "ring", "halving_doubling", "torus")

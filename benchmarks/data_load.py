@@ -20,7 +20,7 @@ Prints a table, writes
     python benchmarks/data_load.py [--data PATH] [--first N] [--cached N]
 
 ``--data`` defaults to ``$HASTEN_DATA`` if set, else ``../shared/data/cifar10-jpeg.tar.xz``
-(relative to the current directory: run it from the repository root).
+beside the checkout (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import argparse
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -41,12 +40,10 @@ import torch
 
 from hasten.data import load_dataset
 from hasten.data.archive import iter_files
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
+from _common import RESULTS, MeasuredConditions, add_data_argument, hardware_label, mean, require_data, sample_std
 
 FRESH_PROCESS = """
 import sys, time
@@ -94,21 +91,20 @@ def fresh_process_load(data: Path, cache: Path) -> tuple[float, float, float]:
     return time.perf_counter() - start, cpu_seconds() - cpu, float(out.split()[0])
 
 
-def stats(xs: list[float], cpu: list[float]) -> dict:
-    return {"n": len(xs), "mean_s": statistics.mean(xs), "std_s": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-            "min_s": min(xs), "runs_s": xs, "cpu_mean_s": statistics.mean(cpu) if cpu else None}
+def timing_row(xs: list[float], cpu: list[float]) -> dict:
+    """One variant's row: its wall seconds (std None for one load) and mean CPU seconds."""
+    return {"n": len(xs), "mean_s": mean(xs), "std_s": sample_std(xs), "min_s": min(xs), "runs_s": xs,
+            "cpu_mean_s": mean(cpu)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
-                        help=f"CIFAR-10-JPEG archive (default $HASTEN_DATA, else {DEFAULT_DATA})")
+    add_data_argument(parser, "CIFAR-10-JPEG archive")
     parser.add_argument("--first", type=int, default=3, help="first (uncached) loads per variant")
     parser.add_argument("--cached", type=int, default=5, help="cached loads per variant")
     args = parser.parse_args()
-    if not args.data.exists():
-        sys.exit(f"data_load: no data at {args.data}; pass --data PATH or set HASTEN_DATA")
-    args.data = args.data.resolve()
+    require_data(args.data, "data_load")
+    args.data = Path(args.data).resolve()
     os.environ.setdefault("HASTEN_PROGRESS", "0")
 
     rows: dict[str, list[float]] = {"read archive: tarfile alone": [], "read archive: iter_files": [],
@@ -166,7 +162,7 @@ def main() -> None:
         "conditions": conditions,
         "cached_loads_read": "the OS page cache (the entry was just written)",
         "order": order,
-        "results": {label: stats(xs, cpu[label]) for label, xs in rows.items()},
+        "results": {label: timing_row(xs, cpu[label]) for label, xs in rows.items()},
     }
     first = result["results"]["first load, workers=all cores"]["mean_s"]
     result["speedup_cached_vs_first"] = first / result["results"]["cached, same process"]["mean_s"]
@@ -175,7 +171,8 @@ def main() -> None:
     print(f"{'load':<32}{'n':>3}{'mean s':>9}{'std s':>8}{'min s':>8}{'CPU s':>8}")
     for label, s in result["results"].items():
         cpu_s = f"{s['cpu_mean_s']:>8.3f}" if s["cpu_mean_s"] is not None else f"{'':>8}"
-        print(f"{label:<32}{s['n']:>3}{s['mean_s']:>9.3f}{s['std_s']:>8.3f}{s['min_s']:>8.3f}{cpu_s}")
+        std = f"{s['std_s']:>8.3f}" if s["std_s"] is not None else f"{'-':>8}"
+        print(f"{label:<32}{s['n']:>3}{s['mean_s']:>9.3f}{std}{s['min_s']:>8.3f}{cpu_s}")
     print(f"cached load is {result['speedup_cached_vs_first']:.0f}x faster than the first load")
     print(cond.summary())
 
@@ -192,7 +189,7 @@ def plot(result: dict, path: Path) -> None:
 
     labels = [k for k in result["results"] if not k.startswith(" ")]
     means = [result["results"][k]["mean_s"] for k in labels]
-    stds = [result["results"][k]["std_s"] for k in labels]
+    stds = [result["results"][k]["std_s"] or 0.0 for k in labels]  # None: one load, no error bar
     fig, ax = plt.subplots(figsize=(7, 3.2))
     ax.barh(labels, means, xerr=stds, color=["#bbb", "#888", "#c44", "#e99", "#4a4", "#8c8"][: len(labels)])
     ax.invert_yaxis()

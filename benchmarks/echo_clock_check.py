@@ -23,16 +23,15 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions
 from hasten.recipes.echo.clock import ModelledClocks
 from hasten.recipes.echo.config import RunSpec, SweepConfig
-from hasten.recipes.echo.data import Source, add_data_argument, load_data, require_data
-from hasten.recipes.echo.report import mean_ci
+from hasten.recipes.echo.data import load_data
 from hasten.recipes.echo.sweep import current_step_time, source_for, train_budget
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, MeasuredConditions, add_data_argument, mean_ci, paired_ratios, require_data
+
 IN_FLIGHT, PREFETCH, REQUEST = 8, 4, 32
 
 
@@ -86,7 +85,8 @@ def main() -> int:
         rows.append({"ratio": ratio, "echo": echo,
                      "real_wall_s": mean_ci([real[s]["wall_s"] for s in real]),
                      "modelled_wall_s": mean_ci([model[s]["wall_s"] for s in model]),
-                     "modelled_over_real": mean_ci([model[s]["wall_s"] / real[s]["wall_s"] for s in real]),
+                     "modelled_over_real": mean_ci(paired_ratios({s: m["wall_s"] for s, m in model.items()},
+                                                                 {s: r["wall_s"] for s, r in real.items()})),
                      "real_mean_e": mean_ci([real[s]["mean_echo_factor"] for s in real]),
                      "modelled_mean_e": mean_ci([model[s]["mean_echo_factor"] for s in model])})
     write_json(Path(args.out), {"benchmark": "echo_clock_check", "conditions": cond.as_dict(), "config": vars(args),

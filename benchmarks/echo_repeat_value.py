@@ -18,13 +18,11 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions
 from hasten.recipes.echo.config import SweepConfig
-from hasten.recipes.echo.data import add_data_argument, require_data
 from hasten.recipes.echo.value import calibrate
 from hasten.rundir import write_json
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, MeasuredConditions, add_data_argument, require_data
 
 
 def main() -> int:

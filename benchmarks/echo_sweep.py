@@ -23,7 +23,7 @@ finished runs from the journal (``--fresh`` starts over).
     python benchmarks/echo_sweep.py [--data PATH] [--seeds 3]
 
 Defaults: ``--data`` is ``$HASTEN_DATA`` if set, else ``../shared/data/cifar10-jpeg.tar.xz``
-relative to the current directory; 3 seeds; CPU, one torch thread (on a shared
+beside the checkout; 3 seeds; CPU, one torch thread (on a shared
 CPU a second thread made steps 5x slower). Run under the shared benchmark lock.
 """
 
@@ -35,14 +35,12 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions
 from hasten.recipes.echo.config import SweepConfig
-from hasten.recipes.echo.data import add_data_argument, require_data
 from hasten.recipes.echo.report import format_table, markdown_tables, write_plots
 from hasten.recipes.echo.sweep import add_journal_arguments, open_journal, run
 from hasten.rundir import write_json
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, MeasuredConditions, add_data_argument, require_data
 
 
 def main() -> int:

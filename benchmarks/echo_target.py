@@ -24,14 +24,12 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions
 from hasten.recipes.echo.config import SweepConfig
-from hasten.recipes.echo.data import add_data_argument, require_data
 from hasten.recipes.echo.sweep import add_journal_arguments, open_journal
 from hasten.recipes.echo.target import accuracy_margin, run_target, target_table
 from hasten.rundir import write_json
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, MeasuredConditions, add_data_argument, require_data
 
 
 def plot(report: dict, path: Path) -> Path:

@@ -64,12 +64,13 @@ import torch
 from gpu.context import Context, restore_torch_settings, torch_settings
 from gpu.plan import FULL, SECTIONS, SMOKE, STARTUP_S
 
-from hasten.environment import MeasuredConditions, pick_device
+from hasten.environment import pick_device
 from hasten.errors import ConfigError
 from hasten.rundir import runs_root, write_json
 
-DEFAULT_OUT = HERE / "results" / "gpu"
-DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
+from _common import RESULTS, MeasuredConditions, add_data_argument
+
+DEFAULT_OUT = RESULTS / "gpu"
 DEFAULT_SDIST = os.path.join(".whl", "airbench-0.1.8.tar.gz")
 
 
@@ -192,9 +193,7 @@ def print_plan(names: list[str], sizes, smoke: bool, overall_s: float, say) -> N
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
-                   help="CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else %(default)s); with --smoke a "
-                        "synthetic toy folder when there is none")
+    add_data_argument(p, "CIFAR-10-JPEG archive or folder, with --smoke a synthetic toy folder when there is none")
     p.add_argument("--out", type=Path, help=f"folder for <section>.json (default {os.path.relpath(DEFAULT_OUT)}; "
                                             "with --smoke $HASTEN_RUNS/gpu-suite-smoke)")
     p.add_argument("--only", help=f"comma-separated sections, of {','.join(SECTIONS)}")

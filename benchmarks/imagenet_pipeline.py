@@ -69,7 +69,6 @@ import torch
 from PIL import Image
 
 from hasten.data import decode
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.progress import progress
 from hasten.rundir import write_json
 from hasten.stream.fused_crop import random_resized_box
@@ -80,10 +79,11 @@ from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, paired_ratios, plus_minus  # noqa: E402
+
 from pipeline_peers import (WARMUP_BATCHES, dali_cpu_iter, dali_unavailable_reason, measure,  # noqa: E402
                             torchvision_sample, torchvision_unavailable_reason, torchvision_versions)
 
-RESULTS = Path(__file__).parent / "results"
 GOAL_SPEEDUP, GOAL_CACHE, GOAL_OVER_DALI = 2.5, 3.0, 2.0
 FORMAT = 1  # bump when the generated images change
 
@@ -368,12 +368,6 @@ def cache_epochs(shards: ShardFiles, n_shards: int, workers: int, size: int, lat
                 "cache_epoch2_speedup": times[0] / times[1]}
 
 
-def stats(values) -> dict:
-    v = np.asarray(values, dtype=float)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "n": len(v),
-            "values": [round(float(x), 1) for x in v]}
-
-
 # ----------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------
@@ -503,15 +497,15 @@ def main(argv: list[str] | None = None) -> dict:
     rows = {}
     for name, kind, size in configs:
         rows[name] = {"pipeline": kind, "image_size": size, "workers": k if size else 0,
-                      "images_per_s_per_core": stats([s[1] for s in samples[name]]),
-                      "images_per_s_wall": stats([s[0] for s in samples[name]]),
-                      "loading_process_ms_per_image": stats([s[3] for s in samples[name]]),
-                      "seconds_to_first_batch": stats([s[4] for s in samples[name]]) if size else None,
+                      "images_per_s_per_core": mean_ci([s[1] for s in samples[name]]),
+                      "images_per_s_wall": mean_ci([s[0] for s in samples[name]]),
+                      "loading_process_ms_per_image": mean_ci([s[3] for s in samples[name]]),
+                      "seconds_to_first_batch": mean_ci([s[4] for s in samples[name]]) if size else None,
                       "images_per_sample": samples[name][0][2]}
     def ratio(a: str, b: str) -> dict:
         """Mean over mean, and per repeat (the repeats ran in the same shuffled rounds)."""
         x, y = rows[a]["images_per_s_per_core"], rows[b]["images_per_s_per_core"]
-        pairs = [u / v for u, v in zip(x["values"], y["values"])]
+        pairs = paired_ratios(x["values"], y["values"])
         return {"mean": x["mean"] / y["mean"], "per_repeat": [round(p, 2) for p in pairs]}
 
     speedup = {str(size): ratio(f"hasten fused {size}", f"torch DataLoader {size}") for size in sizes}
@@ -564,7 +558,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n{'pipeline':<28}{'images/s/core':>18}{'images/s wall':>18}")
     for name, row in rows.items():
         c, w = row["images_per_s_per_core"], row["images_per_s_wall"]
-        print(f"{name:<28}{c['mean']:>10.0f} ± {c['std']:<5.0f}{w['mean']:>10.0f} ± {w['std']:<5.0f}")
+        print(f"{name:<28}{plus_minus(c['mean'], c['std'], '.0f'):>18}"
+              f"{plus_minus(w['mean'], w['std'], '.0f'):>18}")
     for size, s in speedup.items():
         print(f"speedup per core over the Pillow DataLoader at {size}: {s['mean']:.2f}x (goal {GOAL_SPEEDUP}x); "
               f"per repeat {s['per_repeat']}")

@@ -56,12 +56,12 @@ import torch
 from PIL import Image
 
 from hasten.data import turbojpeg as hturbo
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.rundir import write_json
 from hasten.stream import fused_crop as fc
 from hasten.timing import interleaved
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, plus_minus
+
 PACKAGES = ("torch", "numpy", "pillow", "simplejpeg", "turbojpeg", "opencv-python-headless", "opencv-python",
             "pyturbojpeg", "nvidia-dali-cuda120", "nvidia-nvimgcodec-cu12")
 
@@ -351,12 +351,6 @@ def _modified() -> list[str] | None:
     return [line[3:] for line in out.stdout.splitlines()] if out.returncode == 0 else None
 
 
-def stats(values) -> dict:
-    v = np.asarray(values, dtype=float)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "n": len(v),
-            "values": [round(float(x), 2) for x in v]}
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=300, help="files in the seeded sample")
@@ -466,17 +460,18 @@ def main(argv: list[str] | None = None) -> dict:
         if kind == "route":
             row = decoders.setdefault(name, {"images_per_cpu_s": {}, "images_per_wall_s": {},
                                              "mean_abs_diff_vs_pillow_full": diffs.get(name, {})})
-            row["images_per_cpu_s"][str(size)] = stats(v)
-            row["images_per_wall_s"][str(size)] = stats(wall[(kind, name, size)])
+            row["images_per_cpu_s"][str(size)] = mean_ci(v)
+            row["images_per_wall_s"][str(size)] = mean_ci(wall[(kind, name, size)])
         elif kind == "floor":
-            floor_rows[name] = {"images_per_cpu_s": stats(v), "images_per_wall_s": stats(wall[(kind, name, size)])}
+            floor_rows[name] = {"images_per_cpu_s": mean_ci(v),
+                                "images_per_wall_s": mean_ci(wall[(kind, name, size)])}
         elif kind == "dali":
             row = dali_rows.setdefault(name, {"images_per_cpu_s": {}, "images_per_wall_s": {}})
             key = "full" if size is None else str(size)
-            row["images_per_cpu_s"][key] = stats(v)
-            row["images_per_wall_s"][key] = stats(wall[(kind, name, size)])
+            row["images_per_cpu_s"][key] = mean_ci(v)
+            row["images_per_wall_s"][key] = mean_ci(wall[(kind, name, size)])
         else:
-            resize_rows.setdefault(name, {})[str(size)] = stats(v)
+            resize_rows.setdefault(name, {})[str(size)] = mean_ci(v)
     result = {
         "benchmark": "jpeg_decoders",
         "hardware": hardware_label(cond.as_dict()["environment"]),
@@ -503,7 +498,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _ms(s: dict) -> str:
-    return f"{s['mean']:.0f} ± {s['std']:.0f}"
+    return plus_minus(s["mean"], s["std"], ".0f")
 
 
 def markdown(r: dict) -> str:
@@ -531,7 +526,8 @@ def markdown(r: dict) -> str:
     lines += ["", "| resize alone (one thread) | " + " | ".join(f"ms/image to {s}" for s in sizes) + " |",
               "|---" * (1 + len(sizes)) + "|"]
     for n, row in r["resize_ms_per_image"].items():
-        lines.append(f"| {n} | " + " | ".join(f"{row[s]['mean']:.3f} ± {row[s]['std']:.3f}" for s in sizes) + " |")
+        lines.append(f"| {n} | " + " | ".join(plus_minus(row[s]["mean"], row[s]["std"], ".3f") for s in sizes)
+                     + " |")
     if r["skipped"]:
         lines += [""] + [f"skipped {k}: {v}" for k, v in r["skipped"].items()]
     return "\n".join(lines)

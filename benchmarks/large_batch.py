@@ -62,7 +62,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hasten.data import load_dataset
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.errors import HastenError
 from hasten.nn.ghost_bn import apply_ghost_batchnorm
 from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups
@@ -70,7 +69,8 @@ from hasten.optim.noise_scale import NoiseScale, micro_batch_sq_norms
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, MeasuredConditions, add_data_argument, hardware_label
+
 LABEL_SMOOTHING, WEIGHT_DECAY, MOMENTUM, TRUST = 0.1, 5e-4, 0.9, 0.001
 
 
@@ -473,8 +473,7 @@ def report_only(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=os.environ.get("HASTEN_DATA", "../shared/data/cifar10-jpeg.tar.xz"),
-                   help="dataset (default $HASTEN_DATA, else ../shared/data/cifar10-jpeg.tar.xz)")
+    add_data_argument(p, "dataset")
     p.add_argument("--resolution", type=int, default=8, help="pixels per side after average pooling (32/k)")
     p.add_argument("--width", type=int, default=16, help="conv channels")
     p.add_argument("--hidden", type=int, default=128, help="hidden units")

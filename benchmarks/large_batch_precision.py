@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions, hardware_label, pick_device
+from hasten.environment import pick_device
 from hasten.models.resnet import build_model
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy, to_channels_last
 from hasten.optim import Lars, lars_param_groups
@@ -32,7 +32,8 @@ from hasten.recipes.common import optimizer_step
 from hasten.rundir import write_json
 from hasten.timing import Stopwatch, interleaved
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, MeasuredConditions, hardware_label, mean, paired_ratios, sample_std
+
 CONFIGS = [("fp32", False, False), ("bf16", True, False),
            ("fp32 channels_last", False, True), ("bf16 channels_last", True, True)]
 
@@ -83,19 +84,19 @@ def main(argv=None) -> int:
     conditions = cond.as_dict()
     env = conditions["environment"]
     rows = []
-    base = statistics.mean(samples["fp32"])
+    base = mean(samples["fp32"])
     print(f"{'config':20} {'images/s':>9} {'stdev':>7} {'vs fp32':>7}  {'ratio to fp32 in each repeat'}   "
           f"({hardware_label(env)}, torch {torch.__version__}, n={args.repeats})")
     for name, _, _ in CONFIGS:
         s = samples[name]
-        ratios = [x / b for x, b in zip(s, samples["fp32"])]
-        row = {"config": name, "images_per_s_mean": statistics.mean(s),
-               "images_per_s_stdev": statistics.stdev(s) if len(s) > 1 else 0.0,
-               "speedup_vs_fp32": statistics.mean(s) / base, "samples": s,
+        ratios = paired_ratios(s, samples["fp32"])  # per repeat: the configurations ran in the same rounds
+        row = {"config": name, "images_per_s_mean": mean(s), "images_per_s_stdev": sample_std(s),
+               "speedup_vs_fp32": mean(s) / base, "samples": s,
                "ratio_to_fp32_per_repeat": ratios,
                "ratio_to_fp32_median": statistics.median(ratios)}
         rows.append(row)
-        print(f"{name:20} {row['images_per_s_mean']:9.0f} {row['images_per_s_stdev']:7.0f} "
+        stdev = f"{row['images_per_s_stdev']:.0f}" if row["images_per_s_stdev"] is not None else "-"  # one repeat
+        print(f"{name:20} {row['images_per_s_mean']:9.0f} {stdev:>7} "
               f"{row['speedup_vs_fp32']:7.2f}  " + " ".join(f"{r:.2f}" for r in ratios))
     print(cond.summary())
     write_json(args.out, {"benchmark": "large_batch_precision", "hardware": hardware_label(env),

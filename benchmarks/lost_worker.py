@@ -30,11 +30,10 @@ from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions
 from hasten.harness.launch import torchrun_worker_pids
 from hasten.rundir import write_json
 
-RESULTS = Path(__file__).resolve().parent / "results" / "lost_worker.json"
+from _common import RESULTS, MeasuredConditions, add_data_argument, require_data
 
 
 def logged_step(run_dir: Path) -> int:
@@ -96,7 +95,7 @@ def compare(a: Path, b: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=os.environ.get("HASTEN_DATA", "../shared/data/cifar10-jpeg.tar.xz"))
+    add_data_argument(p)
     p.add_argument("--nproc", type=int, default=3)
     p.add_argument("--train-subset", type=int, default=3072)
     p.add_argument("--batch-size", type=int, default=96)
@@ -104,8 +103,9 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--kill-after-step", type=int, default=64, help="kill once metrics.jsonl logs this step")
     p.add_argument("--kill-rank", type=int, default=1)
-    p.add_argument("--json", default=str(RESULTS))
+    p.add_argument("--json", default=str(RESULTS / "lost_worker.json"))
     args = p.parse_args()
+    require_data(args.data, "lost_worker")
     with MeasuredConditions() as cond, tempfile.TemporaryDirectory(prefix="lost-worker-") as tmpdir:
         tmp = Path(tmpdir)
         straight = launch(args, tmp / "straight", tmp / "logs-straight", restarts=0, kill_rank=None)

@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from hasten.distributed import data_parallel as dp
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.harness.launch import spawn
 from hasten.models.resnet import build_model
 from hasten.optim.noise_scale import NoiseScale, micro_batch_sq_norms
 from hasten.rundir import write_json
 
-RESULTS = Path(__file__).parent / "results"
+from _common import RESULTS, MeasuredConditions, hardware_label, mean, paired_ratios
+
 PROBE_EVERY = 10  # as hasten.recipes.train.NOISE_PROBE_EVERY
 
 
@@ -100,13 +100,13 @@ def main(argv=None) -> int:
     with MeasuredConditions("cpu") as cond:
         for world in (1, 2):
             r = _blocks(0, 1, args) if world == 1 else spawn(_blocks, 2, (args,), timeout_s=120)[0]
-            ratios = [b / a for a, b in zip(r["off"], r["on"])]
-            cpu_ratios = [b / a for a, b in zip(r["cpu_off"], r["cpu_on"])]
+            ratios = paired_ratios(r["on"], r["off"])  # per block: off and on ran back to back in it
+            cpu_ratios = paired_ratios(r["cpu_on"], r["cpu_off"])
             rows.append({"world_size": world, "step_s_off": r["off"], "step_s_on": r["on"],
                          "cpu_s_off": r["cpu_off"], "cpu_s_on": r["cpu_on"], "cpu_ratio_by_block": cpu_ratios,
                          "cpu_median_ratio": statistics.median(cpu_ratios),
                          "ratio_by_block": ratios, "median_ratio": statistics.median(ratios),
-                         "mean_ratio": statistics.mean(ratios), "measurements": r["measurements"]})
+                         "mean_ratio": mean(ratios), "measurements": r["measurements"]})
             print(f"world {world}: step {1000 * statistics.median(r['off']):.1f} ms off, "
                   f"{1000 * statistics.median(r['on']):.1f} ms on (medians of {args.blocks} blocks of {args.block}); "
                   f"ratio median {statistics.median(ratios):.3f}, blocks "

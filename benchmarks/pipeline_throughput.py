@@ -18,7 +18,7 @@ load average and matmul rate before and after are recorded
     python benchmarks/pipeline_throughput.py [--data PATH] [--images 10000] [--repeats 3] [--workers 0,1,2]
 
 ``--data`` defaults to ``$HASTEN_DATA`` if set, else ``../shared/data/cifar10-jpeg.tar.xz``
-(relative to the current directory: run it from the repository root).
+beside the checkout (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,12 +35,11 @@ from PIL import Image
 from hasten.stream.records import open_records
 from hasten.stream.loader import StreamLoader
 from hasten.data import decode
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-RESULTS = Path(__file__).parent / "results"
-DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
+from _common import (RESULTS, MeasuredConditions, add_data_argument, describe, hardware_label, plus_minus,
+                     require_data)
 
 
 class PillowDataset(torch.utils.data.Dataset):
@@ -97,22 +94,15 @@ def measure(make_iter, images: int) -> tuple[float, float]:
     return n / wall, n / max(cpu_seconds() - cpu0, 1e-9)
 
 
-def _std(xs) -> float:
-    """Sample standard deviation; 0.0 for a single repeat (no spread measured)."""
-    return float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
-                    help=f"CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else {DEFAULT_DATA})")
+    add_data_argument(ap)
     ap.add_argument("--images", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", default="0,1,2")
     ap.add_argument("--seed", type=int, default=0, help="seeds the order of configurations and the loaders")
     args = ap.parse_args()
-    if not os.path.exists(args.data):
-        sys.exit(f"pipeline_throughput: no data at {args.data}; pass --data PATH or set HASTEN_DATA")
+    require_data(args.data, "pipeline_throughput")
     torch.set_num_threads(1)
     records = open_records(args.data, "train")
     workers = [int(w) for w in args.workers.split(",")]
@@ -144,8 +134,7 @@ def main() -> None:
         wall = [s[0] for s in samples[name]]
         cpu = [s[1] for s in samples[name]]
         rows.append({"config": name, "pipeline": kind, "workers": k, "n": len(wall),
-                     "images_per_s": {"mean": float(np.mean(wall)), "std": _std(wall)},
-                     "images_per_cpu_s": {"mean": float(np.mean(cpu)), "std": _std(cpu)},
+                     "images_per_s": describe(wall), "images_per_cpu_s": describe(cpu),
                      "samples": samples[name]})
     for row in rows:
         base = next(r for r in rows if r["pipeline"] == "baseline" and r["workers"] == row["workers"])
@@ -171,8 +160,9 @@ def main() -> None:
     print(cond.summary())
     print(f"{'config':42} {'img/s':>14} {'img/CPU-s':>14} {'vs base wall':>12} {'vs base CPU':>11}")
     for r in rows:
-        print(f"{r['config']:42} {r['images_per_s']['mean']:>8.0f}±{r['images_per_s']['std']:<5.0f} "
-              f"{r['images_per_cpu_s']['mean']:>8.0f}±{r['images_per_cpu_s']['std']:<5.0f} "
+        wall, cpu = r["images_per_s"], r["images_per_cpu_s"]
+        print(f"{r['config']:42} {plus_minus(wall['mean'], wall['std'], '.0f'):>14} "
+              f"{plus_minus(cpu['mean'], cpu['std'], '.0f'):>14} "
               f"{r['speedup_wall']:>11.2f}x {r['speedup_per_cpu_s']:>10.2f}x")
 
 
@@ -188,7 +178,7 @@ def plot(rows, path, meta) -> None:
         for kind, offset in (("baseline", -0.2), ("hasten", 0.2)):
             rs = [r for r in rows if r["pipeline"] == kind]
             ax.bar([r["workers"] + offset for r in rs], [r[key]["mean"] for r in rs], width=0.4,
-                   yerr=[r[key]["std"] for r in rs], capsize=3,
+                   yerr=[r[key]["std"] or 0.0 for r in rs], capsize=3,  # None: one repeat
                    label="torch DataLoader + Pillow" if kind == "baseline" else "hasten StreamLoader")
         ax.set_xticks(sorted({r["workers"] for r in rows}))
         ax.set_xlabel("decode workers (0 = in the main process)")

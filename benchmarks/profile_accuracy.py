@@ -46,15 +46,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hasten.environment import MeasuredConditions, hardware_label
 from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
 from hasten.profile.verdict import classify
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
+from _common import RESULTS, MeasuredConditions, hardware_label
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "profile_scripts"
-RESULTS = Path(__file__).parent / "results"
 PY = sys.executable
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
 TOKENS = Path(tempfile.gettempdir()) / "hasten-profile-accuracy-tokens.bin"

@@ -23,20 +23,19 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import shutil
 import sys
 from pathlib import Path
 
 import torch
 
-from hasten.environment import MeasuredConditions, hardware_label, pick_device
+from hasten.environment import pick_device
 from hasten.errors import HastenError
 from hasten.recipes import speedrun
 from hasten.rundir import RunDir, write_json
 from hasten.timing import Stopwatch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _common import RESULTS, MeasuredConditions, add_data_argument, hardware_label
 
 
 def matmul_tflops(device: torch.device, seconds: float = 3.0) -> tuple[float, str]:
@@ -56,8 +55,7 @@ def matmul_tflops(device: torch.device, seconds: float = 3.0) -> tuple[float, st
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=os.environ.get("HASTEN_DATA", "../shared/data/cifar10-jpeg.tar.xz"),
-                   help="dataset path (default $HASTEN_DATA, else ../shared/data/cifar10-jpeg.tar.xz)")
+    add_data_argument(p, "dataset path")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--preset", default="auto")
     p.add_argument("--device", default="auto")
@@ -89,13 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         summary["fraction_of_matmul_rate"] = summary["achieved_tflops"] / rate
         print(f"\n{'hardware':<28} {'torch':<14} {'preset':<10} {'n':>3} {'TTA acc mean':>12} {'std':>7} "
               f"{'time_s mean':>11} {'std':>6} {'TFLOP/s':>8} {'of matmul':>9}")
-        def std(x, digits):  # None for one run: no spread measured
-            return f"{x:.{digits}f}" if x is not None else "-"
-
+        one_run = summary["std_accuracy"] is None  # no spread measured
+        acc_std, time_std = ("-", "-") if one_run else (f"{summary['std_accuracy']:.4f}", f"{summary['std_time_s']:.2f}")
         print(f"{hardware_label(env)[:28]:<28} {env['torch']:<14} {summary['preset']:<10} {len(summary['runs']):>3} "
-              f"{summary['mean_accuracy']:>12.4f} {std(summary['std_accuracy'], 4):>7} {summary['mean_time_s']:>11.2f} "
-              f"{std(summary['std_time_s'], 2):>6} {summary['achieved_tflops']:>8.3f} "
-              f"{summary['fraction_of_matmul_rate']:>9.1%}")
+              f"{summary['mean_accuracy']:>12.4f} {acc_std:>7} {summary['mean_time_s']:>11.2f} "
+              f"{time_std:>6} {summary['achieved_tflops']:>8.3f} {summary['fraction_of_matmul_rate']:>9.1%}")
     print(cond.summary())
     write_json(out, summary)
     print(f"wrote {out}")

@@ -33,33 +33,22 @@ import fcntl
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from hasten.environment import MeasuredConditions
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _common import RESULTS, MeasuredConditions, add_data_argument, mean, mean_ci, paired_differences, require_data
+
 CONFIGS = {  # name -> changes to the cpu preset (applied in the child, see child_main)
     "cpu": {},
     "cpu-first5000": {"whiten_sample": "first"},
     "cpu-0.1": "CPU_0_1",
 }
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def mean_ci(xs: list[float]) -> dict:
-    """Mean, sample std and the half-width of the 95% interval (Student t)."""
-    n = len(xs)
-    mean = statistics.fmean(xs)
-    std = statistics.stdev(xs) if n > 1 else None
-    half = T95.get(n - 1, 1.96) * std / n ** 0.5 if n > 1 else None
-    return {"n": n, "mean": mean, "std": std, "ci95": half, "values": xs}
 
 
 def child_main(config: str, argv: list[str]) -> int:
@@ -102,10 +91,9 @@ def summarize(runs: list[dict], configs: list[str]) -> dict:
         if mine:
             rows[c] = {k: mean_ci([r[k] for r in mine]) for k in ("wall_s", "timed_s", "cpu_s", "tta_accuracy")}
     paired = {}
-    base = {r["seed"]: r for r in runs if r["config"] == "cpu"}
-    for c in configs:
-        diffs = [base[r["seed"]]["tta_accuracy"] - r["tta_accuracy"] for r in runs
-                 if r["config"] == c and c != "cpu" and r["seed"] in base]
+    base = {r["seed"]: r["tta_accuracy"] for r in runs if r["config"] == "cpu"}
+    for c in (c for c in configs if c != "cpu"):
+        diffs = paired_differences(base, {r["seed"]: r["tta_accuracy"] for r in runs if r["config"] == c})
         if diffs:
             paired[f"cpu minus {c}"] = mean_ci(diffs)
     return {"configs": rows, "paired_tta_accuracy": paired}
@@ -129,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         return child_main(argv[1], argv[3:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default=os.environ.get("HASTEN_DATA", "../shared/data/cifar10-jpeg.tar.xz"))
+    add_data_argument(p)
     p.add_argument("--configs", default="cpu,cpu-first5000", help=f"comma-separated, of {', '.join(CONFIGS)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=RESULTS / "speedrun_command.json")
@@ -141,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or args.repeats < 1:
         p.error(f"unknown configs {unknown}" if unknown else "--repeats must be >= 1")
-    if not Path(args.data).exists():
-        p.error(f"no dataset at {args.data}")
+    require_data(args.data, "speedrun_command")
     data = str(Path(args.data).resolve())
     done = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
     finished = {(r["config"], r["seed"]) for r in done["runs"]}
@@ -150,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(finished)} run(s) already in {args.out}; {len(plan)} to go")
     spent = []
     for i, (rep, config) in enumerate(plan):
-        left = statistics.fmean(spent) * (len(plan) - i) if spent else None
+        left = mean(spent) * (len(plan) - i) if spent else None
         print(f"[{i + 1}/{len(plan)}] {config} seed {rep}" + (f", about {left / 60:.0f} min left" if left else ""),
               flush=True)
         with exclusive(args.lock), MeasuredConditions("cpu", argv=sys.argv) as cond:

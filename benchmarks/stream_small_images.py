@@ -21,25 +21,23 @@ rerun skips finished runs).
 
     python benchmarks/stream_small_images.py --shards DIR [--data ARCHIVE] [--repeats 3] [--steps 30]
 
-``DIR`` holds ``hasten data pack ARCHIVE DIR``; ``--data`` defaults to
-``../shared/data/cifar10-jpeg.tar.xz`` (run from the repository root).
+``DIR`` holds ``hasten data pack ARCHIVE DIR``; ``--data`` defaults to ``$HASTEN_DATA`` if
+set, else ``../shared/data/cifar10-jpeg.tar.xz`` beside the checkout (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _common import RESULTS, MeasuredConditions, add_data_argument, hardware_label, mean, sample_std
+
 OUT = RESULTS / "stream_small_images.json"
-DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
 # name -> (loader, image size (None: the default), workers)
 CONFIGS = {
     "device": ("device", None, 0),
@@ -97,7 +95,7 @@ def run_one(name: str, args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shards", required=True)
-    p.add_argument("--data", default=os.environ.get("HASTEN_DATA", DEFAULT_DATA))
+    add_data_argument(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
@@ -111,7 +109,6 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from hasten.environment import MeasuredConditions, hardware_label
     from hasten.rundir import write_json
     from hasten.timing import interleaved
 
@@ -133,10 +130,10 @@ def main() -> None:
     for name in args.configs.split(","):
         rates = [r["images_per_s"] for r in runs if r["config"] == name]
         cpus = [r["cpu_s_per_image"] for r in runs if r["config"] == name]
-        summary[name] = {"n": len(rates), "images_per_s_mean": statistics.mean(rates),
-                         "images_per_s_sd": statistics.stdev(rates) if len(rates) > 1 else None,
-                         "cpu_ms_per_image_mean": 1e3 * statistics.mean(cpus),
-                         "cpu_ms_per_image_sd": 1e3 * statistics.stdev(cpus) if len(cpus) > 1 else None}
+        cpu_sd = sample_std(cpus)
+        summary[name] = {"n": len(rates), "images_per_s_mean": mean(rates), "images_per_s_sd": sample_std(rates),
+                         "cpu_ms_per_image_mean": 1e3 * mean(cpus),
+                         "cpu_ms_per_image_sd": 1e3 * cpu_sd if cpu_sd is not None else None}
         s = summary[name]
         spread = f"+- {s['images_per_s_sd']:.0f}" if s["n"] > 1 else "(n = 1)"
         print(f"{name:14s} n={s['n']}  {s['images_per_s_mean']:7.0f} {spread} images/s  "

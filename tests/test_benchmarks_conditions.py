@@ -23,6 +23,8 @@ import hasten.environment
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 RESULTS = BENCHMARKS / "results"
+if str(BENCHMARKS) not in sys.path:  # the scripts import benchmarks/_common.py, as when run from there
+    sys.path.insert(0, str(BENCHMARKS))
 
 # Result files measured before the benchmarks recorded their conditions, and not
 # measured again since (each one's docs page says so). Nothing may be added here:

@@ -26,6 +26,7 @@ if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
 plan = importlib.import_module("gpu.plan")
+common = importlib.import_module("_common")
 SECTIONS = plan.SECTIONS
 
 
@@ -79,7 +80,8 @@ def test_smoke_speedrun_numbers_are_consistent(smoke):
     assert all(0 <= r["tta_accuracy"] <= 1 and r["time_s"] > 0 for r in row["runs"])
     assert row["accuracy"]["mean"] == pytest.approx(sum(r["tta_accuracy"] for r in row["runs"]) / n)
     assert row["time_s"]["mean"] == pytest.approx(sum(r["time_s"] for r in row["runs"]) / n)
-    assert row["time_s"]["ci95"] == pytest.approx(plan.t95(n - 1) * row["time_s"]["std"] / n ** 0.5)
+    t = common.t_quantile(0.975, n - 1)
+    assert row["time_s"]["ci95"] == pytest.approx(t * row["time_s"]["std"] / n ** 0.5)
     assert row["flops_per_run"] > 0 and row["warmup_run"]["seed"] == 10_000
     assert row["achieved_tflops"] == pytest.approx(row["flops_per_run"] / row["time_s"]["mean"] / 1e12)
     assert s["device_matmul_tflops"] > 0 and s["device_matmul_dtype"] == "float32"
@@ -316,7 +318,7 @@ def test_the_peer_is_served_one_run_at_a_time_and_interleaved(tmp_path):
     """peer_run.py against a stand-in with airbench 0.1.8's layout (train94 -> utils.train ->
     utils.print_training_details) in its own process: one run per request, between hasten's."""
     from gpu.peer import PeerProcess
-    from gpu.speedrun_sections import PeerJob, paired, run_jobs
+    from gpu.speedrun_sections import PeerJob, comparison, run_jobs
 
     work = _fake_airbench(tmp_path)
     lines = []
@@ -341,7 +343,7 @@ def test_the_peer_is_served_one_run_at_a_time_and_interleaved(tmp_path):
     assert [name for _, name in rec["order"]].count("peer") == 3 and any("row" in line for line in lines)
     saved = json.loads((tmp_path / "out" / "speedrun.json").read_text())
     assert saved["jobs"]["peer"]["runs"] == peer_runs  # kept with the suite's results, not in scratch space
-    delta = paired(rec["jobs"]["tiny"]["runs"], peer_runs, lambda h, p: 100 * (h["tta_accuracy"] - p["tta_accuracy"]))
+    delta = comparison(rec["jobs"]["tiny"]["runs"], peer_runs)["accuracy_delta_pt"]  # paired by round
     assert delta["n"] == 3 and delta["mean"] == pytest.approx(100 * (0.91 - 0.52))
 
 
@@ -356,11 +358,10 @@ def test_a_peer_that_dies_raises_instead_of_hanging(tmp_path):
 
 
 def test_means_come_with_student_t_intervals():
-    assert plan.t95(1) == 12.706 and plan.t95(19) == 2.093 and plan.t95(60) == pytest.approx(2.000, abs=2e-3)
-    stats = plan.mean_ci([1.0, 2.0, 3.0, 4.0])
-    assert stats["mean"] == 2.5 and stats["ci95"] == pytest.approx(3.182 * stats["std"] / 2)
-    assert plan.mean_ci([5.0]) == {"n": 1, "mean": 5.0, "std": None, "ci95": None}
-    assert plan.pm(plan.mean_ci([0.9, 0.92]), 100) == "91.00 ± 12.71"
+    # The suite's intervals are hasten.stats' (the exact t quantile: tests/test_stats.py).
+    assert plan.pm(common.mean_ci([0.9, 0.92]), 100) == "91.00 ± 12.71"  # t(0.975, 1) = 12.706
+    assert plan.pm(common.mean_ci([5.0]), 1, ".1f", " s") == "5.0 s (n=1)"
+    assert plan.pm(common.mean_ci([]), 100) == "-"
 
 
 def test_cudnn_benchmark_and_tf32_set_by_one_section_do_not_reach_the_next(tmp_path):

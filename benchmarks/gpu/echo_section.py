@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import asdict, replace
 
-from gpu.plan import mean_std
+from _common import mean, sample_std
 from hasten.recipes.echo import (
     EchoRunConfig,
     EvalSet,
@@ -61,14 +61,14 @@ def echo(ctx) -> dict:
     rows = {}
     for label, rs in runs.items():
         reached = [r for r in rs if r["reached_target"]]
-        t, t_std = mean_std([r["wall_time_to_target_s"] for r in reached])
-        rows[label] = {"n_runs": len(rs), "reached": len(reached), "wall_time_to_target_s": t,
-                       "wall_time_to_target_s_std": t_std,
-                       "fresh_examples_to_target": mean_std([r["fresh_examples_to_target"] for r in reached])[0],
-                       "steps_to_target": mean_std([r["steps_to_target"] for r in reached])[0],
-                       "final_accuracy": mean_std([r["final_accuracy"] for r in rs])[0],
-                       "idle_fraction": mean_std([r["idle_fraction"] for r in rs])[0],
-                       "mean_echo_factor": mean_std([r["mean_echo_factor"] for r in rs])[0]}
+        times = [r["wall_time_to_target_s"] for r in reached]
+        rows[label] = {"n_runs": len(rs), "reached": len(reached), "wall_time_to_target_s": mean(times),
+                       "wall_time_to_target_s_std": sample_std(times),
+                       "fresh_examples_to_target": mean(r["fresh_examples_to_target"] for r in reached),
+                       "steps_to_target": mean(r["steps_to_target"] for r in reached),
+                       "final_accuracy": mean(r["final_accuracy"] for r in rs),
+                       "idle_fraction": mean(r["idle_fraction"] for r in rs),
+                       "mean_echo_factor": mean(r["mean_echo_factor"] for r in rs)}
     fixed = [f"e={f:g}" for f in s.echo_factors
              if rows[f"e={f:g}"]["n_runs"] and rows[f"e={f:g}"]["reached"] == rows[f"e={f:g}"]["n_runs"]]
     best = min(fixed, key=lambda k: rows[k]["wall_time_to_target_s"]) if fixed else None
@@ -78,7 +78,7 @@ def echo(ctx) -> dict:
         t = rows[label]["wall_time_to_target_s"] if label else None
         return plain / t if plain and t else None
 
-    measured_r = mean_std([r["upstream_ratio"] for r in runs["e=1"]])[0]
+    measured_r = mean(r["upstream_ratio"] for r in runs["e=1"])
     n = min(rows[label]["n_runs"] for label, _ in configs)
     sb, sa = speedup(best), speedup("auto")
     key = (f"R {measured_r:.1f}: " if measured_r else "") + (

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 
-from gpu.plan import mean_std
+from _common import mean, sample_std
 from hasten.recipes.train import DEFAULT_BASE_LR, DEFAULT_LR_SCALING, TrainConfig, train
 from hasten.timing import interleaved
 
@@ -110,15 +110,15 @@ def large_batch(ctx) -> dict:
     for label, part, kw in configs + [(lab, "bn", None) for lab in same_as]:
         rs = results[same_as.get(label, label)]
         kw = kw or next(k for lab, _, k in configs if lab == same_as[label])
-        acc, acc_std = mean_std([r["accuracy"] for r in rs])
+        accs = [r["accuracy"] for r in rs]
         rows.append({"config": label, "part": part, "same_runs_as": same_as.get(label),
                      "batch": kw["batch_size"], "optimizer": kw["optimizer"],
                      "bn_batch": kw.get("ghost_batch") or kw["batch_size"],
                      "steps": rs[0]["steps"] if rs else None, "peak_lr": rs[0]["peak_lr"] if rs else None,
-                     "n_runs": len(rs), "accuracy": acc, "accuracy_std": acc_std,
+                     "n_runs": len(rs), "accuracy": mean(accs), "accuracy_std": sample_std(accs),
                      "accuracy_runs": [r["accuracy"] for r in rs],
-                     "time_s": mean_std([r["time_s"] for r in rs])[0],
-                     "images_per_s": mean_std([r["images_per_s"] for r in rs])[0]})
+                     "time_s": mean(r["time_s"] for r in rs),
+                     "images_per_s": mean(r["images_per_s"] for r in rs)})
     by = {r["config"]: r for r in rows}
     lo_b, hi_b = min(s.lb_batches), max(s.lb_batches)
 

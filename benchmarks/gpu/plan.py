@@ -6,14 +6,13 @@ on an A100). Every piece of work is checked against the time left before it star
 (``Context.can_start``): the section's own budget and the suite's overall budget,
 whichever ends first; a section records how many runs it made (``n_runs`` against
 ``n_planned``) and says ``cut_short``, and a section that cannot start in the time
-left is skipped with the reason. ``mean_ci`` gives the means with their 95%
-intervals (Student t) that every table reports.
+left is skipped with the reason. ``pm`` writes a mean with its 95% interval
+(``mean_ci`` of benchmarks/_common.py, Student t) as every table reports it.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 
 SECTIONS = ("speedrun", "ablation", "echo", "large_batch", "throughput", "tests")
@@ -96,36 +95,6 @@ SMOKE = Sizes(
 )
 
 
-# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom.
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t95(df: int) -> float:
-    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom: the table
-    to 30, beyond it the Cornish-Fisher expansion around 1.96 (within 1e-4 of the exact value)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1; got {df}")
-    if df <= len(T95):
-        return T95[df - 1]
-    z = 1.959964
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-
-
-def mean_ci(xs) -> dict:
-    """``{"n", "mean", "std", "ci95"}`` of the values (None ignored): the mean, the sample
-    standard deviation and the half-width of the mean's 95% interval (Student t, n - 1
-    degrees of freedom); std and ci95 are None below two values, everything None for none."""
-    xs = [x for x in xs if x is not None]
-    n = len(xs)
-    if not n:
-        return {"n": 0, "mean": None, "std": None, "ci95": None}
-    if n == 1:
-        return {"n": 1, "mean": xs[0], "std": None, "ci95": None}
-    std = statistics.stdev(xs)
-    return {"n": n, "mean": statistics.fmean(xs), "std": std, "ci95": t95(n - 1) * std / math.sqrt(n)}
-
-
 def pm(stats: dict, scale: float = 1.0, fmt: str = ".2f", unit: str = "") -> str:
     """``mean ± ci95`` with ``scale`` applied (``mean (n=1)`` for one value, ``-`` for none)."""
     if stats.get("mean") is None:
@@ -134,14 +103,6 @@ def pm(stats: dict, scale: float = 1.0, fmt: str = ".2f", unit: str = "") -> str
     if stats.get("ci95") is None:
         return f"{mean} (n={stats.get('n', 1)})"
     return f"{mean} ± {stats['ci95'] * scale:{fmt}}{unit}"
-
-
-def mean_std(xs) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (0 for one value; None, None for none)."""
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
 def finite(x) -> bool:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu.plan import mean_ci, pm
+from _common import mean_ci
+from gpu.plan import pm
 
 
 def _cell(x, fmt=".2f", scale=1.0) -> str:

@@ -26,8 +26,9 @@ import dataclasses
 import random
 import time
 
+from _common import mean_ci, paired_differences, paired_ratios
 from gpu.peer import PeerProcess, prepare_peer
-from gpu.plan import mean_ci, pm
+from gpu.plan import pm
 from hasten.errors import ConfigError
 from hasten.recipes import speedrun as recipe
 from hasten.timing import interleaved
@@ -164,10 +165,15 @@ def _summary(row: dict) -> None:
         row["accuracy_no_tta"] = mean_ci([r["accuracy"] for r in runs])
 
 
-def paired(a: list[dict], b: list[dict], fn) -> dict:
-    """``fn(run of a, run of b)`` over the rounds both ran: mean with its 95% interval."""
-    by_round = {r["round"]: r for r in b}
-    return mean_ci([fn(r, by_round[r["round"]]) for r in a if r["round"] in by_round])
+def comparison(hasten_runs: list[dict], peer_runs: list[dict]) -> dict:
+    """hasten against the peer over the rounds both ran, paired by round: accuracy
+    difference in points and time ratio, each a mean with its 95% interval."""
+    def by_round(runs, key, scale=1.0):
+        return {r["round"]: scale * r[key] for r in runs}
+
+    return {"accuracy_delta_pt": mean_ci(paired_differences(by_round(hasten_runs, "tta_accuracy", 100),
+                                                            by_round(peer_runs, "tta_accuracy", 100))),
+            "time_ratio": mean_ci(paired_ratios(by_round(hasten_runs, "time_s"), by_round(peer_runs, "time_s")))}
 
 
 def speedrun(ctx) -> dict:
@@ -216,9 +222,7 @@ def speedrun(ctx) -> dict:
     peer = rec["jobs"][PEER_NAME]
     if peer.get("runs") and first and first["runs"]:
         rec["comparison"] = {
-            "hasten": jobs[0].name,
-            "accuracy_delta_pt": paired(first["runs"], peer["runs"], lambda h, p: 100 * (h["tta_accuracy"] - p["tta_accuracy"])),
-            "time_ratio": paired(first["runs"], peer["runs"], lambda h, p: h["time_s"] / p["time_s"]),
+            "hasten": jobs[0].name, **comparison(first["runs"], peer["runs"]),
             "note": "per round: hasten minus peer (accuracy, points) and hasten / peer (time); mean and 95% interval"}
     errors = [f"{name}: {row['error']}" for name, row in rec["jobs"].items() if row.get("status") == "error"]
     if errors:

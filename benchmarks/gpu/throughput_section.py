@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 import contextlib
 
+from _common import mean_ci
 from gpu.context import strict_fp32
-from gpu.plan import mean_ci, mean_std
 from hasten.data.device_loader import Augmentation, GpuLoader
 from hasten.errors import ConfigError
 from hasten.timing import Stopwatch, interleaved
@@ -141,19 +141,19 @@ def throughput(ctx) -> dict:
                                                      ctx.mean_std()))
         order.append([rep, name])
         ctx.checkpoint({"order": order, "samples_so_far": precision, "loaders_so_far": loaders})
-    base = mean_std(precision["fp32"])[0]
+    base = mean_ci(precision["fp32"])
     steps = []
     for name, xs in precision.items():
         stats = mean_ci(xs)
         steps.append({"config": name, "images_per_s": stats["mean"], "images_per_s_std": stats["std"],
-                      "images_per_s_ci95": stats["ci95"], "samples": xs, "speedup_vs_fp32": stats["mean"] / base,
-                      "tf32": flags[name]})
+                      "images_per_s_ci95": stats["ci95"], "samples": xs,
+                      "speedup_vs_fp32": stats["mean"] / base["mean"], "tf32": flags[name]})
     feeds = []
     for name, rs in loaders.items():
         stats = mean_ci([r["images_per_s"] for r in rs])
         feeds.append({"loader": name, "images_per_s": stats["mean"], "images_per_s_std": stats["std"],
                       "images_per_s_ci95": stats["ci95"],
-                      "setup_s": mean_std([r["setup_s"] for r in rs])[0], "samples": rs})
+                      "setup_s": mean_ci([r["setup_s"] for r in rs])["mean"], "samples": rs})
     recipes_use = steps[-1]  # bf16 channels_last: what the recipes run on CUDA
     loader_ratio = feeds[0]["images_per_s"] / feeds[1]["images_per_s"]
     return {"model": "resnet18", "width": s.tp_width, "batch": s.tp_batch, "steps": s.tp_steps,
@@ -164,4 +164,4 @@ def throughput(ctx) -> dict:
                      "epoch, batches delivered on the device",
             "headline": {"key": f"{recipes_use['config']} x{recipes_use['speedup_vs_fp32']:.2f} vs fp32 (TF32 off); "
                                 f"GpuLoader x{loader_ratio:.1f} vs DataLoader", "n": s.tp_repeats,
-                         "spread": f"fp32 ±{mean_std(precision['fp32'])[1] or 0:.0f} img/s (std)"}}
+                         "spread": f"fp32 ±{base['std'] or 0:.0f} img/s (std)"}}

@@ -9,7 +9,6 @@
 - **The pipeline.** ``pipeline`` puts the echo stage, the shuffle buffer and batching
   after the source, as ``hasten.stream.loader`` does, and numbers the copies that key
   the augmentation.
-- **The benchmarks' ``--data``** (``add_data_argument``, ``require_data``).
 
 Changes the training math: yes with echoing (repeated examples); e = 1 is plain
 training.
@@ -17,8 +16,6 @@ training.
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -33,24 +30,6 @@ from hasten.recipes.echo.run import MEAN, STD
 from hasten.stream.decode_pool import decode_records, read_records
 from hasten.stream.records import open_records
 from hasten.stream.slow_storage import SlowStorage, concurrent_reads
-
-
-# ----------------------------------------------------------------------------- The data argument
-# Where the echo benchmarks look for CIFAR-10-JPEG when neither --data nor $HASTEN_DATA says
-# (relative to the directory they run from: a checkout beside the shared data).
-DEFAULT_DATA = os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
-
-
-def add_data_argument(parser: argparse.ArgumentParser) -> None:
-    """The echo benchmarks' ``--data``: ``$HASTEN_DATA`` if set, else ``DEFAULT_DATA``."""
-    parser.add_argument("--data", default=os.environ.get("HASTEN_DATA") or DEFAULT_DATA,
-                        help=f"CIFAR-10-JPEG archive or folder (default $HASTEN_DATA, else {DEFAULT_DATA})")
-
-
-def require_data(path: str, prog: str) -> None:
-    """Stop with one line when ``path`` does not exist."""
-    if not os.path.exists(path):
-        raise SystemExit(f"{prog}: no data at {path}; pass --data PATH or set HASTEN_DATA")
 
 
 # ----------------------------------------------------------------------------- The slow source
