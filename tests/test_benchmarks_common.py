@@ -1,0 +1,90 @@
+"""benchmarks/_common.py: the one place for what every benchmark needs. Its --data default
+(beside the checkout, written relative to the working directory, $HASTEN_DATA first), and
+the property that made it: no benchmark defines its own statistics, data path or results
+folder again."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+common = importlib.import_module("_common")
+SHARED_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.xz"
+
+# Defined in _common (or hasten.stats) only: a second definition is a copy that can drift.
+SHARED_NAMES = {"RESULTS", "DEFAULT_DATA", "T95", "t95", "t_quantile", "mean", "sample_std", "mean_std", "stats",
+                "mean_ci", "describe", "paired", "paired_differences", "paired_ratios", "add_data_argument",
+                "require_data", "plus_minus"}
+
+
+@pytest.mark.parametrize("cwd", [ROOT, BENCHMARKS, ROOT / "docs"])
+def test_default_data_is_beside_the_checkout_from_any_directory(cwd):
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        default = importlib.reload(common).DEFAULT_DATA  # computed at import, from the working directory
+    finally:
+        os.chdir(before)
+        importlib.reload(common)
+    assert not os.path.isabs(default)  # no machine's path in a result
+    assert (Path(cwd) / default).resolve() == SHARED_DATA.resolve()
+    if cwd == ROOT:
+        assert default == os.path.join("..", "shared", "data", "cifar10-jpeg.tar.xz")
+
+
+def test_data_flag_takes_hasten_data_first(monkeypatch, tmp_path):
+    def parsed(*argv):
+        p = argparse.ArgumentParser()
+        common.add_data_argument(p)
+        return p.parse_args(list(argv)).data
+
+    monkeypatch.setenv("HASTEN_DATA", str(tmp_path))
+    assert parsed() == str(tmp_path) and parsed("--data", "x") == "x"
+    monkeypatch.setenv("HASTEN_DATA", "")  # set but empty: as unset
+    assert parsed() == common.DEFAULT_DATA
+    with pytest.raises(SystemExit, match="bench: no data at nowhere; pass --data PATH or set HASTEN_DATA"):
+        common.require_data("nowhere", "bench")
+    common.require_data(tmp_path, "bench")
+
+
+def test_plus_minus_drops_a_spread_that_was_not_measured():
+    assert common.plus_minus(12.345, 0.678) == "12.35 ± 0.68"
+    assert common.plus_minus(12.345, None, ".0f") == "12"
+
+
+def _defined_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+MODULES = sorted(p for p in BENCHMARKS.rglob("*.py") if p.name != "_common.py")
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(BENCHMARKS)))
+def test_no_benchmark_defines_the_shared_helpers_again(path):
+    again = _defined_names(path) & SHARED_NAMES
+    assert not again, f"{path.name} defines {sorted(again)}: import them from _common"
+
+
+# The scripts, not the helpers beside them (pipeline_peers.py; gpu/peer_run.py runs the peer).
+@pytest.mark.parametrize("path", [p for p in BENCHMARKS.glob("*.py") if '__name__ == "__main__"' in p.read_text()],
+                         ids=lambda p: p.name)
+def test_every_benchmark_script_uses_the_common_module(path):
+    assert "from _common import" in path.read_text()
