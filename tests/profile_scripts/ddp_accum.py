@@ -1,11 +1,15 @@
 """DDP over gloo with gradient accumulation: no_sync() on all micro-batches but the last.
 
-    torchrun --nproc-per-node 2 ddp_accum.py [--accum 4] [--width 1024]
+    torchrun --nproc-per-node 2 ddp_accum.py [--accum 4] [--width 1024] [--link-sleep 0]
+
+``--link-sleep S`` stands for a slow link: a comm hook that waits S seconds before the
+all-reduce, so the exposed communication per step is known by construction.
 """
 
 import argparse
 import contextlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +24,7 @@ def main():
     ap.add_argument("--width", type=int, default=1536)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--device-sleep", type=float, default=0.004)
+    ap.add_argument("--link-sleep", type=float, default=0.0, help="seconds a gradient exchange waits (a slow link)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -30,6 +35,14 @@ def main():
     if truth.comm_off:
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
         model.register_comm_hook(None, noop_hook)
+    elif args.link_sleep:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def slow_link(state, bucket):
+            time.sleep(args.link_sleep)
+            return allreduce_hook(state, bucket)
+
+        model.register_comm_hook(dist.group.WORLD, slow_link)
     data = [(torch.randn(4, args.width), torch.randn(4, args.width)) for _ in range(16)]
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     step = 0
