@@ -14,16 +14,16 @@ class SleepyDataset(Dataset):
         return 256
 
     def __getitem__(self, i):
-        time.sleep(0.002)
+        time.sleep(0.005)
         return torch.zeros(4)
 
 
 def _work():
-    time.sleep(0.004)
+    time.sleep(0.01)
 
 
 def test_wrap_and_step_give_an_input_bound_verdict_with_r():
-    loader = DataLoader(SleepyDataset(), batch_size=8)  # 16 ms to make a batch, 4 ms to use it: R = 4
+    loader = DataLoader(SleepyDataset(), batch_size=8)  # 40 ms to make a batch, 10 ms to use it: R = 4
     prof = Profiler(warmup=2)
     for i, batch in enumerate(prof.wrap(loader)):
         _work()
