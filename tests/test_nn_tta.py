@@ -1,12 +1,8 @@
-import datetime
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from hasten.harness.launch import spawn
 from hasten.nn.tta import evaluate, tta_logits
 
 
@@ -191,30 +187,18 @@ def test_distributed_evaluate_adds_what_all_reduce_returns(monkeypatch):
     assert evaluate(_Asymmetric(), [(x, torch.tensor([0, 0, 1, 1]))]) == 1.0 and len(sent) == 2  # not distributed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _evaluate_worker(rank, world, port, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    try:
-        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))  # has parameters, for rank 1
-        with torch.no_grad():
-            model[1].weight.copy_(torch.tensor([[1.0, 0, 1, 0], [0, 1.0, 0, 1]]))
-            model[1].bias.zero_()
-        x = _left_right_batch()
-        # Rank 0 holds the whole share (3 of 4 right), rank 1 none: the sum is over both.
-        batches = [(x, torch.tensor([0, 0, 1, 0]))] if rank == 0 else []
-        results[rank] = evaluate(model, batches, distributed=True)
-    finally:
-        dist.destroy_process_group()
+def _evaluate_on_rank(rank, world):
+    """One rank of a real gloo group (hasten.harness.launch.spawn forks it and joins the group)."""
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))  # has parameters, for rank 1
+    with torch.no_grad():
+        model[1].weight.copy_(torch.tensor([[1.0, 0, 1, 0], [0, 1.0, 0, 1]]))
+        model[1].bias.zero_()
+    x = _left_right_batch()
+    # Rank 0 holds the whole share (3 of 4 right), rank 1 none: the sum is over both.
+    batches = [(x, torch.tensor([0, 0, 1, 0]))] if rank == 0 else []
+    return evaluate(model, batches, distributed=True)
 
 
 @pytest.mark.multiproc
 def test_evaluate_sums_counts_over_ranks():
-    results = mp.Manager().dict()
-    mp.spawn(_evaluate_worker, args=(2, _free_port(), results), nprocs=2, join=True)
-    assert dict(results) == {0: 0.75, 1: 0.75}
+    assert spawn(_evaluate_on_rank, 2) == [0.75, 0.75]
