@@ -2,12 +2,12 @@
 
 For data that is not decoded once and held on the device:
 
-    records (folder/archive cache, maybe slow storage) -> shard per rank and epoch
+    records (folder/archive cache, maybe slow storage) -> split over ranks per epoch
     -> decode in worker processes (simplejpeg, else Pillow) -> per-example crop/flip
     -> [echo] -> shuffle buffer -> batch -> [echo] -> pinned memory -> device
 
-``StreamLoader`` composes the pieces, each usable alone: ``shard_indices``
-(hasten.stream.sharding), ``decode_stream`` (hasten.stream.decode_pool), ``keyed_crop_flip``
+``StreamLoader`` composes the pieces, each usable alone: ``rank_indices``
+(hasten.stream.rank_split), ``decode_stream`` (hasten.stream.decode_pool), ``keyed_crop_flip``
 (hasten.data.host_augment), the echo stages and ``shuffle_buffer`` (hasten.echo),
 ``batch_examples`` and ``to_device`` (here). It is a plain iterable of
 (images uint8 (B, 3, H, W), labels int64 (B,)) batches, or with ``mean`` and
@@ -58,7 +58,7 @@ from hasten.echo.stages import (
     warn_if_small_buffer,
 )
 from hasten.stream.decode_pool import decode_stream
-from hasten.stream.sharding import shard_indices
+from hasten.stream.rank_split import rank_indices
 
 
 def batch_examples(
@@ -207,7 +207,7 @@ class StreamLoader(torch.utils.data.IterableDataset):
             raise ValueError(f"batch_size must be an integer >= 1; got {batch_size!r}")
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be an integer >= 1; got {chunk_size!r}")
-        shard_indices(len(records), rank=rank, world_size=world_size)  # validates rank and world_size
+        rank_indices(len(records), rank=rank, world_size=world_size)  # validates rank and world_size
         self.records = records
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
@@ -249,8 +249,8 @@ class StreamLoader(torch.utils.data.IterableDataset):
 
     def indices(self, epoch: int) -> np.ndarray:
         """This rank's (and DataLoader worker's) dataset indices for ``epoch``."""
-        idx = shard_indices(len(self.records), rank=self.rank, world_size=self.world_size, epoch=epoch,
-                            seed=self.seed, shuffle=self.shuffle)
+        idx = rank_indices(len(self.records), rank=self.rank, world_size=self.world_size, epoch=epoch,
+                           seed=self.seed, shuffle=self.shuffle)
         info = torch.utils.data.get_worker_info()
         if info is not None:
             idx = idx[info.id :: info.num_workers]

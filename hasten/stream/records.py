@@ -1,7 +1,7 @@
 """Raw-bytes record store: an image folder or archive read once, then random access.
 
 A .tar.xz (or .tar.gz) archive can only be read front to back, which rules out
-shuffled reading and per-rank sharding. ``open_records`` therefore makes one
+shuffled reading and each rank reading its own examples. ``open_records`` therefore makes one
 sequential pass over the folder or archive and writes each split as a single
 blob of the undecoded file bytes plus offsets, labels and names into the cache
 (``$HASTEN_CACHE/records/``, under ``hasten.data.cache.cache_key`` of the

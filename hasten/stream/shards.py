@@ -11,7 +11,7 @@ Per epoch, ``epoch_plan`` orders the shards by a permutation of (seed, epoch),
 the examples inside each shard by another, and cuts the resulting sequence into
 ``world_size`` contiguous ranges that differ by at most one example: every
 example goes to exactly one rank once per epoch (the guarantee of
-``hasten.stream.sharding.shard_indices``), and a rank reads its own shards plus
+``hasten.stream.rank_split.rank_indices``), and a rank reads its own shards plus
 at most two shared at the ends of its range. A shuffle buffer
 (``hasten.echo.stages.shuffle_buffer``) then mixes each rank's stream. All of it
 is computed on example numbers, from the counts, before any byte is read, so a

@@ -1,9 +1,9 @@
-"""Deterministic sharding of a dataset over data-parallel ranks, per epoch.
+"""The split of a dataset's example indices over data-parallel ranks, per epoch.
 
 Every rank computes the same permutation of ``range(n)`` from (seed, epoch) and
 takes every ``world_size``-th index starting at its rank, so across ranks each
 example is read exactly once per epoch, and no rank needs to talk to another.
-Shards differ in length by at most one; ``pad=True`` repeats the first indices
+The ranks' lists differ in length by at most one; ``pad=True`` repeats the first indices
 of the permutation to make them equal (as torch's DistributedSampler does), at
 the price of reading a few examples twice per epoch.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def shard_indices(
+def rank_indices(
     n: int, *, rank: int = 0, world_size: int = 1, epoch: int = 0, seed: int = 0, shuffle: bool = True, pad: bool = False
 ) -> np.ndarray:
     """The dataset indices this rank reads in this epoch (int64 array)."""
