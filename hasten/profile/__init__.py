@@ -1,7 +1,8 @@
 """Say why training is slower than the hardware, prescribe the fix, and prove it.
 
 - ``hasten profile -- <command>`` (``hasten.profile.launcher``): zero-code mode; the
-  profiler is injected into the command's processes (``hasten.profile.inject``);
+  profiler is attached to the command's processes (``hasten.profile.attach``) and
+  injected once they import torch (``hasten.profile.inject``);
 - ``Profiler``: library mode, a ``wrap(loader)`` and a ``step()`` mark in your loop;
 - ``hasten.profile.verdict``: thresholds, verdict, ranked fixes and their predicted speedups;
 - ``hasten.profile.report``: the terminal report, the timeline PNG and the JSON.
@@ -9,8 +10,17 @@
 Changes the training math: no (measurement only; see each fix for its own answer).
 """
 
-from hasten.profile.profiler import Profiler
-from hasten.profile.report import format_report, plot_timeline
-from hasten.profile.verdict import Analysis, Recommendation, analyse, classify
+import importlib
 
-__all__ = ["Analysis", "Profiler", "Recommendation", "analyse", "classify", "format_report", "plot_timeline"]
+# Imported on first use: every Python that `hasten profile` attaches to imports this package
+# at start-up (hasten.profile.attach), and the names below would import torch there.
+_HOMES = {"Profiler": "profiler", "format_report": "report", "plot_timeline": "report", "Analysis": "verdict",
+          "Recommendation": "verdict", "analyse": "verdict", "classify": "verdict"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"hasten.profile.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'hasten.profile' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """The start-up module ``hasten profile`` injects into every process of a profiled command.
 
-The launcher puts a ``sitecustomize.py`` on ``PYTHONPATH`` that calls
-:func:`install` when ``HASTEN_PROFILE_DIR`` is set. From then on, in each
+:mod:`hasten.profile.attach` calls :func:`install` in each Python of a profiled
+command (``HASTEN_PROFILE_DIR`` set) once it has imported torch. From then on, in each
 process of the user's unmodified command (every torchrun worker included):
 
 - **A step is an optimizer step.** A global post-hook on

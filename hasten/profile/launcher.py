@@ -1,13 +1,20 @@
 """Zero-code mode: run a user's unmodified command with the profiler injected, then verify fixes.
 
-The command runs with a temporary ``sitecustomize.py`` first on ``PYTHONPATH``;
-every Python process it starts (the script, each torchrun worker) then imports
+Every Python process the command starts (the script, each torchrun worker) attaches
+at start-up, through hasten's ``.pth`` in site-packages or, in a Python without hasten
+installed, a temporary ``sitecustomize.py`` first on ``PYTHONPATH``
+(:mod:`hasten.profile.attach`); it reports in, and once it has imported torch it runs
 :mod:`hasten.profile.inject`, measures, probes, writes ``rank<N>.json`` into a
-temporary directory and exits at the same step as its peers. This module merges
-the ranks' reports into one :class:`~hasten.profile.verdict.Analysis` and, with
-``verify``, re-runs the command once per fix that can be applied from outside
-(``HASTEN_PROFILE_APPLY``), and the baseline once more, to measure the speedup
-each fix was predicted to give.
+temporary directory and exits at the same step as its peers. A Python that does not
+report in within seconds is looked at (:mod:`hasten.profile.attach_check`): when it
+cannot attach (``-S``, a cleared environment, a Python without hasten under ``-I``/``-E``
+or a ``PYTHONPATH`` of the command's own, ...) and no attached process has imported
+torch, the command is stopped with one line naming the cause and what to do.
+
+This module merges the ranks' reports into one
+:class:`~hasten.profile.verdict.Analysis` and, with ``verify``, re-runs the command
+once per fix that can be applied from outside (``HASTEN_PROFILE_APPLY``), and the
+baseline once more, to measure the speedup each fix was predicted to give.
 
 While the command runs, its output passes through (and a tail is kept), and the
 ranks' status files are read every half second: when no optimizer step comes for
@@ -39,19 +46,21 @@ from pathlib import Path
 
 import hasten
 from hasten.errors import HastenError
+from hasten.profile.attach_check import AttachCheck
 from hasten.profile.verdict import Analysis, Recommendation, analyse, cpu_available, rerank
 
 SITECUSTOMIZE = '''\
-# Written by `hasten profile`: instrument this process, then run the sitecustomize this one shadows.
+# Written by `hasten profile`: attach to this process (a no-op where hasten's .pth already has),
+# then run the sitecustomize this one shadows.
 import os
 import sys
 
 if os.environ.get("HASTEN_PROFILE_DIR"):
     try:
-        import hasten.profile.inject
-        hasten.profile.inject.install()
+        import hasten.profile.attach
+        hasten.profile.attach.attach("sitecustomize")
     except Exception as exc:  # never break the user's command
-        sys.stderr.write(f"hasten profile: could not instrument process {os.getpid()}: {exc}\\n")
+        sys.stderr.write(f"hasten profile: could not attach to process {os.getpid()}: {exc}\\n")
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
@@ -107,6 +116,8 @@ class RunOutcome:
     output: str  # the tail of the command's output
     wall_s: float
     statuses: list = field(default_factory=list)  # each instrumented process's last status
+    attached: list = field(default_factory=list)  # each attached process's report-in
+    not_attached: str = ""  # no Python seen, or the silent ones (AttachCheck.summary)
 
 
 def _environment(out_dir: Path, site_dir: Path, config: ProfileConfig, apply: str, probes: bool) -> dict:
@@ -223,7 +234,8 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
             raise ProfileFailed(f"cannot start {config.command[0]!r}: {exc.strerror}", 127) from None
         tee = _Tee(proc.stdout, config.capture)
         tee.start()
-        timed_out = False
+        check = AttachCheck(proc.pid, out_dir, site_dir)
+        timed_out, cannot_attach = False, None
         last_steps, last_change, next_warn = 0, t0, config.stall_s
         try:
             while proc.poll() is None:
@@ -234,15 +246,25 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
                     os.killpg(proc.pid, signal.SIGKILL)
                     break
                 statuses = _read_statuses(out_dir)
+                blocked = check.poll()
+                # A status file means an attached process has imported torch: a silent Python beside
+                # it (a helper of another environment) is named but stops nothing.
+                if blocked and not statuses:
+                    cannot_attach = blocked[0]
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+                for line in blocked:
+                    log(f"hasten profile: {line} (profiling the processes that did attach)")
                 steps = max((s.get("steps", 0) for s in statuses), default=0)
                 if steps != last_steps:
                     last_steps, last_change, next_warn = steps, now, config.stall_s
                 elif now - last_change >= next_warn:
                     what = ("no optimizer.step() call" if steps == 0 else
                             f"no optimizer.step() call after {steps} steps")
+                    unseen = check.summary()
                     log(f"hasten profile: {what} in {now - last_change:.0f} s (looked for torch.optim optimizer "
                         f"steps; a step's data ends where the model's first training forward begins). Seen so far:"
-                        f"\n  {describe_statuses(statuses)}")
+                        f"\n  {describe_statuses(statuses)}" + (f"\n  {unseen}" if unseen else ""))
                     next_warn *= 2
             proc.wait()
         except KeyboardInterrupt:
@@ -250,6 +272,8 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
             proc.wait()
             raise
         tee.join(timeout=5)
+        if cannot_attach:
+            raise ProfileFailed(cannot_attach, 2)
         wall = time.perf_counter() - t0
         ranks = []
         for p in sorted(out_dir.glob("rank*.json")):
@@ -258,7 +282,8 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
             except (OSError, ValueError):
                 pass
         text = tee.tail.decode(errors="replace")
-        return RunOutcome(proc.returncode, ranks, timed_out, text, wall, _read_statuses(out_dir))
+        return RunOutcome(proc.returncode, ranks, timed_out, text, wall, _read_statuses(out_dir), check.attached(),
+                          check.summary())
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -277,9 +302,10 @@ def check_outcome(outcome: RunOutcome, config: ProfileConfig) -> list[dict]:
     need = (f"{config.warmup} warm-up + {config.steps if not config.seconds else f'{config.seconds:g} s of'} "
             f"measured optimizer steps")
     if outcome.timed_out:
+        unseen = f"\n  {outcome.not_attached}" if outcome.not_attached else ""
         raise ProfileFailed(f"the command did not reach {need} and the probes within --timeout {config.timeout_s:g} "
                             f"s ({seen} optimizer steps seen); it was stopped. Seen:\n  "
-                            f"{describe_statuses(outcome.statuses)}{tail}", 124)
+                            f"{describe_statuses(outcome.statuses)}{unseen}{tail}", 124)
     complete = [d for d in outcome.ranks if d["complete"]]
     world = max((d["world_size"] for d in outcome.ranks), default=1)
     if complete and len(complete) == world:
