@@ -427,6 +427,12 @@ Tests run per module (`-x -q -p no:cacheprovider -m "not slow and not gpu"`):
 
 {chr(10).join(details)}
 """
+    # scripts/timing_tests.py owns a section of this page: keep it.
+    if REPORT_MD.exists():
+        from timing_tests import BEGIN, END
+        before = REPORT_MD.read_text()
+        if BEGIN in before and END in before:
+            text = text.rstrip("\n") + "\n\n" + before[before.index(BEGIN):before.index(END) + len(END)] + "\n"
     REPORT_MD.write_text(text)
 
 
