@@ -28,7 +28,7 @@ from hasten.models.resnet import build_model
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy, to_channels_last
 from hasten.optim import Lars, lars_param_groups
 from hasten.plots import plot_bars_with_spread
-from hasten.recipes.common import optimizer_step
+from hasten.recipes.step import optimizer_step
 from hasten.rundir import write_json
 from hasten.timing import Stopwatch, interleaved
 

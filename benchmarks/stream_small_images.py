@@ -52,7 +52,7 @@ def child(args) -> None:
     import torch
 
     from hasten.models.resnet import build_model
-    from hasten.recipes.common import optimizer_step
+    from hasten.recipes.step import optimizer_step
     from hasten.recipes.train import TrainConfig
     from hasten.recipes.train_input import device_input, stream_input
 

@@ -44,7 +44,8 @@ from hasten.nn.precision import autocast, cross_entropy
 from hasten.nn.tta import TTA_LEVELS, evaluate
 from hasten.nn.whitening import init_whitening_conv
 from hasten.progress import progress
-from hasten.recipes.common import TrainMeter, load_training_data, optimizer_step
+from hasten.recipes.step import TrainMeter, optimizer_step
+from hasten.recipes.training_data import load_training_data
 from hasten.timing import Stopwatch, interleaved
 
 # ----------------------------------------------------------------------------

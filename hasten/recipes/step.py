@@ -1,38 +1,18 @@
-"""What every hasten training loop shares: the data it trains on, one optimisation
-step, and the training loss and accuracy summed on the device.
+"""One training step as every hasten training loop takes it: ``optimizer_step``
+(backward, optimizer, scheduler) and ``TrainMeter`` (the training loss and accuracy
+summed on the device, read only when reported).
 
-Used by ``hasten.recipes.speedrun`` and ``hasten.recipes.train``; each piece works
-in a plain PyTorch loop too. Changes the training math: no.
+Used by ``hasten.recipes.speedrun``, ``hasten.recipes.train`` and
+``hasten.recipes.echo.run``; each works in a plain PyTorch loop too. Changes the
+training math: no.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
-from hasten.data import ImageDataset, load_dataset
-from hasten.errors import ConfigError
-
-__all__ = ["TrainMeter", "load_training_data", "optimizer_step"]
-
-
-def load_training_data(path: str | os.PathLike | None, *, batch_size: int, train_subset: int = 0,
-                       image_size: int | None = None, dataset: ImageDataset | None = None) -> ImageDataset:
-    """The data set a recipe trains on: ``dataset`` when given, else
-    ``load_dataset(path, image_size=...)``; then the seeded random subset of
-    ``train_subset`` training images (0: all of them). Raises ``ConfigError`` when
-    the subset is larger than the set or the training set cannot fill one batch."""
-    data = dataset if dataset is not None else load_dataset(path, image_size=image_size)
-    if train_subset:
-        if not 0 < train_subset <= len(data.train):
-            raise ConfigError(f"--train-subset must be in 1..{len(data.train)}, got {train_subset}")
-        data = data.with_train_subset(train_subset, seed=0)
-    if len(data.train) < batch_size:
-        raise ConfigError(f"the training set has {len(data.train)} images, fewer than one global batch of "
-                          f"{batch_size}: pass a smaller --batch-size")
-    return data
+__all__ = ["TrainMeter", "optimizer_step"]
 
 
 def optimizer_step(loss: Tensor, optimizer: torch.optim.Optimizer,

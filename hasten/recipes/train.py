@@ -51,7 +51,7 @@ from hasten.nn.tta import evaluate
 from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups, scaled_lr
 from hasten.optim.noise_scale import NoiseScale, micro_batch_sq_norms, suggest_batch
 from hasten.progress import progress, progress_interval, progress_mode, status
-from hasten.recipes.common import TrainMeter, optimizer_step
+from hasten.recipes.step import TrainMeter, optimizer_step
 from hasten.recipes.train_input import device_input, stream_input
 from hasten.rundir import stable_run_path
 from hasten.timing import Stopwatch

@@ -19,7 +19,7 @@ from torch import Tensor
 from hasten.data.device_loader import Augmentation, GpuLoader
 from hasten.data.normalize import channel_stats, normalize
 from hasten.errors import ConfigError
-from hasten.recipes.common import load_training_data
+from hasten.recipes.training_data import load_training_data
 
 # Normalisation for streamed data, which is never seen whole: the usual ImageNet statistics.
 STREAM_MEAN, STREAM_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

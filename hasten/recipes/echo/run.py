@@ -39,7 +39,7 @@ from hasten.echo import AutoEcho, check_factor, check_variant, default_shuffle_b
 from hasten.errors import ConfigError, DataError
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
-from hasten.recipes.common import optimizer_step
+from hasten.recipes.step import optimizer_step
 from hasten.stream.decode_pool import decode_records, read_records
 from hasten.stream.loader import StreamLoader
 from hasten.stream.records import ByteRecords, open_records
