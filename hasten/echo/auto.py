@@ -1,89 +1,26 @@
-"""AutoEcho: choose the echo factor online from measured idle time and the value of repeats.
+"""AutoEcho: an echo factor that follows the measured input bottleneck while training.
 
-Choi et al. (2019, "Faster Neural Network Training with Data Echoing",
-arXiv:1907.05550) show that with R = upstream time / downstream time, echoing up
-to e = R costs no extra wall time per step, and tune e by hand. AutoEcho (new in
-hasten, not in the paper) measures R while training and sets e to a little above
-R, capped at ``e_max`` and at what repeats are still worth; it follows R when it
-changes and falls back to e = 1 when the pipeline is not input-bound.
+Based on: Choi et al., "Faster Neural Network Training with Data Echoing" (2019,
+arXiv:1907.05550): with R = upstream time / downstream time, echoing up to e = R costs
+no wall time per step. The paper sets e by hand; AutoEcho (hasten's own) measures R
+while training and follows it. Pass it wherever an echo factor is accepted.
 
-Why a little above R. Wall time to a target is (steps needed) x max(step, R x
-step / e). Below R every extra copy removes waiting; above R it removes none and
-only adds steps. Exactly at e = R any jitter of the upstream shows up as waiting,
-so AutoEcho aims at R x (1 + ``headroom``): a few per cent more repeats, no waiting.
-The first measured R (the first full window after the ignored start-up window in
-which the stage waited) sets e directly: climbing there by doublings left a fixed
-factor's worth of waiting in every window on the way (hasten's sweep: idle 41-56%
-against 20-35% for a fixed factor near the same e). After that e at most doubles
-per window, so one later window's outlier cannot throw e to ``e_max``.
+The rule, once per window of ``interval`` fresh items (``observe`` has it in full):
 
-How R is measured. The echo stage reports, per window of fresh items, the time it
-waited on upstream (W), the time downstream took between its requests (D), and
-how many items it emitted (N) for F fresh ones. When the stage waits, the
-upstream is the bottleneck and is busy the whole window, so one fresh item takes
-(W + D) / F and one emitted item D / N:  R = (N / F) * (1 + W / D). When it does
-not wait, R >= N / F is all we learn, so AutoEcho lowers its estimate a little each
-such window (``probe`` / 2); once waiting reappears it has a fresh measurement. A window that waits, but
-so little that its R lies within half the headroom above the factor in use, holds
-e: that is the jitter the headroom absorbs, and taken as a measurement it raised e
-by (1 + headroom) per window up to ``e_max`` (hasten's sweep: mean e 7.1 at R 5.5).
-This needs an upstream that runs concurrently (a prefetching thread or worker
-processes), as any real input pipeline does.
+    R = (emitted / fresh) x (1 + wait / downstream)    while the echo stage waits on upstream
+    e = min(e_max, cap, R x (1 + headroom))            1 while R < off_below
 
-The value of a repeat, and the budget. A repeat is worth less than a fresh
-example: with a training budget fixed in steps, echoing at e feeds 1/e of the
-fresh data, and in the paper's regime (a learning-rate schedule over a fixed
-budget) every e from 2 to 8 ended about a point below the baseline at the
-baseline's step count (hasten's sweep, docs/results/echo.md). So AutoEcho keeps the
-budget in *effective examples*: the first copy of an example counts 1, copy 1
-(its first repeat) ``repeat_value``, copy k >= 2 ``later_repeat_value x exp(-(k - 2)
-/ repeat_decay)``, times the measured loss ratio below when repeats are being
-memorised. The defaults are measured, not borrowed: ``benchmarks/echo_repeat_value.py``
-(``hasten.recipes.echo.value``) trains at e = 2, 4, 6 and 8 with 1 to 1.6x the
-baseline's steps on a CIFAR-10-JPEG subset held out from the sweep and finds the
-steps at which echoed runs reliably (mean minus one std over 8 seeds) match the
-baseline's mean: 1.23 to 1.29x, with no trend in e. A cost flat in e is what the
-two values fit (least squares: 0.57 for the first repeat, 0.80 for each later one,
-no decay); one value per repeat cannot give e = 2 and e = 8 the same steps, and the
-decay measured for language-model pre-training (R* = 15.4 repetitions, Muennighoff
-et al., arXiv:2305.16264; the previous default, a first repeat worth 0.94) gave
-e = 2 1.03x. With the defaults every e from 2 to 8 trains 1.26x the baseline's steps;
-below R those steps cost no wall time. Other models and data may value repeats
-differently: rerun the calibration on yours and pass the values. The echo stage
-records the value of every item it emits; the training loop reports how many items
-each step took (``count``) and runs its schedule on ``progress(budget_examples)`` instead of the
-step count, ending at 1: the run then gets the effective examples the baseline got,
-whatever e was used when (e = 1 leaves the schedule exactly the baseline's). Items
-are valued in the order the stage emitted them, not as a shuffle buffer hands them
-out, so every data-parallel rank reaches 1 at the same step.
+Below R a copy removes waiting; above R it only adds steps; the headroom keeps upstream
+jitter from showing up as waiting. The cap comes down while the loss on repeats falls
+below the loss on fresh items (``observe_loss``: the repeats are being memorised). The
+training schedule runs on effective examples (``count``, ``progress``), where a repeat
+counts less than a fresh example, so an echoed run takes the extra steps its repeats
+need, at no wall time below R. Under ``torch.distributed`` the ranks agree on one e.
+AutoEcho needs an upstream that runs concurrently (DataLoader workers, a prefetch
+thread), as any real input pipeline has.
 
-Why e stays at about R whatever the value. Wall time per unit of progress at factor e
-is max(e x step, upstream) / (sum of the e copies' values), per fresh item. Below R
-the numerator is the upstream's time and every copy of positive value lowers it;
-above R it is e x step and a copy worth v < 1 raises it. So the best e is R for any
-positive value; a copy worth nothing is the only reason to stop below R, and that
-is what the loss on repeats detects: a loop that knows which items are repeats
-reports the mean loss on first copies and on repeats of the same steps
-(``observe_loss``). While repeats track fresh data the losses agree; when the loss
-on repeats falls more than ``repeat_tolerance`` below the fresh loss, the repeats are
-being memorised, AutoEcho lowers a cap on e by ``probe`` (and their value by the
-loss ratio); it raises the cap again while the losses agree. Without loss reports
-the cap is ``e_max``.
-
-On several data-parallel ranks, every rank must take the same number of steps.
-With ``torch.distributed`` initialised, the R estimate, the cap and the loss ratio
-are averaged over ranks at each update (the updates fall on the same fresh item on
-every rank because the echo draws are seeded by epoch and index, not by rank), so
-all ranks use one e and value repeats alike. The update runs inside the echo stage,
-on whatever thread runs it. When that is not the training thread (a pipeline on a
-thread of its own, as ``StreamLoader`` on CUDA), a collective from it on the default
-group would interleave with DDP's collectives in an order that differs between
-ranks (NCCL then hangs or mixes tensors); ``setup_distributed()``, called on the
-training thread of every rank before such a pipeline starts (``StreamLoader`` does),
-gives AutoEcho a gloo group of its own on CPU tensors, which DDP never uses.
-
-Changes the training math: yes, as echoing does (examples are repeated); the
-choice of e depends on timing, so runs are not bit-reproducible.
+Changes the training math: yes, as echoing does (examples are repeated; the schedule runs
+on effective examples); e depends on timing, so runs are not bit-reproducible.
 """
 
 from __future__ import annotations
@@ -99,7 +36,7 @@ import torch.distributed as dist
 from hasten.timing import Stopwatch
 
 # What the first repeat of an example and its later repeats are worth next to a fresh
-# example (module docstring): the least-squares fit measured by
+# example (``AutoEcho.copy_value``): the least-squares fit measured by
 # benchmarks/echo_repeat_value.py on a CIFAR-10-JPEG subset held out from the echo sweep.
 # No decay over further copies: the measurement (e <= 8) shows none.
 REPEAT_VALUE = 0.57
@@ -109,6 +46,10 @@ REPEAT_DECAY = math.inf
 
 class AutoEcho:
     """An echo factor that updates itself; pass it wherever a factor is accepted.
+
+    With ``torch.distributed`` initialised (and ``sync``), the R estimate, the cap and the
+    loss ratio are averaged over the ranks at every window, so that all ranks use one e,
+    value repeats alike and take the same number of steps; see ``setup_distributed``.
 
     ``e_max``: upper bound on e. ``interval``: fresh items per measurement window.
     ``idle_threshold``: waiting share above which the pipeline counts as
@@ -122,7 +63,9 @@ class AutoEcho:
     ``loss_smoothing``: weight of each loss report in the running loss ratio.
     ``repeat_value``: what the first repeat is worth next to a fresh example (``count``).
     ``later_repeat_value``: what each later repeat is worth; ``repeat_decay``: copies
-    over which that falls by 1/e (inf: not at all).
+    over which that falls by 1/e (inf: not at all). Their defaults are measured on
+    CIFAR-10-JPEG (``benchmarks/echo_repeat_value.py``, docs/echo.md); other models and
+    data may value repeats differently: calibrate with ``hasten.recipes.echo.value``.
     The first window is ignored: it holds the pipeline's start-up.
     """
 
@@ -199,14 +142,37 @@ class AutoEcho:
 
     def record_step(self, wait_s: float, step_s: float, items: int) -> None:
         """The training loop's report of one step: seconds it waited for the batch,
-        seconds of its own work, items in the batch (module docstring)."""
+        seconds of its own work, items in the batch. When a loop reports, its items and
+        time replace the echo stage's emitted items and downstream time in ``observe``: a
+        shuffle buffer that is still filling cannot inflate them. The fresh items of a
+        window in which the loop took no step count in the window whose steps take them."""
         with self._lock:
             self._loop[0] += items
             self._loop[1] += wait_s
             self._loop[2] += step_s
 
     def observe(self, fresh: int, emitted: int, wait_s: float, downstream_s: float) -> float:
-        """Take one window's measurements, update and return the echo factor."""
+        """Take one window's measurements, update and return the echo factor.
+
+        ``fresh`` items came in and ``emitted`` went out; the stage waited ``wait_s`` on
+        upstream and downstream took ``downstream_s`` (less time inside ``paused()``).
+
+        - The first window (start-up) is ignored; a window with no fresh or emitted items
+          or no downstream time teaches nothing and is skipped.
+        - Input-bound when wait / (wait + downstream) > ``idle_threshold``: the upstream is
+          then busy the whole window, one fresh item takes (wait + downstream) / fresh and
+          one emitted item downstream / emitted, so R = (emitted / fresh) x (1 + wait /
+          downstream).
+        - The first measured R sets e = R x (1 + ``headroom``) directly; later estimates
+          are smoothed (``smoothing``) and e at most doubles per window, so one window's
+          outlier (a stall while a buffer grows) cannot throw e to ``e_max``.
+        - An R within half the headroom above the e in use holds e: that is the jitter the
+          headroom absorbs, not a higher R.
+        - A window without waiting says only R >= emitted / fresh: the estimate eases down
+          by ``probe`` / 2, so that, if R fell, waiting and a fresh measurement return.
+        - e = 1 while the estimate is below ``off_below``; e never exceeds ``e_max`` or the
+          cap of ``observe_loss``.
+        """
         downstream_s -= self._paused_s
         self._paused_s = 0.0
         with self._lock:
@@ -244,10 +210,10 @@ class AutoEcho:
         if self._measured and not math.isnan(estimate) and estimate < self.factor * (1 + self.headroom / 2):
             # (The ranks' agreed estimate against the factor they share: every rank holds.)
             # A short wait at the factor in use (at most half the headroom): the jitter the
-            # headroom is there to absorb, not a higher R. Taken as a measurement it gave
+            # headroom is there to absorb, not a higher R. Taken as a measurement it gives
             # an R a little above e, hence e x (1 + headroom) above that, window after
-            # window: e crept up to e_max (hasten's sweep: mean e 7.1 at R 5.5), and copies
-            # above R add steps without removing waiting. Hold e instead.
+            # window, until e reaches e_max (mean e 7.1 at R 5.5 in the echo sweep,
+            # docs/echo.md); copies above R add steps without removing waiting. Hold e.
             self.history.append((self.factor, estimate))
             return self.factor
         if math.isnan(estimate):
@@ -259,7 +225,7 @@ class AutoEcho:
             self.ratio_estimate = estimate  # the first measurement, not eased guesses, sets R
         else:
             self.ratio_estimate += self.smoothing * (estimate - self.ratio_estimate)
-        # The first measured R sets e directly (module docstring); later, at most doubling
+        # The first measured R sets e directly (docstring); later, at most doubling
         # per window: a stall while a buffer grows inflates one window's R.
         step_limit = 2 * self.factor if self._measured else self.e_max
         self._measured = self._measured or not math.isnan(estimate)
@@ -273,7 +239,15 @@ class AutoEcho:
 
     def observe_loss(self, fresh_loss: float, repeat_loss: float) -> float:
         """Take the mean training loss on first copies and on repeats of one step
-        (or a few); update and return the cap on e (module docstring)."""
+        (or a few); update and return the cap on e.
+
+        While repeats track fresh data the losses agree. The running ratio of the loss
+        on repeats to the loss on fresh items (``loss_smoothing``) scales what a repeat is
+        worth while it is below 1 (``copy_value``). More than ``repeat_tolerance`` below
+        1, the repeats are being memorised: at each window the cap on e comes down to
+        ``min(cap, e) x (1 - probe)``; above 1 - ``repeat_tolerance`` / 2 it rises by a
+        factor 1 + ``probe`` again, up to ``e_max``. Without loss reports the cap is
+        ``e_max``."""
         if not (math.isfinite(fresh_loss) and math.isfinite(repeat_loss)) or fresh_loss <= 0:
             return self.cap
         ratio = repeat_loss / fresh_loss
@@ -287,7 +261,9 @@ class AutoEcho:
         """What copy number ``copy`` of an example (0: the first) is worth next to a
         fresh example: ``repeat_value`` for copy 1, ``later_repeat_value x exp(-(copy - 2)
         / repeat_decay)`` after, times the ranks' agreed loss ratio of repeats to first
-        copies while that is below 1 (module docstring)."""
+        copies while that is below 1. Wall time per unit of progress at factor e is
+        max(e x step, upstream time) / (the e copies' values): any positive value keeps e
+        at about R, so these values set the steps an echoed run takes, not e."""
         if copy <= 0:
             return 1.0
         if copy == 1:
@@ -364,10 +340,16 @@ class AutoEcho:
         return dist
 
     def setup_distributed(self) -> None:
-        """Create AutoEcho's own gloo process group (module docstring). Call it on the
-        training thread of every rank, at the same point, before an echo stage runs on
-        another thread; a no-op without ``torch.distributed``, with ``sync=False`` or
-        when done already."""
+        """Create AutoEcho's own gloo process group. Call it on the training thread of
+        every rank, at the same point, before an echo stage runs on another thread
+        (``StreamLoader`` does); a no-op without ``torch.distributed``, with ``sync=False``
+        or when done already.
+
+        Why: the ranks agree inside the echo stage, on whatever thread runs it. From a
+        thread other than the training thread, a collective on the default group would
+        interleave with DDP's collectives in an order that differs between ranks (NCCL
+        then hangs or mixes tensors); DDP never uses this group, and it reduces CPU
+        tensors."""
         if self.sync and self._group is None and self._distributed() is not None:
             self._group = dist.new_group(backend="gloo")
 
