@@ -46,7 +46,8 @@ from hasten.stream.records import ByteRecords, open_records
 from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import Stopwatch
 
-# CIFAR-10-JPEG training set, RGB, measured in 0-255 units (shared/data/README.md); 0..1 here.
+# Per-channel mean and std (RGB) of the 50,000 decoded CIFAR-10-JPEG training images, measured
+# in 0-255 units; 0..1 here.
 MEAN = tuple(v / 255 for v in (125.27, 122.93, 113.86))
 STD = tuple(v / 255 for v in (62.53, 61.91, 66.46))
 
@@ -212,7 +213,7 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         eval_set = EvalSet(open_records(cfg.data, "test"), cfg.image_size, dev)
     # The delay is the storage's time per example, whatever the number of readers: decode
     # workers (processes) reading at once queue on its one link instead of each getting the
-    # full rate (with 8 workers and a prefetch of 4, a per-request latency was hidden 4 times over).
+    # full rate (with 8 workers and a prefetch of 4, a per-request latency would be hidden 4 times over).
     storage = SlowStorage(records, item_s=cfg.upstream_delay_s)
     auto = AutoEcho(e_max=cfg.e_max, interval=4 * cfg.batch_size) if cfg.echo == "auto" else None
     if auto is not None and cfg.variant == "batch":
