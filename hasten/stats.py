@@ -1,9 +1,9 @@
 """Means, spreads and 95% intervals for every benchmark and report, defined once.
 
-Copies per benchmark drifted apart: two Student-t tables stopped at 9 and at 30 degrees
-of freedom and used the normal's 1.96 beyond (at n = 11 the first made intervals 12% too
-narrow: 1.96 against t = 2.228), a third switched to an expansion. Here the quantile is
-exact at every df, so every table that reports "mean ± 95% interval" gives one answer.
+Why one module with the exact quantile: a t table that stops at some degrees of freedom
+and uses the normal's 1.96 beyond makes small-sample intervals too narrow (1.96 in place
+of t = 2.228 at n = 11: 12%), and two copies give two answers to one question. Here the
+quantile is exact at every df, so every table that reports "mean ± 95% interval" agrees.
 
 - ``mean``, ``sample_std``: None entries are skipped (a run that never reached its
   target has no time to it). The sample standard deviation (n - 1 in the denominator)

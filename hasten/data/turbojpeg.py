@@ -13,7 +13,7 @@ The library: ``$HASTEN_TURBOJPEG`` (a path to ``libturbojpeg``) if set, else the
 copy that the ``turbojpeg`` wheel bundles (a dependency of hasten where it has
 wheels; the library only, its own Python module is never imported), else a system
 ``libturbojpeg`` of version 3. None of them: ``available()`` is False and hasten
-decodes with simplejpeg or Pillow, as before.
+decodes whole images with simplejpeg or Pillow.
 
 Columns can only start on an iMCU boundary (8 or 16 pixels at full scale, times
 the scaling factor), so the decoded region starts at or left of the box and

@@ -165,7 +165,7 @@ def _echo(
     index = 0
     # Two host clocks per fresh item, not per copy, and no hasten.timing.Stopwatch: there is
     # no device to synchronise here, and per-copy clock reads and bookkeeping cost about 5%
-    # of a 4.5 ms step at e = 1 (hasten's sweep). The downstream time of an item runs from
+    # of a 4.5 ms step at e = 1 (the echo sweep). The downstream time of an item runs from
     # handing out its first copy until its next item is asked for.
     top = clock()
     while True:
@@ -240,9 +240,9 @@ def shuffle_buffer(items: Iterable[T], size: int | Callable[[], int], *, seed: i
     ``auto_shuffle_buffer(auto, batch_size)``, so the buffer grows with e (a buffer
     sized for ``e_max`` while e is still 1 would hold back thousands of fresh
     examples before the first step) and shrinks with it. While such a buffer grows
-    it still hands out one item for every two it takes in: a buffer that gave out
-    nothing until full stalled the consumer for the whole fill on every rise of e
-    (hasten's sweep: AutoEcho idle 41-56% against 20-35% for a fixed factor). Half
+    it still hands out one item for every two it takes in: a buffer that gives out
+    nothing until full stalls the consumer for the whole fill on every rise of e
+    (in the echo sweep, AutoEcho idle 41-56% against 20-35% for a fixed factor). Half
     the arrivals keeps the consumer fed when e at least doubles, as the upstream then
     delivers e times the items; the buffer reaches its size after twice as many.
     """

@@ -30,9 +30,10 @@ class StreamNormalizer:
 
     The map is the same, ``(x / 255 - mean) / std``, written ``x * scale + shift``
     with ``scale = 1 / (255 std)`` and ``shift = -mean / std`` folded once on the
-    device: one ``addcmul`` reads the uint8 batch and writes float32 (four
-    elementwise passes before; on the CPU torch casts the input first), and no constant crosses the bus per step (two
-    blocking host-to-device copies before). The loaders already copied the uint8
+    device: one ``addcmul`` reads the uint8 batch and writes float32 (``normalize``
+    makes four elementwise passes; on the CPU torch casts the input first), and no
+    constant crosses the bus per step (``normalize`` given host values copies mean and
+    std to the device, blocking, every call). The loaders already copied the uint8
     batch from pinned memory, non-blocking. ``channels_last``: NHWC memory, else
     contiguous NCHW whatever layout the decoder produced (decoded batches are NHWC
     views; an NCHW model fed them converts its weights at every convolution).

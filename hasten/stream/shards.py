@@ -317,7 +317,7 @@ def scan_shard(path: str | os.PathLike, name: str, *, expected: int | None = Non
     offset, size) for the decode worker to read, labels read here. The checks are
     ``read_shard``'s. None when the tar uses extensions (the caller reads it whole).
 
-    Why: read whole, every image's bytes were copied three times in the loading process
+    Why: read whole, every image's bytes would be copied three times in the loading process
     (the shard into memory, the record out of it, the batch into shared memory); read
     where it is decoded, once, in the worker, from the page cache."""
     try:
