@@ -17,7 +17,8 @@ and the ``hasten`` command line. Subpackages, each named for what it holds:
 
 Modules:
 
-- ``hasten.cli``: the ``hasten`` command line (also ``python -m hasten``); ``hasten.cli_types``: option types that check each value.
+- ``hasten.cli``: the ``hasten`` command line (also ``python -m hasten``).
+- ``hasten.cli_types``: the command line's option types, each checking its value.
 - ``hasten.errors``: errors meant for the user, printed by the CLI as one line.
 - ``hasten.timing``: the one stopwatch, synchronising the device at both ends.
 - ``hasten.stats``: means, sample std, exact Student-t 95% intervals, paired ratios.
