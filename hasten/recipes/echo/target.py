@@ -206,7 +206,7 @@ def summarize_target(entries: list[dict], ratios, e_max: float) -> list[dict]:
 
 
 def target_goals(rows: list[dict], ratios) -> dict:
-    """The issue's goals: e = 4 at R = 4 at least 2.5x sooner than e = 1; AutoEcho within
+    """The benchmark's goals: e = 4 at R = 4 at least 2.5x sooner than e = 1; AutoEcho within
     0.9 of the best fixed factor at every R."""
     def row(ratio, factor):
         return next((r for r in rows if r["ratio"] == ratio and r["echo_factor"] == factor), None)
