@@ -74,6 +74,18 @@ class WeightAverage:
         """Write the averaged weights into ``model``."""
         torch._foreach_copy_(self._live(model), self._averages)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The averaged tensors by state-dict key (for a checkpoint)."""
+        return dict(self.state)
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy a :meth:`state_dict` back in place (the cached tensor lists stay valid)."""
+        if set(state) != set(self.state):
+            raise ValueError(f"the averaged state's keys differ from this model's: "
+                             f"{sorted(set(state) ^ set(self.state))[:5]}")
+        torch._foreach_copy_(self._averages, [state[k] for k in self.state])
+
 
 class Lookahead(WeightAverage):
     """EMA whose average is copied back into the model after every update."""
