@@ -81,7 +81,8 @@ class RunDir:
     A command that fails before it logs anything leaves no run directory behind:
     ``close(failed=True)`` (and leaving a ``with`` block by an exception, Ctrl-C
     included) removes the directory if this object made it and it holds nothing
-    but the empty metrics file, config and environment.
+    but the empty metrics file, config and environment, and the folders it made to
+    hold it (``runs/``) if they are left empty.
     """
 
     # What a run directory holds before its command has produced anything.
@@ -89,12 +90,7 @@ class RunDir:
 
     def __init__(self, command: str, root: str | os.PathLike | None = None, device=None, *,
                  path: str | os.PathLike | None = None):
-        if path is not None:
-            path = Path(path)
-            self._made = not path.exists()
-            path.mkdir(parents=True, exist_ok=True)
-        else:
-            self._made = True
+        if path is None:
             root = Path(root) if root is not None else runs_root()
             stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
             path = root / f"{command}-{stamp}"
@@ -102,7 +98,10 @@ class RunDir:
             while path.exists():
                 n += 1
                 path = root / f"{command}-{stamp}-{n}"
-            path.mkdir(parents=True)
+        path = Path(path)
+        # The directories this makes, innermost first: a failed command removes them if left empty.
+        self._made = [d for d in (path, *path.parents) if not d.exists()]
+        path.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.environment = describe_environment(device)
         write_json(path / "environment.json", self.environment)
@@ -119,9 +118,9 @@ class RunDir:
         self._metrics.flush()
         self.logged = True
 
-    def drop_metrics_after(self, step: int) -> None:
-        """Forget metrics lines logged after ``step``: a run resumed from a checkpoint
-        at ``step`` logs those steps again, and each should appear once."""
+    def drop_metrics_after(self, step: int, key: str = "step") -> None:
+        """Forget metrics lines logged after ``step`` (their ``key``): a run resumed from
+        a checkpoint at ``step`` logs those steps again, and each should appear once."""
         self._metrics.close()
         path = self.path / "metrics.jsonl"
         kept = []
@@ -130,8 +129,8 @@ class RunDir:
                 record = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by the crash
                 continue
-            if not (isinstance(record, dict) and isinstance(record.get("step"), (int, float))
-                    and record["step"] > step):
+            if not (isinstance(record, dict) and isinstance(record.get(key), (int, float))
+                    and record[key] > step):
                 kept.append(line)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tmp.write_text("".join(line + "\n" for line in kept))
@@ -147,6 +146,11 @@ class RunDir:
         self._metrics.close()
         if failed and self._made and self._bare():
             shutil.rmtree(self.path, ignore_errors=True)
+            for parent in self._made[1:]:
+                try:
+                    parent.rmdir()  # only while empty: another run may have started in it
+                except OSError:
+                    break
 
     def _bare(self) -> bool:
         try:
