@@ -1,7 +1,7 @@
 """Stopping a command: SIGINT (Ctrl-C) and SIGTERM (timeout, Slurm, docker stop) end ``hasten train``
-with one line naming the newest checkpoint and ``--resume auto``, exit status 130 / 143, no
-traceback from the process or its decode workers; a failed command leaves no bare run directory,
-no empty ``runs/`` and no output directory behind."""
+and ``hasten speedrun`` with one line naming the newest checkpoint or run directory and
+``--resume auto``, exit status 130 / 143, no traceback from the process or its decode workers; a
+failed command leaves no bare run directory, no empty ``runs/`` and no output directory behind."""
 
 from __future__ import annotations
 
@@ -74,6 +74,36 @@ def test_a_signal_stops_train_with_one_line_naming_the_checkpoint(sig, code, col
                         rf"{re.escape(str(run))}/checkpoint(-previous)?\.pt \(step \d+\); rerun with --resume auto",
                         lines[0]), lines[0]
     assert _group_gone(proc.pid), "decode workers outlived the command"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_speedrun_with_one_line_naming_its_run_directory(sig, code, colours, tmp_path):
+    """Signalled between epochs of its first run, after the warm-up: the line names the run
+    directory that holds the checkpoint, and --resume auto (tests/test_commands_speedrun.py)."""
+    argv = [sys.executable, "-m", "hasten", "speedrun", "--data", str(colours), "--preset", "tiny",
+            "--batch-size", "32", "--epochs", "500", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HASTEN_CACHE": str(tmp_path / "cache"),
+           "HASTEN_RUNS": str(tmp_path / "runs"), "HASTEN_PROGRESS": "0"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_default_sigint)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "runs").glob("speedrun-*/checkpoint.pt")):
+            assert proc.poll() is None, f"hasten speedrun ended (rc {proc.returncode}) before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.05)
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code, err
+    (run,) = (tmp_path / "runs").iterdir()
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.fullmatch(rf"hasten speedrun: stopped by {sig.name}; run directory runs/{run.name} \(0 of 1 runs "
+                        r"finished, run 0 to epoch \d+ of 500\); resume with: hasten speedrun <same options> "
+                        r"--resume auto\n", err.replace(str(tmp_path) + "/", "")), err
 
 
 @pytest.mark.parametrize("command", [

@@ -51,6 +51,7 @@ SPEC = {
     ("speedrun", "--batch-size"): ("positive_int", []),
     ("speedrun", "--train-subset"): ("nonneg_int", []),
     ("speedrun", "--target"): ("accuracy", []),
+    ("speedrun", "--resume"): ("path", []),
     ("speedrun", "--json"): ("output_file", []),
     ("echo", "--data"): ("path", []),
     ("echo", "--echo"): (["0", "0.5", "-2", "nan", "inf", "fast", ""], []),

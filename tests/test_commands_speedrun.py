@@ -85,3 +85,38 @@ def test_cli_ablation_prints_the_ladder(tmp_path, capsys):
     assert (Path(summary["rundir"]) / "ablation.png").exists()
     printed = capsys.readouterr().out
     assert "epochs_to_target" in printed and "+ TTA: flip + translate" in printed
+
+
+def test_a_stopped_speedrun_says_how_to_resume_and_resumes(tmp_path, capsys, monkeypatch):
+    from hasten.recipes.speedrun import JobCheckpoint
+
+    data = _image_folder(tmp_path / "data")
+    argv = ["speedrun", "--data", str(data), "--preset", "tiny", "--runs", "2", "--epochs", "3", "--batch-size", "12",
+            "--device", "cpu", "--no-warmup"]
+    save_run = JobCheckpoint.save_run
+
+    def ctrl_c_after_run_1_epoch_2(checkpoint, index, state):
+        save_run(checkpoint, index, state)
+        if (index, state["epoch"]) == (1, 2):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(JobCheckpoint, "save_run", ctrl_c_after_run_1_epoch_2)
+    # Nothing to resume yet: said, then a fresh job, which Ctrl-C stops.
+    assert main([*argv, "--resume", "auto"]) == 130
+    out, err = capsys.readouterr()
+    run_path = Path(out.split("run directory: ")[1].split()[0])
+    assert err.splitlines() == [
+        f"hasten speedrun: no stopped speedrun of these settings under {tmp_path / 'runs'}; starting fresh",
+        f"hasten speedrun: stopped by SIGINT; run directory {run_path} (1 of 2 runs finished, run 1 to epoch 2 of 3); "
+        "resume with: hasten speedrun <same options> --resume auto"]
+    monkeypatch.setattr(JobCheckpoint, "save_run", save_run)
+    assert main([*argv, "--resume", "auto", "--json", str(tmp_path / "s.json")]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"hasten speedrun: resuming {run_path}: 1 of 2 runs finished, run 1 to epoch 2 of 3\n"
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["rundir"] == str(run_path) and [r["resumed"] for r in summary["runs"]] == [False, True]
+    parts = summary["runs"][1]["time_parts_s"]
+    assert f"run 1 was stopped and resumed: its time is {parts[0]:.2f} + {parts[1]:.2f} = " in out
+    # The table holds every epoch of both runs, the finished ones printed again from the checkpoint.
+    assert [line.split()[:2] for line in out.splitlines() if line[:3].strip().isdigit()] == [
+        [str(r), f"{e}/3"] for r in (0, 1) for e in (1, 2, 3)]

@@ -130,7 +130,9 @@ def test_run_trains_n_runs_and_writes_the_run_directory(tmp_path):
     assert (run_dir.path / "accuracy_vs_time.png").exists()
     assert config == {"preset": "tiny", "recipe": json.loads(json.dumps(dataclasses.asdict(SMALL))), "runs": 2,
                       "seed": 3, "data": "colours", "data_source": "memory", "device": "cpu", "train_subset": 0,
-                      "ablate": False, "target": 0.94}
+                      "ablate": False, "target": 0.94, "resumed_from": None}
+    # A complete job leaves nothing to resume: its checkpoints are gone.
+    assert not list(run_dir.path.glob("checkpoint*.pt"))
     # The log: the data, what is timed, the table header, then one row per run and epoch
     # with the numbers the metrics file holds.
     assert lines[0].startswith("data: ") and lines[2] == speedrun.TABLE_HEADER
@@ -346,7 +348,8 @@ def test_summarize_by_hand():
     assert s["mean_time_s"] == 12.0 and s["std_time_s"] == pytest.approx(8 ** 0.5) and s["mean_cpu_time_s"] == 5.0
     assert s["achieved_tflops"] == pytest.approx(2.0) and s["flops_per_run"] == 24 * 10**12
     assert (s["device"], s["preset"], s["data"]) == ("cpu", "p", "d")
-    assert s["runs"][1] == {"accuracy": 0.86, "tta_accuracy": 0.94, "time_s": 14.0, "cpu_time_s": 6.0}
+    assert s["runs"][1] == {"accuracy": 0.86, "tta_accuracy": 0.94, "time_s": 14.0, "cpu_time_s": 6.0,
+                            "resumed": False, "time_parts_s": [14.0]}
     one = speedrun.summarize(results[:1], preset="p", device=torch.device("cpu"), flops=1)
     assert one["std_accuracy"] is None and one["std_time_s"] is None  # one run: no spread measured (hasten.stats)
 
@@ -361,7 +364,7 @@ def test_ladder_rows_average_the_runs_that_reached_the_target(monkeypatch):
                 (id(recipe1), 8): _result(0.6, 50.0, epochs_to_target=5.0, time_to_target_s=12.0)}
     calls = []
 
-    def fake_train_run(recipe, data, device, *, mean_std, seed, target):
+    def fake_train_run(recipe, data, device, *, mean_std, seed, target, **checkpoints_and_progress):
         calls.append((id(recipe), seed, target))
         return outcomes[(id(recipe), seed)]
 
@@ -378,7 +381,7 @@ def test_ladder_rows_average_the_runs_that_reached_the_target(monkeypatch):
     assert first == {"rung": "baseline", "runs": 2, "reached": 1, "epochs_to_target": 2.0, "time_to_target_s": 4.0,
                      "final_accuracy": pytest.approx(0.8), "final_accuracy_std": pytest.approx(0.2 / 2 ** 0.5),
                      "final_accuracy_runs": [0.9, 0.7], "time_s": 15.0, "time_s_std": pytest.approx(50 ** 0.5),
-                     "time_s_runs": [10.0, 20.0], "cpu_time_s": 1.0}
+                     "time_s_runs": [10.0, 20.0], "cpu_time_s": 1.0, "resumed_runs": 0}
     assert second["reached"] == 2 and second["epochs_to_target"] == 4.0 and second["time_to_target_s"] == 10.0
     assert second["final_accuracy"] == pytest.approx(0.7) and second["time_s"] == 40.0
     assert summary["target"] == 0.75 and summary["epochs_budget"] == SMALL.epochs and summary["data"] == "colours"

@@ -1,11 +1,16 @@
 """``hasten speedrun``: train the CIFAR-10 speedrun recipe N times and report
-(see hasten.recipes.speedrun)."""
+(see hasten.recipes.speedrun).
+
+Stopped (Ctrl-C, SIGTERM), it says in one line where its checkpoint is;
+``hasten speedrun <same options> --resume auto`` continues it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import os
+import sys
 
 from hasten import cli_types as t
 from hasten.errors import ConfigError
@@ -33,10 +38,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the ablation ladder (tricks added one by one) instead of N runs of the full recipe")
     p.add_argument("--target", type=t.float_range(0, 1, lo_open=True),
                    help="accuracy target for --ablate (epochs and time to reach it); default: 0.94 on CUDA, 0.80 on CPU")
+    p.add_argument("--resume", type=resume_type,
+                   help="'auto': continue the newest stopped job of the same settings under $HASTEN_RUNS (else "
+                        "runs/), fresh if there is none; or a run directory or checkpoint file to continue")
     p.add_argument("--json", type=t.output_file, help="also write the summary JSON here")
 
 
+def resume_type(text: str) -> str:
+    """``--resume``: ``auto``, or a run directory or checkpoint file that exists."""
+    return text if str(text).strip() == "auto" else t.existing_path(text)
+
+
 def run(args: argparse.Namespace) -> int:
+    from hasten.distributed.faults import stop_signal
     from hasten.environment import describe_environment, hardware_label, pick_device
     from hasten.recipes import speedrun
     from hasten.rundir import RunDir, write_json
@@ -60,13 +74,22 @@ def run(args: argparse.Namespace) -> int:
         ablate=args.ablate, target=args.target if args.target is not None else speedrun.default_target(device))
     print(f"device: {device} ({hardware_label(describe_environment(device))}); preset: {preset} ({why})")
 
-    run_dir = RunDir("speedrun", device=device)
+    plan = speedrun.plan_resume(config, args.resume)
+    if plan.note:
+        print(f"hasten speedrun: {plan.note}", file=sys.stderr, flush=True)
+    run_dir = RunDir("speedrun", device=device, path=plan.run_path)
     print(f"run directory: {run_dir.path}")
     try:
-        summary = speedrun.run(config, run_dir=run_dir, log=functools.partial(print, flush=True))
-    except BaseException:
+        summary = speedrun.run(config, run_dir=run_dir, log=functools.partial(print, flush=True), resume=plan.state)
+    except BaseException as exc:
         run_dir.close(failed=True)  # no run directory left behind empty
-        raise
+        sig = stop_signal(exc)
+        if sig is None:
+            raise
+        # Ctrl-C or SIGTERM: one line saying what there is to resume.
+        print(f"hasten speedrun: stopped by {sig.name}; {stopped_at(run_dir.path, config)}", file=sys.stderr,
+              flush=True)
+        return 128 + sig
     run_dir.close()
     if args.json:
         write_json(args.json, summary)
@@ -80,4 +103,23 @@ def run(args: argparse.Namespace) -> int:
               f"{summary['mean_accuracy']:.4f}{spread(summary['std_accuracy'], 4)}, time "
               f"{summary['mean_time_s']:.2f}{spread(summary['std_time_s'], 2)} s, "
               f"{summary['flops_per_run'] / 1e12:.2f} TFLOP per run, {summary['achieved_tflops']:.3f} TFLOP/s achieved")
+        for i, r in enumerate(summary["runs"]):
+            if r["resumed"]:
+                parts = " + ".join(f"{t:.2f}" for t in r["time_parts_s"])
+                print(f"run {i} was stopped and resumed: its time is {parts} = {r['time_s']:.2f} s (timed before "
+                      "each stop, up to its last checkpoint, plus after)")
     return 0
+
+
+def stopped_at(run_path, config) -> str:
+    """What a stopped job leaves: its checkpoint and how to resume it, or that there is none."""
+    from hasten.checkpoint import load_checkpoint, newest_checkpoint
+    from hasten.recipes.speedrun import describe_checkpoint
+
+    newest = newest_checkpoint(run_path) if run_path.exists() else None
+    if newest is None:
+        return ("no checkpoint yet (one is written at each epoch end, after the warm-up), nothing to resume; "
+                "rerun to start again")
+    state = load_checkpoint(newest.path)
+    return (f"run directory {run_path} ({describe_checkpoint(state, config)}); resume with: "
+            "hasten speedrun <same options> --resume auto")

@@ -8,7 +8,9 @@ a smaller net and schedule that finishes in minutes on a 2-core machine.
 
 ``run(SpeedrunConfig(...))`` is the whole job: load the data, untimed warm-up
 runs, then N timed runs of the recipe (or the ablation ladder), a summary, a run
-directory and plots. ``train_run`` is one run.
+directory and plots. ``train_run`` is one run. A job stopped part way resumes
+from its checkpoint (``JobCheckpoint``, ``plan_resume``): finished runs kept, the
+run in progress continued from its last epoch end with the same result.
 
 Timing follows the speedrun community (airbench): data already decoded (cached)
 and copied to the device, the networks built, warm-up runs excluded (``warm_up``:
@@ -24,14 +26,19 @@ Changes the training math: yes (it is a training recipe).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
 from hasten import stats
+from hasten.checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, newest_checkpoint, previous_path,
+                               rng_state, save_checkpoint, set_rng_state)
 from hasten.data import ImageDataset
 from hasten.data.device_loader import Augmentation, GpuLoader
 from hasten.data.host_loader import HostLoader
@@ -46,6 +53,7 @@ from hasten.nn.whitening import init_whitening_conv
 from hasten.progress import progress
 from hasten.recipes.step import TrainMeter, optimizer_step
 from hasten.recipes.training_data import load_training_data
+from hasten.rundir import config_digest, runs_root
 from hasten.timing import Stopwatch, interleaved
 
 # ----------------------------------------------------------------------------
@@ -276,12 +284,20 @@ class RunResult:
     epochs: list[dict] = field(default_factory=list)
     epochs_to_target: float | None = None
     time_to_target_s: float | None = None
+    time_parts_s: list[float] = field(default_factory=list)  # timed seconds per process: one part, or
+                                                             # before each stop and after the last resume
+
+    def __post_init__(self) -> None:
+        if not self.time_parts_s:  # a run never stopped: its time in one part
+            self.time_parts_s = [self.time_s]
 
 
 def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
               mean_std: tuple[list[float], list[float]], seed: int = 0, target: float | None = None,
               on_epoch: Callable[[dict], None] | None = None, max_steps: int | None = None,
-              validate_every_epoch: bool = False) -> RunResult:
+              validate_every_epoch: bool = False, resume: dict | None = None,
+              on_checkpoint: Callable[[dict], None] | None = None, label: str = "",
+              job_steps: tuple[int, int] | None = None) -> RunResult:
     """Train and evaluate one run of ``recipe`` on ``data``.
 
     ``mean_std``: per-channel normalisation, a property of the data set: measure it
@@ -291,7 +307,17 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     timed. ``validate_every_epoch``: measure validation accuracy (no TTA, untimed)
     after every epoch, not only the last; with a target it is measured anyway.
     ``max_steps``: stop after that many steps without evaluating (warm-up runs: only
-    the first-call costs of the training step matter there)."""
+    the first-call costs of the training step matter there).
+
+    ``on_checkpoint``: called at the end of every epoch but the last, outside the
+    clock, with the run's state (model, optimizer, schedule, weight average, data
+    position, random state, timed seconds, the epochs so far),
+    which ``resume`` continues from: the same steps on the same batches, so on the
+    CPU the run ends with the same weights, bit for bit, as one never stopped. The
+    resumed run's clock starts from the state's seconds and times the loader set-up
+    again (not the whitening set-up: its filters are in the model's state).
+    ``label`` and ``job_steps`` (steps of the whole job, steps it did before this
+    run) set the progress line: ``run 0: epoch 2/7: 130/700 steps ..., about 0:04:10 left``."""
     r = recipe
     torch.manual_seed(seed)
     use_bf16 = r.bf16 and device.type == "cuda"
@@ -307,6 +333,10 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     averaged = SpeedrunNet(r.net).to(device=device, memory_format=memory_format) if r.averaging == "ema" else None
 
     clock = Stopwatch(device)
+    parts_before: list[float] = []  # timed seconds of the processes before a stop
+    if resume is not None:
+        clock.elapsed, clock.cpu_elapsed = resume["time_s"], resume["cpu_time_s"]
+        parts_before = [*resume["time_parts_s"], resume["time_s"] - sum(resume["time_parts_s"])]
     clock.start()
     if r.device_loader:
         train_loader = GpuLoader(train_images, train_labels, r.batch_size, device=device, augment=r.augment,
@@ -316,10 +346,12 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
                                   augment=r.augment, mean=mean, std=std, dtype=dtype,
                                   channels_last=r.channels_last, seed=seed)
     test_x = normalize(test_images, mean, std, dtype, channels_last=r.channels_last)
-    if r.whiten:
+    if r.whiten and resume is None:
         sample = (whitening_sample(len(train_labels), seed=seed) if r.whiten_sample == "random"
                   else torch.arange(min(WHITENING_SAMPLE, len(train_labels)))).to(device)
         init_whitening_conv(model.whiten, normalize(train_images[sample], mean, std))
+    elif r.whiten:
+        model.whiten.weight.requires_grad_(False)  # frozen, as init_whitening_conv leaves it; filters from the state
     optimizer = make_optimizer(model, r)
     total_steps = math.ceil(len(train_loader) * r.epochs)
     if max_steps is not None:
@@ -333,6 +365,22 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
         average = WeightAverage(model)
     step_model = torch.compile(model) if r.compile else model
     meter = TrainMeter(device)
+    result = RunResult(accuracy=0.0, tta_accuracy=0.0, time_s=0.0)
+    step, epoch = 0, 0
+    if resume is not None:
+        clock.stop()  # restoring is the resume's cost, not the recipe's, as building the network is
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume["scheduler"])
+        if average is not None:
+            average.load_state_dict(resume["average"])
+        step, epoch = resume["step"], resume["epoch"]
+        train_loader.epoch = epoch  # each epoch's order and augmentation follow from (seed, epoch)
+        set_rng_state(resume["rng"])
+        result.epochs = list(resume["epochs"])
+        result.epochs_to_target, result.time_to_target_s = resume["epochs_to_target"], resume["time_to_target_s"]
+        clock.start()
+    job_total, job_before = job_steps if job_steps is not None else (total_steps, 0)
 
     def eval_batches():
         for i in range(0, len(test_y), 2000):
@@ -345,8 +393,13 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
         average.copy_to(averaged)
         return averaged
 
-    result = RunResult(accuracy=0.0, tta_accuracy=0.0, time_s=0.0)
-    step, epoch = 0, 0
+    def run_state() -> dict:
+        return {"step": step, "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "average": average.state_dict() if average is not None else None,
+                "rng": rng_state(), "time_s": clock.elapsed, "cpu_time_s": clock.cpu_elapsed,
+                "time_parts_s": parts_before, "epochs": list(result.epochs),
+                "epochs_to_target": result.epochs_to_target, "time_to_target_s": result.time_to_target_s}
+
     while step < total_steps:
         # The whitening bias trains only for the first epochs (airbench); its lr
         # drops to 0 then (``lr_lambdas``). Eager, also stop its gradient: that skips
@@ -356,7 +409,10 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
             model.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
         model.train()
         meter.reset()
-        bar = progress(total=min(len(train_loader), total_steps - step), desc=f"epoch {epoch + 1}")
+        # One bar per epoch (closed before the epoch's table row is printed), counting the
+        # steps of the whole job: its rate and time left are the job's.
+        bar = progress(total=job_total, initial=job_before + step, unit="step",
+                       desc=f"{label}epoch {epoch + 1}/{math.ceil(r.epochs)}")
         for x, y in train_loader:
             with autocast(device, use_bf16):
                 logits = step_model(x)
@@ -384,7 +440,7 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
         # on a CPU each pass costs a fifth of an epoch of training).
         last = step >= total_steps
         evaluated = eval_model()
-        record = {"epoch": epoch, "epochs": math.ceil(r.epochs), "train_loss": meter.loss,
+        record = {"epoch": epoch, "epochs": math.ceil(r.epochs), "step": step, "train_loss": meter.loss,
                   "train_accuracy": meter.accuracy, "val_accuracy": None, "tta_accuracy": None,
                   "time_s": clock.elapsed}
         if last or validate_every_epoch or target is not None:
@@ -399,6 +455,8 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
         if step < total_steps:
             if on_epoch is not None:
                 on_epoch(record)
+            if on_checkpoint is not None:
+                on_checkpoint(run_state())
             clock.start()
 
     # Timed: the final evaluation with the recipe's TTA.
@@ -407,6 +465,7 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     clock.stop()
     result.time_s = clock.elapsed
     result.cpu_time_s = clock.cpu_elapsed
+    result.time_parts_s = [*parts_before, result.time_s - sum(parts_before)]
     result.accuracy = result.epochs[-1]["val_accuracy"]
     result.epochs[-1]["tta_accuracy"] = result.tta_accuracy
     result.epochs[-1]["time_s"] = result.time_s
@@ -456,11 +515,152 @@ def flops_per_run(recipe: Recipe, data: ImageDataset) -> int:
     forward_per_example = counter.get_total_flops() / 2
     model.train()
     steps_per_epoch = len(data.train.labels) // recipe.batch_size  # the loader drops the last partial batch
-    steps = math.ceil(steps_per_epoch * recipe.epochs)
+    steps = steps_per_run(recipe, len(data.train.labels))
     bias_steps = steps if recipe.compile else min(steps, steps_per_epoch * recipe.whiten_bias_epochs)
     train = (train_flops_per_example(True) * bias_steps + train_flops_per_example(False) * (steps - bias_steps))
     views = {"none": 1, "flip": 2, "flip_translate": 6}[recipe.tta]
     return int(train * recipe.batch_size + forward_per_example * views * len(data.test.labels))
+
+
+def steps_per_run(recipe: Recipe, n_train: int) -> int:
+    """Training steps of one run on ``n_train`` images (the loader drops the last partial batch)."""
+    return math.ceil(n_train // recipe.batch_size * recipe.epochs)
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints: a stopped job resumed
+# ----------------------------------------------------------------------------
+
+CHECKPOINT_FORMAT = "hasten speedrun 1"
+RESUME_AUTO = "auto"
+
+
+def run_identity(config: SpeedrunConfig, dataset: ImageDataset | None = None) -> dict:
+    """What a stopped job must share with a new one to be resumed by it: what its
+    results depend on (recipe, runs, seed, data, device type, ladder and target), not
+    how it is watched (warm-up, output files)."""
+    if dataset is not None:
+        data = f"{dataset.name} ({dataset.source})"
+    else:
+        data = config.data or "cifar10-download"
+        if Path(data).expanduser().exists():
+            data = str(Path(data).expanduser().resolve())
+    return {"preset": config.preset, "recipe": dataclasses.asdict(config.recipe), "runs": config.runs,
+            "seed": config.seed, "data": data, "train_subset": config.train_subset,
+            "device": torch.device(config.device).type, "ablate": config.ablate,
+            "target": config.target if config.ablate else None}
+
+
+class JobCheckpoint:
+    """A job's ``checkpoint.pt`` in its run directory (``hasten.checkpoint.save_checkpoint``:
+    atomic, the one before kept as ``checkpoint-previous.pt``): the results of the runs
+    finished and, at its last epoch end, the state of the run in progress. Its ``step``
+    counts the job's training steps. ``directory=None`` keeps the bookkeeping, writes nothing."""
+
+    def __init__(self, directory: str | os.PathLike | None, identity: dict, state: dict | None = None):
+        self.path = Path(directory) / CHECKPOINT_NAME if directory is not None else None
+        self.identity = identity
+        self.done: list[RunResult] = [RunResult(**r) for r in state["done"]] if state is not None else []
+        self.done_steps: int = state["done_steps"] if state is not None else 0
+        self.current: dict | None = state["current"] if state is not None else None
+
+    def resume_state(self, index: int) -> dict | None:
+        """The saved state of run ``index`` when the job stopped inside it, else None."""
+        current = self.current
+        return current["run"] if current is not None and current["index"] == index else None
+
+    def save_run(self, index: int, state: dict) -> None:
+        """At an epoch end of run ``index`` (``train_run``'s ``on_checkpoint``)."""
+        self.current = None  # the state holds the live tensors: saved, not kept
+        self._save(self.done_steps + state["step"], {"index": index, "run": state})
+
+    def finish(self, result: RunResult, steps: int) -> None:
+        """A run ended: its result joins the finished ones."""
+        self.done.append(result)
+        self.done_steps += steps
+        self.current = None
+        self._save(self.done_steps, None)
+
+    def remove(self) -> None:
+        """The job is complete: nothing left to resume."""
+        if self.path is not None:
+            for path in (self.path, previous_path(self.path)):
+                path.unlink(missing_ok=True)
+
+    def _save(self, step: int, current: dict | None) -> None:
+        if self.path is not None:
+            save_checkpoint(self.path, {"format": CHECKPOINT_FORMAT, "step": step, "identity": self.identity,
+                                        "digest": config_digest(self.identity),
+                                        "done": [dataclasses.asdict(r) for r in self.done],
+                                        "done_steps": self.done_steps, "current": current}, keep_previous=True)
+
+
+def describe_checkpoint(state: dict, config: SpeedrunConfig) -> str:
+    """How far a checkpointed job got, in words: "1 of 3 runs finished, run 1 to epoch 4 of 7"."""
+    jobs = config.runs * (len(LADDER) if config.ablate else 1)
+    text = f"{len(state['done'])} of {jobs} {'ladder runs' if config.ablate else 'runs'} finished"
+    current = state["current"]
+    if current is not None:
+        text += f", run {current['index']} to epoch {current['run']['epoch']} of {math.ceil(config.recipe.epochs)}"
+    return text
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a job starts: the run directory to continue (None: a new one), the
+    checkpoint state (None: fresh) and a line for the user (None: nothing to say)."""
+    run_path: Path | None
+    state: dict | None
+    note: str | None
+
+
+def plan_resume(config: SpeedrunConfig, resume: str | os.PathLike | None, root: str | os.PathLike | None = None,
+                dataset: ImageDataset | None = None) -> ResumePlan:
+    """Decide where a job starts.
+
+    - ``resume=None``: fresh, in a new run directory.
+    - ``resume="auto"``: the stopped job of the same settings (``run_identity``) whose
+      checkpoint is newest, among the ``speedrun-*`` run directories under ``root``
+      (default ``$HASTEN_RUNS``, else ``runs``); with none, fresh, said in the note.
+    - ``resume=PATH``: that run directory or checkpoint file; a ``ConfigError`` naming
+      the settings that differ when it was written with other ones.
+
+    ``dataset``: the in-memory data set ``run`` will be given, if any (part of the settings)."""
+    if resume is None:
+        return ResumePlan(None, None, None)
+    identity = run_identity(config, dataset)
+    digest = config_digest(identity)
+    if str(resume) == RESUME_AUTO:
+        root = Path(root) if root is not None else runs_root()
+        found, others = [], 0
+        for directory in sorted(root.glob("speedrun-*")):
+            newest = newest_checkpoint(directory)
+            if newest is None:
+                continue
+            state = load_checkpoint(newest.path)
+            if state.get("digest") == digest:
+                found.append((newest.path.stat().st_mtime, directory, state))
+            else:
+                others += 1
+        if not found:
+            other = f" ({others} stopped job(s) of other settings there)" if others else ""
+            return ResumePlan(None, None, f"no stopped speedrun of these settings under {root}{other}; starting fresh")
+        _, directory, state = max(found, key=lambda f: f[0])
+        return ResumePlan(directory, state, f"resuming {directory}: {describe_checkpoint(state, config)}")
+    path = Path(resume).expanduser()
+    newest = newest_checkpoint(path) if path.is_dir() else None
+    if path.is_dir() and newest is None:
+        raise ConfigError(f"{path} holds no complete speedrun checkpoint (finished jobs keep none)")
+    state = load_checkpoint(newest.path if newest is not None else path)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a hasten speedrun checkpoint")
+    if state["digest"] != digest:
+        now, saved = identity, state["identity"]
+        diff = [f"{k}: checkpoint {saved.get(k)!r}, now {now[k]!r}" for k in now
+                if config_digest({k: saved.get(k)}) != config_digest({k: now[k]})]
+        raise ConfigError(f"cannot resume {path} with different settings: " + "; ".join(diff))
+    directory = path if path.is_dir() else path.parent
+    return ResumePlan(directory, state, f"resuming {directory}: {describe_checkpoint(state, config)}")
 
 
 # ----------------------------------------------------------------------------
@@ -485,15 +685,24 @@ LADDER_HEADER = (f"{'rung':<34} {'reached':>7} {'epochs_to_target':>16} {'time_t
 
 
 def run(config: SpeedrunConfig, *, run_dir=None, dataset: ImageDataset | None = None,
-        log: Callable[[str], None] | None = None) -> dict:
+        log: Callable[[str], None] | None = None, resume: dict | None = None) -> dict:
     """Load the data, warm up, then train ``config.runs`` timed runs of the recipe
     (or its ablation ladder); returns the summary (also ``results.json``).
 
-    ``run_dir``: a ``hasten.rundir.RunDir`` for config, per-epoch metrics, results
-    and plots. ``dataset``: an ``ImageDataset`` to use instead of loading
-    ``config.data``. ``log``: receives the progress table, one line at a time."""
+    ``run_dir``: a ``hasten.rundir.RunDir`` for config, per-epoch metrics, results,
+    plots and, until the job is complete, its checkpoint (``JobCheckpoint``: at every
+    epoch end but a run's last, and at each run's end; the warm-up writes none).
+    ``dataset``: an ``ImageDataset`` to use instead of loading ``config.data``.
+    ``log``: receives the progress table, one line at a time. ``resume``: a
+    checkpoint's state (``plan_resume``): the finished runs are kept, the run in
+    progress continues from its last epoch end, the rest run as usual; a resumed
+    run's time is its time before the stop plus its time after (``time_parts_s``)."""
     say = log if log is not None else (lambda line: None)
     device = torch.device(config.device)
+    identity = run_identity(config, dataset)
+    if resume is not None and resume.get("digest") != config_digest(identity):
+        raise ConfigError("the checkpoint to resume was written with other settings (see plan_resume)")
+    checkpoint = JobCheckpoint(run_dir.path if run_dir is not None else None, identity, resume)
     data = load_training_data(config.data, batch_size=config.recipe.batch_size,
                               train_subset=config.train_subset, dataset=dataset)
     say(f"data: {data.summary()}")
@@ -505,17 +714,21 @@ def run(config: SpeedrunConfig, *, run_dir=None, dataset: ImageDataset | None = 
                               "runs": config.runs, "seed": config.seed, "data": data.name,
                               "data_source": str(data.source), "device": str(device),
                               "train_subset": config.train_subset, "ablate": config.ablate,
-                              "target": config.target})
+                              "target": config.target,
+                              "resumed_from": describe_checkpoint(resume, config) if resume is not None else None})
+        if resume is not None:  # the lines logged after the checkpoint are logged again
+            run_dir.drop_metrics_after(resume["step"], key="job_step")
     if config.warmup:
         warm_up([recipe for _, recipe in rungs] or [config.recipe], data, device, mean_std, seed=config.seed)
     if config.ablate:
-        summary = _ladder(config, rungs, data, device, mean_std, run_dir, say)
+        summary = _ladder(config, rungs, data, device, mean_std, run_dir, say, checkpoint)
     else:
-        summary = _timed_runs(config, data, device, mean_std, run_dir, say)
+        summary = _timed_runs(config, data, device, mean_std, run_dir, say, checkpoint)
     summary["environment"] = describe_environment(device)
     summary["rundir"] = str(run_dir.path) if run_dir is not None else None
     if run_dir is not None:
         run_dir.write_results(summary)
+    checkpoint.remove()
     return summary
 
 
@@ -548,19 +761,33 @@ def warm_up(recipes: list[Recipe], data: ImageDataset, device: torch.device, mea
         train_run(r, data, device, mean_std=mean_std, seed=seed, max_steps=steps)
 
 
-def _timed_runs(config, data, device, mean_std, run_dir, say) -> dict:
+def _timed_runs(config, data, device, mean_std, run_dir, say, checkpoint: JobCheckpoint | None = None) -> dict:
+    checkpoint = checkpoint if checkpoint is not None else JobCheckpoint(None, {})
     say("timed: loader set-up, whitening set-up, training, final TTA evaluation; untimed: data loading "
         "and copy to the device, building the network, warm-up, validation")
     say(TABLE_HEADER)
+    steps = steps_per_run(config.recipe, len(data.train.labels))
     results = []
     for i in range(config.runs):
-        def on_epoch(rec, i=i):
-            if run_dir is not None:
-                run_dir.log(run=i, **rec)
+        if i < len(checkpoint.done):  # finished before a stop: its rows again, from the checkpoint
+            results.append(checkpoint.done[i])
+            for rec in checkpoint.done[i].epochs:
+                say(epoch_row(i, rec))
+            continue
+        state = checkpoint.resume_state(i)
+        for rec in state["epochs"] if state is not None else []:
             say(epoch_row(i, rec))
 
-        results.append(train_run(config.recipe, data, device, mean_std=mean_std, seed=config.seed + i,
-                                 on_epoch=on_epoch))
+        def on_epoch(rec, i=i):
+            if run_dir is not None:
+                run_dir.log(run=i, job_step=checkpoint.done_steps + rec["step"], **rec)
+            say(epoch_row(i, rec))
+
+        result = train_run(config.recipe, data, device, mean_std=mean_std, seed=config.seed + i, on_epoch=on_epoch,
+                           resume=state, on_checkpoint=functools.partial(checkpoint.save_run, i),
+                           label=f"run {i}: ", job_steps=(config.runs * steps, checkpoint.done_steps))
+        checkpoint.finish(result, steps)
+        results.append(result)
     summary = summarize(results, preset=config.preset, device=device, flops=flops_per_run(config.recipe, data),
                         data=data.name)
     if run_dir is not None:
@@ -580,7 +807,8 @@ def summarize(results: list[RunResult], *, preset: str, device: torch.device, fl
     times = [r.time_s for r in results]
     return {
         "runs": [{"accuracy": r.accuracy, "tta_accuracy": r.tta_accuracy, "time_s": r.time_s,
-                  "cpu_time_s": r.cpu_time_s} for r in results],
+                  "cpu_time_s": r.cpu_time_s, "resumed": len(r.time_parts_s) > 1, "time_parts_s": r.time_parts_s}
+                 for r in results],
         "mean_accuracy": stats.mean(tta),  # headline: with the recipe's TTA, as airbench reports
         "std_accuracy": stats.sample_std(tta),  # None for one run: no spread measured
         "mean_accuracy_no_tta": stats.mean(r.accuracy for r in results),
@@ -595,7 +823,7 @@ def summarize(results: list[RunResult], *, preset: str, device: torch.device, fl
     }
 
 
-def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
+def _ladder(config, rungs, data, device, mean_std, run_dir, say, checkpoint: JobCheckpoint | None = None) -> dict:
     """Every rung ``config.runs`` times, interleaved: one run of each rung per repeat, in
     a shuffled order (``hasten.timing.interleaved``; repeat i uses seed ``config.seed + i``
     for every rung), so that load drifting during the ladder spreads over all rungs
@@ -603,15 +831,25 @@ def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
     run directory's metrics); the rows average them per rung."""
     say(f"ablation ladder: {len(rungs)} rungs, tricks added one by one, {config.runs} run(s) each in a shuffled "
         f"order, target {config.target:.2%} (epochs and timed seconds at the first epoch whose accuracy reaches it)")
+    checkpoint = checkpoint if checkpoint is not None else JobCheckpoint(None, {})
     results: dict[str, list[RunResult]] = {name: [] for name, _ in rungs}
     order = []
-    for rep, (name, recipe) in interleaved(rungs, config.runs, seed=config.seed):
-        r = train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + rep, target=config.target)
+    jobs = list(interleaved(rungs, config.runs, seed=config.seed))
+    steps = [steps_per_run(recipe, len(data.train.labels)) for _, (_, recipe) in jobs]
+    for j, (rep, (name, recipe)) in enumerate(jobs):
+        if j < len(checkpoint.done):  # finished before a stop
+            r = checkpoint.done[j]
+        else:
+            r = train_run(recipe, data, device, mean_std=mean_std, seed=config.seed + rep, target=config.target,
+                          resume=checkpoint.resume_state(j), on_checkpoint=functools.partial(checkpoint.save_run, j),
+                          label=f"{name} (repeat {rep}): ", job_steps=(sum(steps), checkpoint.done_steps))
+            if run_dir is not None:
+                run_dir.log(rung=name, repeat=rep, job_step=checkpoint.done_steps + steps[j],
+                            tta_accuracy=r.tta_accuracy, time_s=r.time_s, time_parts_s=r.time_parts_s,
+                            epochs_to_target=r.epochs_to_target, time_to_target_s=r.time_to_target_s)
+            checkpoint.finish(r, steps[j])
         results[name].append(r)
         order.append([rep, name])
-        if run_dir is not None:
-            run_dir.log(rung=name, repeat=rep, tta_accuracy=r.tta_accuracy, time_s=r.time_s,
-                        epochs_to_target=r.epochs_to_target, time_to_target_s=r.time_to_target_s)
         say(f"  repeat {rep} {name:<34} {r.tta_accuracy:.4f} {r.time_s:7.1f} s")
     say(LADDER_HEADER)
     rows = []
@@ -626,7 +864,8 @@ def _ladder(config, rungs, data, device, mean_std, run_dir, say) -> dict:
                "final_accuracy": stats.mean(acc), "final_accuracy_std": stats.sample_std(acc),
                "final_accuracy_runs": acc,
                "time_s": stats.mean(times), "time_s_std": stats.sample_std(times), "time_s_runs": times,
-               "cpu_time_s": stats.mean(r.cpu_time_s for r in runs)}
+               "cpu_time_s": stats.mean(r.cpu_time_s for r in runs),
+               "resumed_runs": sum(len(r.time_parts_s) > 1 for r in runs)}
         rows.append(row)
         ep = f"{row['epochs_to_target']:.1f}" if reached else "not reached"
         tt = f"{row['time_to_target_s']:.1f}" if reached else "-"
