@@ -69,3 +69,19 @@ def test_train_in_a_log_file_says_what_it_does(colours, tmp_path):
     steps = [line for line in lines[start + 1:] if re.match(r"train: \d+/24 steps \(\d+%\), ", line)]
     assert steps and steps[-1].startswith("train: 24/24 steps (100%)"), lines
     assert "\r" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_progress_bar_of_the_package_names_what_it_counts():
+    """A bar without a unit reads "1.6 s per item"; each caller says steps, runs, files..."""
+    import ast
+    from pathlib import Path
+
+    import hasten
+
+    unnamed = []
+    for path in Path(hasten.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "progress"
+                    and not any(k.arg == "unit" for k in node.keywords)):
+                unnamed.append(f"{path.name}:{node.lineno}")
+    assert not unnamed, f"progress() without unit=: {unnamed}"

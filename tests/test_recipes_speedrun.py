@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 
@@ -154,6 +155,24 @@ def test_run_trains_n_runs_and_writes_the_run_directory(tmp_path):
         else:
             assert len(rest) == 1
     assert summary["runs"][1]["tta_accuracy"] == metrics[-1]["tta_accuracy"]
+
+
+def test_progress_lines_count_the_steps_of_every_run(monkeypatch, capsys):
+    """Off a terminal: steps (not "items"), and the time left of the whole job, not of the epoch."""
+    monkeypatch.setenv("HASTEN_PROGRESS", "lines")
+    monkeypatch.setenv("HASTEN_PROGRESS_INTERVAL", "0")  # a line at every step
+    run(SpeedrunConfig(recipe=SMALL, preset="tiny", runs=2, warmup=False), dataset=TINY_DATA)
+    lines = capsys.readouterr().err.splitlines()
+    per_run = 3 * 2  # 96 images in batches of 32, 2 epochs
+    counted = [re.fullmatch(r"run (\d): epoch (\d)/2: (\d+)/(\d+) steps \(\d+%\), [\d.]+ (steps/s|s per step), "
+                            r"[\d:]+ elapsed(, about [\d:]+ left|, done)?", line) for line in lines]
+    assert lines and all(counted), [line for line, m in zip(lines, counted) if not m]
+    assert {int(m[4]) for m in counted} == {2 * per_run}  # the job's steps
+    # Each step of each epoch of each run, counted on from the steps before it.
+    seen = sorted({(int(m[1]), int(m[2]), int(m[3])) for m in counted})
+    assert seen == [(r, e, r * per_run + (e - 1) * 3 + k) for r in (0, 1) for e in (1, 2) for k in (1, 2, 3)]
+    left = {int(m[3]) for m in counted if m[6] and m[6].endswith("left")}
+    assert left == set(range(1, 2 * per_run))  # the time left of the job, until its last step
 
 
 def test_building_the_network_is_outside_the_timed_span(monkeypatch):

@@ -146,13 +146,14 @@ def bench_worker(rank: int, world: int, cfg: BenchConfig) -> RankTimings:
         torus_allreduce(torch.ones(world), cfg.grid)  # creates the subgroups outside the timing
     cases = [(algo, nbytes) for algo in cfg.algos for nbytes in cfg.sizes]
     hidden = rank != 0 or not progress_enabled()
-    for algo, nbytes in progress(cases, desc="all-reduce warm-up", disable=hidden or not cfg.warmup):
+    for algo, nbytes in progress(cases, desc="all-reduce warm-up", unit="case",
+                                  disable=hidden or not cfg.warmup):
         time_allreduce(algo, nbytes, 0, cfg.warmup, cfg.grid)
     # One iteration of every case per round, in a shuffled order: load that drifts
     # during the run spreads over all cases instead of landing on whichever ran last.
     # The seed is fixed, so every rank draws the same order (a must: they run in step).
     times = {case: [] for case in cases}
     schedule = list(interleaved(cases, cfg.iters, seed=0))
-    for _, (algo, nbytes) in progress(schedule, desc="all-reduce", disable=hidden):
+    for _, (algo, nbytes) in progress(schedule, desc="all-reduce", unit="case", disable=hidden):
         times[(algo, nbytes)] += time_allreduce(algo, nbytes, 1, 0, cfg.grid)
     return RankTimings(cfg.calibrate_sizes, pingpong, alpha, gamma, times)

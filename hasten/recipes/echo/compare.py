@@ -62,7 +62,8 @@ def compare(cfg: ComparisonConfig, *, log: Callable[..., None] | None = None) ->
     log(event="step_time", step_time_s=step_s, source="a 40-step run without delay")
     jobs = comparison_jobs(base, step_s, cfg.upstream_ratio)
     entries = []
-    for seed, (group, job) in progress(list(interleaved(jobs, cfg.repeats, seed=0)), desc="echo runs"):
+    for seed, (group, job) in progress(list(interleaved(jobs, cfg.repeats, seed=0)), desc="echo runs",
+                                            unit="run"):
         run_cfg = replace(job, seed=seed)
         result = train_to_target(run_cfg, eval_set=eval_set,
                                  log=lambda **r: log(group=group, echo_cfg=str(run_cfg.echo), **r))

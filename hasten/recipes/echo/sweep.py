@@ -334,7 +334,7 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
     other = [(v, e) for v in ("example-after", "batch") for e in cfg.other_factors]
     total = (len(cfg.lr_grid) + cfg.seeds - 1 + (len(cfg.factors) + len(other)) * (len(cfg.lr_grid) + cfg.seeds - 1)
              + len(cfg.buffer_sizes) + 1 + len(timed_jobs) * cfg.seeds)
-    bar = progress(total=total, desc="echo sweep runs")
+    bar = progress(total=total, desc="echo sweep runs", unit="run")
 
     def record(result: dict, group: str) -> dict:
         result["group"] = group

@@ -112,7 +112,7 @@ def run_target(cfg: SweepConfig, *, log: Callable[..., None] | None = None,
 
     n_tune = len(cfg.lr_grid) * (1 + len(cfg.factors))
     bar = progress(total=n_tune + (cfg.seeds - 1) * (1 + len(cfg.factors)) + cfg.seeds * len(ratios),
-                   desc="echo target runs")
+                   desc="echo target runs", unit="run")
     runs: list[dict] = []
     made: list[tuple[dict, RunSpec, tuple]] = []  # every run with its settings, for (4)
 

@@ -114,7 +114,7 @@ def calibrate(cfg: SweepConfig, *, factors: tuple[int, ...] = (2, 4, 6, 8),
     base = RunSpec(lr=cfg.lr, steps=cfg.steps, e_max=cfg.e_max)
     jobs = [(1, 1.0)] + [(int(e), m) for e in factors for m in multipliers]
     runs = []
-    bar = progress(total=len(jobs) * len(seeds), desc="repeat-value runs")
+    bar = progress(total=len(jobs) * len(seeds), desc="repeat-value runs", unit="run")
     for e, m in jobs:
         for seed in seeds:
             r = train_budget(replace(cfg, eval_points=(1.0,)), data,
