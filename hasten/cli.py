@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             if command in COMMANDS:
                 module = importlib.import_module(f"hasten.commands.{command}")
                 module.add_arguments(sub.choices[command])
-            args = parser.parse_args(argv)
+            args, unknown = parser.parse_known_args(argv)
+            if unknown:
+                # argparse leaves them to the top parser, whose error would name just `hasten`.
+                _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
             if module is None:
                 parser.print_help()
                 return 0
@@ -114,6 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         except Terminated as exc:
             print(f"{name}: stopped by {exc}", file=sys.stderr, flush=True)
             return 128 + exc.signum
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost (sub-)command parser ``args`` went through: ``hasten data pack``'s for
+    ``hasten data pack ...``, so that its errors name that command."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, sub.dest, None) if sub is not None else None
+        if name not in (sub.choices if sub is not None else {}):
+            return parser
+        parser = sub.choices[name]
 
 
 def one_line(exc: BaseException) -> str:

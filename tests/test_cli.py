@@ -39,3 +39,24 @@ def test_command_is_found_past_option_values_and_before_double_dash(monkeypatch)
     assert main(["profile", "--steps", "5", "--", "python", "train.py", "echo", "--lr", "0.1"]) == 0
     assert seen["steps"] == 5
     assert seen["command_line"][-5:] == ["python", "train.py", "echo", "--lr", "0.1"]
+
+
+# Every command, and every action of `hasten data` (its required words given).
+UNKNOWN_OPTION_CASES = [["speedrun"], ["echo"], ["allreduce"], ["train"], ["profile"], ["data"],
+                        ["data", "pack", "{src}", "{out}"], ["data", "jpeg", "{out}"]]
+
+
+def test_the_unknown_option_cases_cover_every_command():
+    assert {words[0] for words in UNKNOWN_OPTION_CASES} == set(COMMANDS)
+
+
+@pytest.mark.parametrize("words", UNKNOWN_OPTION_CASES, ids=lambda words: " ".join(w for w in words if "{" not in w))
+def test_an_unknown_option_is_named_with_its_command(words, tmp_path, capsys):
+    """argparse leaves unknown options to the top parser, which would say `hasten: error:`."""
+    command = " ".join(w for w in words if "{" not in w)
+    argv = [w.format(src=tmp_path, out=tmp_path / "out") for w in words]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--nosuchflag"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == f"hasten {command}: error: unrecognized arguments: --nosuchflag\n"
+
