@@ -28,7 +28,8 @@ COMMANDS = {
     "allreduce": "benchmark ring / 2-D torus / naive / native all-reduce",
     "train": "large-batch data-parallel training (LARS, group BN, bf16) under torchrun",
     "profile": "why a training command is slower than the hardware: verdict, predicted and verified fixes",
-    "data": "prepare data for streaming: pack an image folder or archive into tar shards",
+    "data": "prepare data: pack an image folder or archive into tar shards for streaming (pack), or write a "
+            "data set as JPEG files, which makes CIFAR-10-JPEG (jpeg)",
 }
 
 

@@ -60,3 +60,26 @@ def test_an_unknown_option_is_named_with_its_command(words, tmp_path, capsys):
     assert exc.value.code == 2
     assert capsys.readouterr().err == f"hasten {command}: error: unrecognized arguments: --nosuchflag\n"
 
+
+def test_a_command_with_actions_describes_each_of_them(capsys):
+    """`hasten data --help` once described only `pack`."""
+    import argparse
+    import importlib
+
+    from hasten.cli import build_parser
+
+    parser, sub = build_parser()
+    checked = 0
+    for name in COMMANDS:
+        command = sub.choices[name]
+        importlib.import_module(f"hasten.commands.{name}").add_arguments(command)
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                missing = [a for a in action.choices if f"({a})" not in command.description]
+                assert not missing, f"hasten {name} --help does not describe {missing}: {command.description!r}"
+                checked += 1
+    assert checked >= 1
+    with pytest.raises(SystemExit):
+        main(["data", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tar shards for streaming (pack)" in out and "JPEG files, which makes CIFAR-10-JPEG (jpeg)" in out
