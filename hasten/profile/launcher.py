@@ -47,6 +47,7 @@ from pathlib import Path
 import hasten
 from hasten.errors import HastenError
 from hasten.profile.attach_check import AttachCheck
+from hasten.profile.inject.settings import PROBES
 from hasten.profile.verdict import Analysis, Recommendation, analyse, cpu_available, rerank
 
 SITECUSTOMIZE = '''\
@@ -128,7 +129,7 @@ def _environment(out_dir: Path, site_dir: Path, config: ProfileConfig, apply: st
     env.update(PYTHONPATH=os.pathsep.join(paths), HASTEN_PROFILE_DIR=str(out_dir),
                HASTEN_PROFILE_WARMUP=str(config.warmup), HASTEN_PROFILE_STEPS=str(config.steps),
                HASTEN_PROFILE_SECONDS=str(config.seconds),
-               HASTEN_PROFILE_PROBE_STEPS=str(config.probe_steps), HASTEN_PROFILE_PROBES="1" if probes else "0",
+               HASTEN_PROFILE_PROBE_STEPS=str(config.probe_steps), HASTEN_PROFILE_PROBES=",".join(PROBES) if probes else "",
                HASTEN_PROFILE_APPLY=apply)
     return env
 

@@ -79,7 +79,7 @@ class Profiler:
                 self._t_request, self._t_return = t0, time.perf_counter()
                 self._cpu_return = time.process_time()
             elif not self.batch_bytes:
-                from hasten.profile.inject import batch_nbytes
+                from hasten.profile.inject.batches import batch_nbytes
                 self.batch_bytes = batch_nbytes(batch)
             first = False
             yield batch

@@ -1,0 +1,107 @@
+"""The phases every instrumented process goes through, counted in steps.
+
+``warmup`` (discarded), ``measure`` (the real run), ``replay`` (the counterfactual probes,
+interleaved step by step: ``step_alone``, the first batch that reached the model
+replayed, so data is free; ``comm_off``, the same with DDP's ``noop_hook``;
+``comm_bf16``, with hasten's bf16-compressing hook; ``autocast``, under bf16 autocast),
+then ``loader_alone`` (batches pulled from the training loader's iterator with no step
+between: the time to produce one). Identical on every rank, so that collectives line up.
+
+Changes the training math: only in the replayed steps (a repeated batch; in ``comm_off``
+steps, gradients not averaged); the process exits right after them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+from hasten.profile.inject import ddp, loader
+from hasten.profile.inject.proc_times import pid_cpu_s
+from hasten.profile.inject.state import State
+
+
+def plan(st: State) -> list[tuple[str, int]]:
+    steps = [("warmup", st.warmup), ("measure", st.steps)]
+    kinds = replay_kinds(st)
+    if kinds:
+        steps.append(("replay", st.probe_steps * len(kinds)))
+    if "loader" in st.probes:
+        steps.append(("loader_alone", 0))
+    return steps
+
+
+def replay_kinds(st: State) -> tuple[str, ...]:
+    # Interleaved, not one after another: a spell of load from other jobs then hits all alike.
+    if "replay" not in st.probes:
+        return ()
+    kinds = ["step_alone"]
+    if "comm" in st.probes and st.ddp and st.world_size > 1:
+        kinds += ["comm_off", "comm_bf16"]
+    if "autocast" in st.probes:
+        kinds.append("autocast")
+    return tuple(kinds)
+
+
+def advance(st: State) -> None:
+    names = [p for p, _ in plan(st)]
+    while st.phase in names:
+        i = names.index(st.phase)
+        if st.phase_step < plan(st)[i][1]:
+            return
+        _leave(st)
+        st.phase = names[i + 1] if i + 1 < len(names) else "done"
+        st.phase_step = 0
+        _enter(st)
+        names = [p for p, _ in plan(st)]  # entering a phase may drop a probe, and with it a replayed kind
+        if st.phase == "loader_alone":
+            return
+
+
+def _enter(st: State) -> None:
+    if st.phase == "measure":
+        if st.settings.seconds > 0:
+            _steps_for_seconds(st)
+        st.worker_cpu = {"start": _training_worker_cpu(st), "batches0": _training_batches(st)}
+    if st.phase == "replay" and "comm" in st.probes:
+        ddp.calibrate_link(st)
+
+
+def _leave(st: State) -> None:
+    st.comm_mode = "real"
+    if st.phase == "measure" and st.worker_cpu:
+        end = _training_worker_cpu(st)
+        start = st.worker_cpu.get("start")
+        st.worker_cpu.update(end=end, batches=_training_batches(st) - st.worker_cpu["batches0"],
+                             cpu_s=None if start is None or end is None else max(0.0, end - start))
+
+
+def _steps_for_seconds(st: State) -> None:
+    """--seconds: measure as many steps as fit, from the warm-up's step time; every rank agrees."""
+    spans = [r["span_s"] for r in st.records["warmup"][1:]] or [r["span_s"] for r in st.records["warmup"]]
+    per = statistics.median(spans) if spans else (time.perf_counter() - st.t_start) / max(1, st.steps_seen)
+    n = max(3, math.ceil(st.settings.seconds / max(per, 1e-6)))
+    try:
+        import torch
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            t = torch.tensor([n], dtype=torch.int64, device="cuda" if st.device == "cuda" else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            n = int(t.item())
+    except Exception:
+        pass
+    st.steps = n
+
+
+def _training_batches(st: State) -> int:
+    return sum(d["batches"] for lid, d in st.loaders.items() if loader.is_training_loader(st, lid))
+
+
+def _training_worker_cpu(st: State) -> float | None:
+    pids = [p for lid, d in st.loaders.items() if loader.is_training_loader(st, lid) for p in d["pids"]]
+    if not pids:
+        return None
+    vals = [pid_cpu_s(p) for p in pids]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) if vals else None

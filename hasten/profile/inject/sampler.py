@@ -1,0 +1,71 @@
+"""Where the loop's main thread is, sampled ten times a second by a daemon thread.
+
+The samples say where the time went when no step comes (``rank<N>.status.json``, read by
+the launcher's stall messages) and where a loop without a DataLoader makes its data
+(samples taken outside compute inside a step). The same thread writes the status file
+every second.
+
+Changes the training math: no.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from hasten.profile.inject import output
+from hasten.profile.inject.state import State
+
+# Frames that are not the user's own code: torch, hasten's profile, the standard library.
+_SKIP = ("/torch/", "/hasten/profile/", "/threading.py", "/selectors.py", "/queue.py", "/multiprocessing/",
+         "/site-packages/", "/lib/python3", "<frozen")
+
+
+def is_users(filename: str) -> bool:
+    return not any(s in filename for s in _SKIP)
+
+
+def where(frame) -> str:
+    """The innermost frame of the user's own code (not torch, not the standard library)."""
+    innermost = None
+    f = frame
+    while f is not None:
+        name = f.f_code.co_filename
+        if innermost is None:
+            innermost = f
+        if is_users(name):
+            return f"{os.path.basename(name)}:{f.f_code.co_name}"
+        f = f.f_back
+    return f"{os.path.basename(innermost.f_code.co_filename)}:{innermost.f_code.co_name}" if innermost else "?"
+
+
+def start(st: State) -> None:
+    threading.Thread(target=_watch, args=(st, threading.main_thread().ident), daemon=True,
+                     name="hasten-profile-status").start()
+
+
+def _watch(st: State, main_ident: int) -> None:
+    path = os.path.join(st.dir, f"status-{os.getpid()}.json")
+    last_write = 0.0
+    while not st.finished:
+        # 10 samples a second: each takes the GIL from the loop for a few microseconds, and on a
+        # loaded machine a sampler descheduled while holding it stalls the loop; fewer wake-ups, fewer stalls.
+        time.sleep(0.1)
+        frame = sys._current_frames().get(main_ident)
+        if frame is not None:
+            key = where(frame)
+            st.samples[key] = st.samples.get(key, 0) + 1
+            st.n_samples += 1
+            if st.cdepth == 0 and st.span is not None:
+                st.data_samples[key] = st.data_samples.get(key, 0) + 1
+                st.n_data_samples += 1
+        del frame
+        now = time.perf_counter()
+        if now - last_write >= 1.0:
+            last_write = now
+            try:
+                output.write_json(path, output.status(st))
+            except Exception:
+                pass

@@ -1,0 +1,81 @@
+"""What one instrumented process has seen so far: steps, phases, loaders, the model, probes.
+
+One :class:`State` per process, in :data:`current` once :func:`hasten.profile.inject.install`
+has run (``None`` before, and in a process that is not profiled). Every hook reads it
+from here, so that a hook left behind by a torch patch does nothing without it.
+
+Changes the training math: no.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from hasten.profile.inject.settings import Settings
+
+# A step of each kind goes into its own list: warm-up (discarded), the measured window, and
+# the replayed steps of the probes.
+RECORDS = ("warmup", "measure", "step_alone", "comm_off", "comm_bf16", "autocast")
+
+
+class State:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.dir = settings.dir
+        self.rank = settings.rank
+        self.world_size = settings.world_size
+        self.warmup = settings.warmup
+        self.steps = settings.steps  # replaced from the warm-up's step time under --seconds
+        self.probe_steps = settings.probe_steps
+        self.probes = set(settings.probes)  # the probes still to run (a failing one is dropped)
+        self.apply = settings.apply
+        self.t_start = time.perf_counter()
+        self.phase = "warmup"
+        self.phase_step = 0  # steps completed in the current phase
+        self.steps_seen = 0  # steps of the primary optimizer
+        self.primary_opt: int | None = None
+        self.records: dict[str, list[dict]] = {p: [] for p in RECORDS}
+        self.step_kind = "warmup"
+        # the open step ("span"): from the previous step's end to this one's
+        self.span: dict | None = None
+        self.cdepth = 0  # nesting of compute intervals
+        self.c_t0 = 0.0
+        self.c_cpu0 = 0.0
+        self.has_params: dict[int, bool] = {}
+        # loaders: id -> {"name", "batches", "train_votes", "eval_votes", "workers", "pids", "iters", ...}
+        self.loaders: dict[int, dict] = {}
+        self.last_loader: int | None = None  # the loader whose batch awaits a forward
+        self.train_iter = None  # (iterator, its original __next__): the latest of a training loader
+        self.cached = None  # a training loader's batch, replayed in the probes
+        self.cached_bytes = 0
+        self.model_id: int | None = None  # the first module with parameters called in training mode
+        self.model_args = None  # the first batch that reached its forward (positional arguments)
+        self.pending_copies = 0
+        self.fresh_index = 0
+        self.autocast_ctx = None
+        self.forwards = 0
+        self.train_forwards = 0
+        self.backwards = 0
+        self.eval_counts: list[int] = []
+        self.ddp = []
+        self.user_hook = None
+        self.bf16_state = None
+        self.comm_mode = "real"
+        self.grad_bytes = 0
+        self.allreduce_times: list[tuple[float, float]] = []
+        self.allreduce_bf16_times: list[tuple[float, float]] = []
+        self.bf16_cast_s = 0.0
+        self.loader_probe: dict = {}
+        self.worker_cpu: dict = {}  # measure phase: worker CPU seconds and training batches
+        self.device = "cpu"
+        self.finished = False
+        self.error: str | None = None
+        self.samples: dict[str, int] = {}
+        self.n_samples = 0
+        self.data_samples: dict[str, int] = {}  # sampled outside compute inside a step: where data is made
+        self.n_data_samples = 0
+        self.lock = threading.Lock()
+
+
+current: State | None = None

@@ -1,0 +1,153 @@
+"""Steps: where one ends and the next begins, and what each one's time went to.
+
+**A step is an optimizer step.** A global post-hook on ``torch.optim.Optimizer.step``
+(every optimizer, library-built ones included) ends a step; with several optimizers, the
+first one to step sets the pace. Micro-batches of gradient accumulation (``no_sync`` or
+not) fall inside one step.
+
+**Compute** is the time inside a top-level compute interval: a module call, ``backward``,
+the optimizer's step, ``clip_grad_norm_``, a ``torch.distributed`` collective
+(:mod:`hasten.profile.inject.torch_patches` opens and closes them). The rest of a step
+is data wait (a DataLoader's ``__next__``) or, without a DataLoader, time outside compute.
+
+A step that also drew batches from another loader (a validation pass), or ran more
+forwards in eval mode / under ``no_grad`` than training ones, is recorded as excluded
+and named.
+
+Changes the training math: no.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from hasten.profile.inject import loader, output, phases, probes, state
+from hasten.profile.inject.proc_times import runqueue_s
+from hasten.profile.inject.state import RECORDS, State
+
+
+def sync(st: State | None) -> None:
+    # GPU work is asynchronous: without this a step would look as long as its launches.
+    if st is not None and st.device == "cuda":
+        import torch
+        if torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+
+# ---- compute intervals: nested calls count once, at the outermost
+
+def begin_compute(st: State) -> None:
+    if st.cdepth == 0:
+        st.c_t0, st.c_cpu0 = time.perf_counter(), time.process_time()
+    st.cdepth += 1
+
+
+def end_compute(st: State) -> None:
+    if st.cdepth <= 0:
+        return
+    st.cdepth -= 1
+    if st.cdepth == 0 and st.span is not None:
+        st.span["compute_s"] += time.perf_counter() - st.c_t0
+        st.span["compute_cpu_s"] += time.process_time() - st.c_cpu0
+
+
+# ---- the open step
+
+def open_step(st: State) -> None:
+    now = time.perf_counter()
+    st.span = {"t0": now, "cpu0": time.process_time(), "rq0": runqueue_s(), "compute_s": 0.0, "compute_cpu_s": 0.0,
+               "loader": {}, "loader_cpu": {}, "comm_s": 0.0, "train_fwd": 0, "eval_fwd": 0, "epoch_start": False,
+               "rq_loader": 0.0}
+
+
+def close_step(st: State, host_end: float) -> None:
+    sp = st.span
+    if st.autocast_ctx is not None:
+        st.autocast_ctx.__exit__(None, None, None)
+        st.autocast_ctx = None
+    if sp is None:
+        return
+    sync(st)
+    now, cpu = time.perf_counter(), time.process_time()
+    if st.cdepth:  # close the optimizer's own interval into this step
+        sp["compute_s"] += now - st.c_t0
+        sp["compute_cpu_s"] += cpu - st.c_cpu0
+    span_s = now - sp["t0"]
+    train_loaders = {lid for lid in sp["loader"] if loader.is_training_loader(st, lid)}
+    other = {st.loaders[lid]["name"]: st.loaders[lid]["batches_in_span"] for lid in sp["loader"]
+             if lid not in train_loaders}
+    loader_s = sum(sp["loader"][lid] for lid in train_loaders)
+    loader_cpu = sum(sp["loader_cpu"][lid] for lid in train_loaders)
+    outside = max(0.0, span_s - sp["compute_s"])
+    via_loader = bool(train_loaders)
+    excluded = None
+    if other:
+        excluded = "other loader: " + ", ".join(f"{k} ({v} batches)" for k, v in other.items())
+    elif sp["eval_fwd"] > sp["train_fwd"] and sp["eval_fwd"] > (statistics.median(st.eval_counts)
+                                                                if st.eval_counts else 0):
+        excluded = f"evaluation: {sp['eval_fwd']} forwards in eval mode or under no_grad"
+    st.eval_counts = (st.eval_counts + [sp["eval_fwd"]])[-50:]
+    rq = runqueue_s() - sp["rq0"]
+    data = loader_s if via_loader else outside
+    rec = {"span_s": span_s, "wait_s": data, "work_s": span_s - data, "loader_s": loader_s, "outside_s": outside,
+           "compute_s": sp["compute_s"], "comm_s": sp["comm_s"], "cpu_s": cpu - sp["cpu0"],
+           "compute_cpu_s": sp["compute_cpu_s"], "data_cpu_s": loader_cpu if via_loader else
+           max(0.0, cpu - sp["cpu0"] - sp["compute_cpu_s"]), "via_loader": via_loader,
+           "micro": sp["train_fwd"], "eval_fwd": sp["eval_fwd"], "epoch_start": sp["epoch_start"],
+           "host_s": host_end - sp["t0"], "own_s": span_s - data - max(0.0, rq - sp["rq_loader"]),
+           "own_wait_s": data - (sp["rq_loader"] if via_loader else 0.0)}
+    if excluded:
+        rec["excluded"] = excluded
+    if st.step_kind in RECORDS:
+        st.records[st.step_kind].append(rec)
+    st.span = None
+
+
+def end_step(st: State) -> None:
+    """The step boundary: record the step that ends, move through the phases, open the next one."""
+    host_end = time.perf_counter()
+    closed = st.span is not None
+    close_step(st, host_end)
+    st.cdepth = 0  # the optimizer's own interval is closed into the step; an exception may have left others open
+    st.steps_seen += 1
+    if closed and st.phase in ("warmup", "measure", "replay"):
+        st.phase_step += 1
+    phases.advance(st)
+    if st.phase == "loader_alone":
+        probes.loader_alone(st)
+        probes.handoff(st)
+        st.phase = "done"
+    if st.phase == "done":
+        output.finish(st)
+    st.step_kind = st.phase
+    if st.phase == "replay":
+        kinds = phases.replay_kinds(st)
+        st.step_kind = kinds[st.phase_step % len(kinds)]
+        st.comm_mode = {"comm_off": "noop", "comm_bf16": "bf16"}.get(st.step_kind, "real")
+    open_step(st)
+    if st.step_kind == "autocast" or st.apply == "autocast":
+        import torch
+        st.autocast_ctx = torch.autocast(device_type=st.device, dtype=torch.bfloat16)
+        st.autocast_ctx.__enter__()
+
+
+# ---- the optimizer step: the step boundary
+
+def optimizer_pre(opt, args, kwargs) -> None:
+    st = state.current
+    if st is None or st.finished:
+        return
+    begin_compute(st)
+
+
+def optimizer_post(opt, args, kwargs) -> None:
+    st = state.current
+    if st is None or st.finished:
+        return
+    if st.primary_opt is None:
+        st.primary_opt = id(opt)
+    if id(opt) != st.primary_opt:
+        end_compute(st)
+        return
+    end_step(st)
