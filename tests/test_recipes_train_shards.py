@@ -7,7 +7,7 @@ from conftest import write_image_folder
 
 from hasten.data.normalize import normalize
 from hasten.recipes.train import TrainConfig, train
-from hasten.recipes.train_input import STREAM_MEAN, STREAM_STD, StreamNormalizer, stream_input
+from hasten.recipes.train_input import STREAM_MEAN, STREAM_STD, StreamNormalizer, packed_name, stream_input
 from hasten.stream.pack import pack
 
 
@@ -39,6 +39,18 @@ def test_shard_input_resumes_the_data_position(shard_dir):
     state = data.position.state_dict()
     again.position.load_state_dict(state)
     assert [y.tolist() for _, y in again.epoch_batches(1)] == full[4:]
+
+
+def test_packed_shards_are_named_for_what_they_were_packed_from(shard_dir, photo_folder, tmp_path):
+    """Results named a packed CIFAR-10-JPEG `shards`, the folder it was written to."""
+    cfg = TrainConfig(data=str(shard_dir), loader="stream", image_size=24, batch_size=6, device="cpu")
+    assert shard_dir.name == "set" and stream_input(cfg, "cpu", 0, 1, 6).name == photo_folder.name
+    pack(photo_folder, tmp_path / "shards")
+    index = tmp_path / "shards" / "index.json"
+    index.write_text(index.read_text().replace(f'"source": "{photo_folder.name}"', '"source": "cifar10-jpeg.tar.xz"'))
+    assert packed_name(tmp_path / "shards") == "cifar10-jpeg"
+    index.unlink()  # shards without an index: the folder's name
+    assert packed_name(tmp_path / "shards") == "shards"
 
 
 # --- normalising streamed batches: constants on the device once, one op per batch -----------------

@@ -9,6 +9,7 @@ the data does not change the recipe).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -16,6 +17,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
+from hasten.data.archive import archive_stem
 from hasten.data.device_loader import Augmentation, GpuLoader
 from hasten.data.normalize import channel_stats, normalize
 from hasten.errors import ConfigError
@@ -172,4 +174,15 @@ def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
             yield norm(x), y
 
     return TrainInput(epoch_batches, steps_per_epoch, test_batches, len(train_shards.classes), size,
-                      Path(cfg.data).name, position=loader)
+                      packed_name(cfg.data), position=loader)
+
+
+def packed_name(path) -> str:
+    """The name results give a packed set: what ``hasten data pack`` packed it from (its
+    index's ``source`` without the archive suffix: ``cifar10-jpeg``), not the folder the
+    shards were written to; that folder's name when no index says."""
+    try:
+        source = json.loads((Path(path) / "index.json").read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    return archive_stem(source) if isinstance(source, str) and source else Path(path).resolve().name
