@@ -758,7 +758,7 @@ def warm_up(recipes: list[Recipe], data: ImageDataset, device: torch.device, mea
         setattr(config, name, max(getattr(config, name), 2 * compiled))
     for r in distinct:
         steps = 30 if r.compile or device.type == "cuda" else 3
-        train_run(r, data, device, mean_std=mean_std, seed=seed, max_steps=steps)
+        train_run(r, data, device, mean_std=mean_std, seed=seed, max_steps=steps, label="warm-up: ")
 
 
 def _timed_runs(config, data, device, mean_std, run_dir, say, checkpoint: JobCheckpoint | None = None) -> dict:
