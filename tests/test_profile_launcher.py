@@ -78,12 +78,23 @@ def test_a_command_that_fails_early_gets_its_exit_code(args, code, words):
     assert exc.value.exit_code == code and words in str(exc.value)
 
 
-def test_a_command_that_never_steps_an_optimizer_says_what_it_saw():
+def test_a_command_without_an_optimizer_has_its_steps_counted_at_backward():
+    logs = []
     with pytest.raises(ProfileFailed) as exc:
-        profile(_config("no_loader.py"), log=lambda m: None)
+        profile(_config("no_loader.py"), log=logs.append)
+    assert any("no torch.optim optimizer was built: a step is counted at each backward()" in m for m in logs)
+    msg = str(exc.value)  # three backward() calls are three steps, fewer than the window
+    assert exc.value.exit_code == 2 and "ended after 3 steps (counted at backward()" in msg
+
+
+def test_a_command_that_never_steps_nor_calls_backward_says_what_it_saw(tmp_path):
+    script = tmp_path / "inference.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(4, 1)\nfor _ in range(3):\n    model(torch.randn(8, 4))\n")
+    with pytest.raises(ProfileFailed) as exc:
+        profile(ProfileConfig((sys.executable, str(script)), capture=True), log=lambda m: None)
     msg = str(exc.value)
-    assert exc.value.exit_code == 2 and "without calling optimizer.step()" in msg
-    assert "3 backward calls" in msg and "no DataLoader" in msg
+    assert exc.value.exit_code == 2 and "without calling optimizer.step() or backward()" in msg
+    assert "3 training forwards of 3, 0 backward calls" in msg and "no DataLoader" in msg
 
 
 def test_a_missing_script_is_named_not_blamed_on_the_loop():

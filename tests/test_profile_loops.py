@@ -132,3 +132,17 @@ def test_a_profile_that_cannot_finish_in_time_says_what_it_saw():
     with pytest.raises(ProfileFailed) as exc:
         run_profile(cmd, timeout_s=6, stall_s=2)
     assert exc.value.exit_code == 124 and "load_everything" in str(exc.value)
+
+
+def test_a_loop_that_updates_its_weights_by_hand_is_stepped_at_backward(tmp_path):
+    # No torch.optim optimizer: the script waited out the timeout. Now a step ends at each
+    # backward(), said within the first status (a second), and in the report.
+    batch, item = 8, 0.004  # 32 ms of loader per step against two 30 ms forwards (one under no_grad)
+    cmd = (sys.executable, SCRIPTS / "manual_sgd.py", "--batch", batch, "--item-sleep", item, "--device-sleep",
+           DEVICE)
+    logs = []
+    a = run_profile(cmd, logs, timeout_s=60)
+    assert any("no torch.optim optimizer was built: a step is counted at each backward() call" in m for m in logs)
+    assert a.steps_from == "backward" and any("counted at each backward() call" in n for n in a.notes)
+    assert a.loader_driven and a.verdict == "input-bound"
+    assert a.data_wait_fraction == pytest.approx(batch * item / (batch * item + 2 * DEVICE), abs=SHARE_TOL)

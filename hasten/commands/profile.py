@@ -2,6 +2,7 @@
 
     hasten profile [--steps N | --seconds S] [--warmup N] [--json PATH] [--verify] -- python train.py --lr 0.1
     hasten profile -- torchrun --nproc-per-node 2 train.py
+    hasten profile --no-probe autocast,loader -- python train.py
 
 Runs the unmodified command with hasten's profiler injected into each of its
 Python processes (``hasten.profile.inject``), measures ``--steps`` optimizer steps
@@ -19,6 +20,7 @@ import sys
 
 from hasten import cli_types as t
 from hasten.errors import ConfigError
+from hasten.profile.inject.settings import PROBES
 from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
 from hasten.profile.report import format_report, plot_timeline, results_json
 from hasten.rundir import RunDir, write_json
@@ -38,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hide the command's own output (its tail and each failing rank's error are shown on failure)")
     p.add_argument("--stall", type=t.positive_float, default=30.0, metavar="SECONDS",
                    help="say what is seen when no optimizer step comes for this long (default 30)")
+    p.add_argument("--no-probe", action="append", default=[], metavar="NAMES",
+                   help=f"turn probes off, comma-separated (repeatable): {', '.join(PROBES)}; "
+                        "autocast and comm are replays and go with replay")
     p.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the training command to profile, after --")
 
@@ -49,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = ProfileConfig(tuple(command), warmup=args.warmup, steps=args.steps, probe_steps=args.probe_steps,
                                verify=args.verify, timeout_s=args.timeout, capture=args.quiet,
-                               seconds=args.seconds, stall_s=args.stall)
+                               seconds=args.seconds, stall_s=args.stall,
+                               skip_probes=tuple(n.strip() for arg in args.no_probe for n in arg.split(",")
+                                                 if n.strip()))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     try:

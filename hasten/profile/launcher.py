@@ -47,7 +47,7 @@ from pathlib import Path
 import hasten
 from hasten.errors import HastenError
 from hasten.profile.attach_check import AttachCheck
-from hasten.profile.inject.settings import PROBES
+from hasten.profile.inject.settings import NEEDS_REPLAY, PROBES, parse_probes
 from hasten.profile.verdict import Analysis, Recommendation, analyse, cpu_available, rerank
 
 SITECUSTOMIZE = '''\
@@ -75,6 +75,10 @@ finally:
 '''
 
 
+# The exit code when hasten itself failed (EX_SOFTWARE), never the command's own.
+HASTEN_FAILED = 70
+
+
 class ProfileFailed(HastenError, RuntimeError):
     """The profiled command did not get far enough; ``exit_code`` is what to return."""
 
@@ -94,6 +98,7 @@ class ProfileConfig:
     capture: bool = False  # keep the command's own output off the terminal
     seconds: float = 0.0  # > 0: measure for about this long instead of `steps` steps
     stall_s: float = 30.0  # say what is seen when no optimizer step comes for this long
+    skip_probes: tuple[str, ...] = ()  # probes turned off (hasten.profile.inject.settings.PROBES)
 
     def __post_init__(self):
         if not self.command:
@@ -107,6 +112,13 @@ class ProfileConfig:
             raise ValueError(f"--seconds must be >= 0; got {self.seconds}")
         if not self.stall_s > 0:
             raise ValueError(f"stall_s must be > 0; got {self.stall_s}")
+        parse_probes(",".join(self.skip_probes))  # a misspelt probe name is an error, not a silent no-op
+
+    @property
+    def probes_off(self) -> tuple[str, ...]:
+        """The probes that will not run: those skipped, and those compared with a skipped replay."""
+        off = set(self.skip_probes) | (set(NEEDS_REPLAY) if "replay" in self.skip_probes else set())
+        return tuple(p for p in PROBES if p in off)
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,7 @@ class RunOutcome:
     statuses: list = field(default_factory=list)  # each instrumented process's last status
     attached: list = field(default_factory=list)  # each attached process's report-in
     not_attached: str = ""  # no Python seen, or the silent ones (AttachCheck.summary)
+    hasten_error: str = ""  # hasten's own failure in a process of the command ("rank N: ...")
 
 
 def _environment(out_dir: Path, site_dir: Path, config: ProfileConfig, apply: str, probes: bool) -> dict:
@@ -129,7 +142,8 @@ def _environment(out_dir: Path, site_dir: Path, config: ProfileConfig, apply: st
     env.update(PYTHONPATH=os.pathsep.join(paths), HASTEN_PROFILE_DIR=str(out_dir),
                HASTEN_PROFILE_WARMUP=str(config.warmup), HASTEN_PROFILE_STEPS=str(config.steps),
                HASTEN_PROFILE_SECONDS=str(config.seconds),
-               HASTEN_PROFILE_PROBE_STEPS=str(config.probe_steps), HASTEN_PROFILE_PROBES=",".join(PROBES) if probes else "",
+               HASTEN_PROFILE_PROBE_STEPS=str(config.probe_steps),
+               HASTEN_PROFILE_PROBES=",".join(p for p in PROBES if p not in config.probes_off) if probes else "",
                HASTEN_PROFILE_APPLY=apply)
     return env
 
@@ -162,7 +176,11 @@ def describe_statuses(statuses: list[dict]) -> str:
     for s in sorted(active, key=lambda s: s.get("rank", 0))[:4]:
         loaders = ", ".join(f"{d['name']}: {d['batches']} batches" + ("" if d.get("training") else " (not training)")
                             for d in s.get("loaders", [])) or "no DataLoader"
-        desc = (f"rank {s.get('rank', 0)}: {s.get('steps', 0)} optimizer steps, {s.get('train_forwards', 0)} "
+        steps = (f"{s.get('steps', 0)} steps counted at backward() (no torch.optim optimizer built)"
+                 if s.get("pace") == "backward" else f"{s.get('steps', 0)} optimizer steps")
+        if not s.get("steps") and s.get("backwards") and s.get("optimizers_built"):
+            steps += f" ({s['optimizers_built']} optimizer(s) built, never stepped)"
+        desc = (f"rank {s.get('rank', 0)}: {steps}, {s.get('train_forwards', 0)} "
                 f"training forwards of {s.get('forwards', 0)}, {s.get('backwards', 0)} backward calls; {loaders}")
         where = _where_text([s])
         parts.append(desc + (f"; {where}" if where else ""))
@@ -174,6 +192,11 @@ def _where_text(statuses: list[dict]) -> str:
         if s.get("where"):
             return "the main thread was in " + ", ".join(f"{w['at']} ({w['share']:.0%})" for w in s["where"])
     return ""
+
+
+def _hasten_errors(statuses: list[dict]) -> str:
+    return "; ".join(f"{'rank ' + str(s.get('rank', 0)) if s.get('ranked') else 'process ' + str(s.get('pid'))}: "
+                     f"{s['hasten_error']}" for s in statuses if s.get("hasten_error"))
 
 
 def _error_lines(statuses: list[dict]) -> list[str]:
@@ -236,8 +259,8 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
         tee = _Tee(proc.stdout, config.capture)
         tee.start()
         check = AttachCheck(proc.pid, out_dir, site_dir)
-        timed_out, cannot_attach = False, None
-        last_steps, last_change, next_warn = 0, t0, config.stall_s
+        timed_out, cannot_attach, hasten_error = False, None, ""
+        last_steps, last_change, next_warn, told_pace = 0, t0, config.stall_s, False
         try:
             while proc.poll() is None:
                 time.sleep(0.5)
@@ -256,7 +279,18 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
                     break
                 for line in blocked:
                     log(f"hasten profile: {line} (profiling the processes that did attach)")
+                hasten_error = _hasten_errors(statuses)
+                if hasten_error:  # profiling is off there: the command would run on unmeasured, or hang a peer
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
                 steps = max((s.get("steps", 0) for s in statuses), default=0)
+                by_backward = [s for s in statuses if s.get("pace") == "backward"]
+                if by_backward and not told_pace:
+                    told_pace = True
+                    who = (" (" + ", ".join(f"rank {s.get('rank', 0)}" for s in by_backward) + ")"
+                           if len(statuses) > 1 else "")
+                    log(f"hasten profile: no torch.optim optimizer was built{who}: a step is counted at each "
+                        "backward() call (a loop that updates its weights by hand)")
                 if steps != last_steps:
                     last_steps, last_change, next_warn = steps, now, config.stall_s
                 elif now - last_change >= next_warn:
@@ -283,8 +317,9 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
             except (OSError, ValueError):
                 pass
         text = tee.tail.decode(errors="replace")
-        return RunOutcome(proc.returncode, ranks, timed_out, text, wall, _read_statuses(out_dir), check.attached(),
-                          check.summary())
+        statuses = _read_statuses(out_dir)
+        return RunOutcome(proc.returncode, ranks, timed_out, text, wall, statuses, check.attached(),
+                          check.summary(), hasten_error or _hasten_errors(statuses))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -300,30 +335,43 @@ def check_outcome(outcome: RunOutcome, config: ProfileConfig) -> list[dict]:
     err = "".join(f"\n  {e}" for e in errors)
     seen = max([d.get("steps_seen", 0) for d in outcome.ranks] +
                [s.get("steps", 0) for s in outcome.statuses], default=0)
+    by_backward = any(s.get("pace") == "backward" for s in outcome.statuses)
+    unit = "steps (counted at backward(): no torch.optim optimizer was built)" if by_backward else "optimizer steps"
     need = (f"{config.warmup} warm-up + {config.steps if not config.seconds else f'{config.seconds:g} s of'} "
-            f"measured optimizer steps")
+            f"measured {'' if by_backward else 'optimizer '}steps")
+    complete = [d for d in outcome.ranks if d["complete"]]
+    world = max((d["world_size"] for d in outcome.ranks), default=1)
+    if outcome.hasten_error and not (complete and len(complete) == world):
+        raise ProfileFailed(f"hasten profile failed in its own code, not in the command ({outcome.hasten_error}); "
+                            f"the command was stopped. This is a bug in hasten: please report it{tail}",
+                            HASTEN_FAILED)
     if outcome.timed_out:
         unseen = f"\n  {outcome.not_attached}" if outcome.not_attached else ""
         raise ProfileFailed(f"the command did not reach {need} and the probes within --timeout {config.timeout_s:g} "
-                            f"s ({seen} optimizer steps seen); it was stopped. Seen:\n  "
+                            f"s ({seen} {unit} seen); it was stopped. Seen:\n  "
                             f"{describe_statuses(outcome.statuses)}{unseen}{tail}", 124)
-    complete = [d for d in outcome.ranks if d["complete"]]
-    world = max((d["world_size"] for d in outcome.ranks), default=1)
     if complete and len(complete) == world:
         return complete
+    failed_probes = [(d["rank"], x) for d in complete for x in d.get("dropped", []) if x.get("ended_run")]
+    if failed_probes:  # one rank's probe ended its process, and the command with it
+        rank, x = failed_probes[0]
+        raise ProfileFailed(f"hasten's {x['probe']} probe failed on rank {rank} after the measured steps "
+                            f"({x['why']}), and the command ended with it: rerun with --no-probe {x['probe']}"
+                            f"{err}{tail}", HASTEN_FAILED)
     exit_code = code if code else 2
     if code and seen == 0:
         last = "" if errors or not lines else f"; its last line: {lines[-1].strip()}"
         raise ProfileFailed(f"the command failed with exit code {code} before any optimizer step{last}{err}{tail}",
                             exit_code)
     if code:
-        raise ProfileFailed(f"the command failed with exit code {code} after {seen} optimizer steps{err}{tail}",
+        raise ProfileFailed(f"the command failed with exit code {code} after {seen} {unit}{err}{tail}",
                             exit_code)
     if seen == 0:
-        raise ProfileFailed(f"the command exited without calling optimizer.step(): hasten profile counts the steps "
-                            f"of torch.optim optimizers. Seen:\n  {describe_statuses(outcome.statuses)}{tail}",
+        raise ProfileFailed(f"the command exited without calling optimizer.step() or backward(): hasten profile "
+                            f"counts the steps of torch.optim optimizers (or, with none built, backward() calls). "
+                            f"Seen:\n  {describe_statuses(outcome.statuses)}{tail}",
                             exit_code)
-    raise ProfileFailed(f"the command ended after {seen} optimizer steps, before {need} and the probes "
+    raise ProfileFailed(f"the command ended after {seen} {unit}, before {need} and the probes "
                         f"(about {4 * config.probe_steps} more) were done: lower --warmup/--steps{tail}", exit_code)
 
 
@@ -356,6 +404,10 @@ def profile(config: ProfileConfig, log=None) -> Analysis:
     ranks = check_outcome(outcome, config)
     analysis = analyse(ranks, memory_bytes=_memory_bytes(ranks[0]["device"]), cpus=cpus)
     analysis.cost = {"profile_run_s": outcome.wall_s}
+    analysis.probes_off = list(config.probes_off)
+    if outcome.returncode:
+        analysis.notes.append(f"the command exited with code {outcome.returncode} during hasten's probes, after "
+                              "the measured steps (see the dropped probe)")
     if config.verify:
         verify(config, analysis, log)
     return analysis

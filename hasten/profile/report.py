@@ -31,8 +31,9 @@ def format_report(a: Analysis) -> str:
            "host-bound": "the host cannot launch work as fast as the GPU runs it",
            "balanced": "no single cause stands out (inside the dead band)"}[a.verdict]
     micro = f", {a.micro_batches:g} micro-batches" if a.micro_batches > 1 else ""
+    step = "optimizer step" if a.steps_from == "optimizer" else "step (backward to backward)"
     lines = [f"hasten profile: {head}: {why}",
-             f"  optimizer step {a.step_time_s * 1e3:.1f} ms{micro}  {_bar(a)}  # data {a.data_wait_fraction:.0%}  "
+             f"  {step} {a.step_time_s * 1e3:.1f} ms{micro}  {_bar(a)}  # data {a.data_wait_fraction:.0%}  "
              f"= compute {a.compute_fraction:.0%}  ~ comm {a.comm_fraction:.0%}"]
     if a.upstream_ratio is not None:
         made = "to produce alone" if a.loader_driven else "to make in the loop"
@@ -58,6 +59,11 @@ def format_report(a: Analysis) -> str:
         lines.append(f"  excluded: {ex['steps']} step(s) with {ex['reason']}")
     for d in others:
         lines.append(f"  not the training loop: {d['name']} ({d['batches']} batches, eval-mode or no-grad forwards)")
+    for x in a.dropped:
+        ranks = f" (rank {', '.join(map(str, x['ranks']))})" if a.ranks > 1 else ""
+        lines.append(f"  probe dropped{ranks}: {x['probe']}: {x['why']}")
+    if a.probes_off:
+        lines.append(f"  probes off (--no-probe): {', '.join(a.probes_off)}")
     if a.recommendations:
         lines.append(f"  fixes, best first{'':36s}predicted  verified  error")
         for i, r in enumerate(a.recommendations, 1):

@@ -112,6 +112,9 @@ class Analysis:
     where: list[dict] = field(default_factory=list)  # where the main thread spent its time (sampled)
     where_data: list[dict] = field(default_factory=list)  # ... when outside compute inside a step
     cost: dict = field(default_factory=dict)  # the profile's own wall time, and per verified fix
+    dropped: list[dict] = field(default_factory=list)  # probes that failed and were dropped: probe, why, ranks
+    probes_off: list[str] = field(default_factory=list)  # probes turned off (--no-probe)
+    steps_from: str = "optimizer"  # what ends a step: "optimizer" steps, or "backward" calls (no optimizer built)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -538,11 +541,16 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
                  warmup=d0["warmup"], per_step=clean or d0["records"]["measure"], loader_driven=loader_driven,
                  micro_batches=micro, excluded=[{"reason": k, "steps": v} for k, v in excluded.items()],
                  loaders=d0.get("loaders", []), where=d0.get("where", []),
-                 where_data=d0.get("where_data", []))
+                 where_data=d0.get("where_data", []), dropped=_dropped(ranks),
+                 steps_from="backward" if d0.get("pace") == "backward" else "optimizer")
     a.cpu = dict(cpus or cpu_available(probe_s=0))
     a.cpu.update(main_cpu_per_step_s=s0.cpu_s, worker_cpu_per_batch_s=s0.worker_cpu_per_batch_s)
     if not clean:
         a.notes.append("every measured step was marked for exclusion; all are used")
+    if a.steps_from == "backward":
+        a.notes.append("no torch.optim optimizer was built: a step is counted at each backward() call; the "
+                       "weight update by hand is outside compute (" + ("in the step's work" if loader_driven else
+                                                                       "in the data wait, without a DataLoader") + ")")
     if not d0.get("model_found", True):
         a.notes.append("no module with parameters was called in training mode: compute is backward and the "
                        "optimizer only")
@@ -566,6 +574,16 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
             a.rejected.append(_as_rejected(rec, f"predicted x{rec.predicted_speedup:.2f}: not worth it"))
     rerank(a)
     return a
+
+
+def _dropped(ranks: list[dict]) -> list[dict]:
+    """The probes each rank dropped, one entry per probe and reason, with the ranks that dropped it."""
+    out: dict[tuple[str, str], dict] = {}
+    for d in ranks:
+        for x in d.get("dropped", []):
+            out.setdefault((x["probe"], x["why"]), {"probe": x["probe"], "why": x["why"], "ranks": []})["ranks"].append(
+                d["rank"])
+    return list(out.values())
 
 
 def _as_rejected(rec: Recommendation, why: str) -> dict:

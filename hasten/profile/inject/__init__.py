@@ -13,7 +13,11 @@ of the user's unmodified command (every torchrun worker included):
 - :mod:`~hasten.profile.inject.loader`: DataLoader iterators, the training loader;
 - :mod:`~hasten.profile.inject.ddp`: DDP's dispatching communication hook, link timings;
 - :mod:`~hasten.profile.inject.phases`: warm-up, measure, replay, loader alone;
-- :mod:`~hasten.profile.inject.probes`: the loader alone and a batch's hand-off;
+- :mod:`~hasten.profile.inject.probes`: dropping a probe that fails; the loader alone
+  and a batch's hand-off;
+- :mod:`~hasten.profile.inject.autocast_check`: the model under bf16 autocast, tried in
+  isolation before a replayed step does;
+- :mod:`~hasten.profile.inject.batches`: batch sizes, data or not, copies to replay;
 - :mod:`~hasten.profile.inject.fixes`: the fixes a verification run applies;
 - :mod:`~hasten.profile.inject.proc_times`: run-queue waits and CPU times from /proc;
 - :mod:`~hasten.profile.inject.sampler`: where the main thread is, and the status file;
@@ -37,13 +41,48 @@ from hasten.profile.inject.settings import ENV_DIR
 
 
 def install() -> None:
-    """Patch optimizers, modules, backward, DataLoader iterators, DDP and collectives (idempotent)."""
-    from hasten.profile.inject import state
-    if state.current is not None or ENV_DIR not in os.environ:
+    """Patch optimizers, modules, backward, DataLoader iterators, DDP and collectives (idempotent).
+
+    hasten's own failure here leaves the command running unprofiled, and says so to the
+    launcher (a status file with ``hasten_error``), which stops it and reports hasten's
+    failure, not the command's."""
+    if ENV_DIR not in os.environ:
         return
+    try:
+        from hasten.profile.inject import state
+        if state.current is not None:
+            return
+        _install()
+    except Exception as exc:
+        _install_failed(exc)
+
+
+def _install_failed(exc: Exception) -> None:
+    # The standard library only: the failure may be an import of hasten's own.
+    import json
+    import traceback
+    frame = traceback.extract_tb(exc.__traceback__)[-1:]
+    where = f" (at {os.path.basename(frame[0].filename)}:{frame[0].lineno})" if frame else ""
+    error = f"install: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}{where}"
+    state = sys.modules.get("hasten.profile.inject.state")
+    st = getattr(state, "current", None)
+    if st is not None:
+        st.finished = True  # hooks already in place do nothing
+    sys.stderr.write(f"hasten profile: hasten's own {error}; process {os.getpid()} is not profiled\n")
+    try:
+        path = os.path.join(os.environ[ENV_DIR], f"status-{os.getpid()}.json")
+        with open(f"{path}.tmp", "w") as f:
+            json.dump({"pid": os.getpid(), "rank": int(os.environ.get("RANK", "0") or 0),
+                       "ranked": "RANK" in os.environ, "hasten_error": error}, f)
+        os.replace(f"{path}.tmp", path)
+    except (OSError, ValueError):
+        pass
+
+
+def _install() -> None:
     import torch
 
-    from hasten.profile.inject import ddp, fixes, loader, output, sampler, steps, torch_patches
+    from hasten.profile.inject import ddp, fixes, loader, output, sampler, state, steps, torch_patches
     from hasten.profile.inject.settings import Settings
 
     st = state.current = state.State(Settings.from_environment())
@@ -56,6 +95,7 @@ def install() -> None:
     register_module_forward_pre_hook(torch_patches.forward_pre)
     register_module_forward_hook(torch_patches.forward_post)
     torch_patches.patch_backward()
+    torch_patches.patch_optimizer_init()
     torch_patches.patch_collectives()
     ddp.patch_ddp()
     if torch.cuda.is_available():

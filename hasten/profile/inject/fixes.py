@@ -7,7 +7,9 @@
   ``next(iter(loader))`` loops;
 - ``comm=bf16``: hasten's bf16-compressing all-reduce hook
   (:mod:`hasten.profile.inject.ddp`);
-- ``autocast``: bf16 autocast around each step (:func:`hasten.profile.inject.steps.end_step`).
+- ``autocast``: bf16 autocast around each top-level forward of a module (the model, a loss
+  module), as ``with autocast(): loss = model(x)`` would
+  (:func:`hasten.profile.inject.torch_patches.forward_pre`).
 
 Changes the training math: yes for ``echo``, ``comm=bf16`` and ``autocast`` (each says so
 in the report), no for ``workers``; only in the verification runs.

@@ -8,17 +8,20 @@ Private attributes read from an iterator (``_num_yielded``, ``_workers``,
 ``_num_workers``, ``_prefetch_factor``) are read with a default; a torch without the
 class or its methods gets one line and no loader timing, never a crash.
 
+The first batch of a training loader is copied when it comes (before the loop can change
+it in place, ``batch.pop("labels")``), its copy's time left out of the step; the replayed
+steps get a fresh copy of it each.
+
 Changes the training math: no (in the replayed steps, a training loader hands out its
 kept batch again: see :mod:`hasten.profile.inject.phases`).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 
-from hasten.profile.inject import fixes, state, steps
-from hasten.profile.inject.batches import batch_nbytes
+from hasten.profile.inject import fixes, output, state, steps
+from hasten.profile.inject.batches import batch_nbytes, fresh_copy
 from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
 from hasten.profile.inject.state import State
 
@@ -38,13 +41,13 @@ def patch_dataloader(st: State) -> None:
     try:
         from torch.utils.data import dataloader as dl
     except ImportError:
-        sys.stderr.write("hasten profile: this torch has no torch.utils.data.dataloader; loader timing off\n")
+        output.say(st, "this torch has no torch.utils.data.dataloader; loader timing off")
         return
     base = getattr(dl, "_BaseDataLoaderIter", None)
     missing = ("_BaseDataLoaderIter" if base is None else
                next((m for m in ("__init__", "__next__") if m not in vars(base)), None))
     if missing:
-        sys.stderr.write(f"hasten profile: this torch's DataLoader has no {missing}; loader timing off\n")
+        output.say(st, f"this torch's DataLoader has no {missing}; loader timing off")
         return
     orig_init = base.__init__
     from hasten.profile.inject.probes import Repeat
@@ -53,42 +56,58 @@ def patch_dataloader(st: State) -> None:
         orig_init(it, loader, *args, **kwargs)
         if state.current is None or st.finished or isinstance(getattr(loader, "dataset", None), Repeat):
             return  # our own hand-off probe is no loader of the command
-        lid = id(loader)
-        it._hasten_loader = lid
-        it._hasten_owner = loader
-        d = st.loaders.get(lid)
-        if d is None:
-            try:
-                n = len(loader.dataset)
-            except (TypeError, AttributeError):
-                n = None
-            d = st.loaders[lid] = {"name": loader_name(loader), "batches": 0, "train_votes": 0, "eval_votes": 0,
-                                   "workers": getattr(loader, "num_workers", 0),
-                                   "batch_size": getattr(loader, "batch_size", None),
-                                   "dataset_len": n, "pids": [], "iters": 0}
-        d["iters"] += 1
-        d["pids"] = ([p for p in d["pids"] if pid_cpu_s(p) is not None]
-                     + [w.pid for w in getattr(it, "_workers", [])])
+        try:
+            _new_iterator(st, it, loader)
+        except Exception as exc:
+            output.hasten_failed(st, "DataLoader iterator hook", exc)
 
     base.__init__ = __init__
     base.__next__ = _timed_next(base.__next__)
+
+
+def _new_iterator(st: State, it, loader) -> None:
+    lid = id(loader)
+    it._hasten_loader = lid
+    it._hasten_owner = loader
+    d = st.loaders.get(lid)
+    if d is None:
+        try:
+            n = len(loader.dataset)
+        except (TypeError, AttributeError):
+            n = None
+        d = st.loaders[lid] = {"name": loader_name(loader), "batches": 0, "train_votes": 0, "eval_votes": 0,
+                               "workers": getattr(loader, "num_workers", 0),
+                               "batch_size": getattr(loader, "batch_size", None),
+                               "dataset_len": n, "pids": [], "iters": 0}
+        for attr in ("_num_yielded", "_num_workers") + (("_workers",) if d["workers"] else ()):
+            if not hasattr(it, attr):
+                output.say(st, f"this torch's DataLoader iterator has no {attr}; "
+                               f"{'worker CPU' if attr == '_workers' else 'worker start-up detection'} off")
+    d["iters"] += 1
+    d["pids"] = ([p for p in d["pids"] if pid_cpu_s(p) is not None]
+                 + [w.pid for w in getattr(it, "_workers", [])])
 
 
 def _timed_next(orig):
     def __next__(it):
         st = state.current
         lid = getattr(it, "_hasten_loader", None)
-        if st is None or st.finished or lid is None:
+        if st is None or st.finished or st.in_probe or lid is None:
             return orig(it)
-        d = st.loaders[lid]
-        training = is_training_loader(st, lid)
-        t0, c0, rq0 = time.perf_counter(), time.process_time(), runqueue_s()
-        replaying = st.phase == "replay" and training and st.cached is not None
+        try:
+            d = st.loaders[lid]
+            training = is_training_loader(st, lid)
+            t0, c0, rq0 = time.perf_counter(), time.process_time(), runqueue_s()
+            replaying = st.phase == "replay" and training and st.cached is not None
+            echoing = not replaying and training and st.pending_copies > 0
+        except Exception as exc:
+            output.hasten_failed(st, "DataLoader timing", exc)
+            return orig(it)
         if replaying:
-            batch = st.cached
-        elif training and st.pending_copies > 0:
+            batch = fresh_copy(st.cached)  # a copy each time: the loop may change its batch in place
+        elif echoing:
             st.pending_copies -= 1
-            batch = st.cached
+            batch = st.echo_batch
         else:
             try:
                 batch = orig(it)
@@ -97,25 +116,46 @@ def _timed_next(orig):
                 if owner is not None and owner.__dict__.get("_hasten_it") is it:
                     del owner.__dict__["_hasten_it"]
                 raise
-            if training or st.cached is None:
-                st.cached = batch
-                if not st.cached_bytes:
-                    st.cached_bytes = batch_nbytes(batch)
-            if training:
-                st.train_iter = (it, orig)
-                st.pending_copies = fixes.echo_copies(st)
-        steps.sync(st)
-        t1 = time.perf_counter()
-        d["batches"] += 1
-        d["batches_in_span"] = d.get("batches_in_span", 0) + 1 if d.get("span") is st.span else 1
-        d["span"] = st.span
-        st.last_loader = lid
-        sp = st.span
-        if sp is not None:
-            sp["loader"][lid] = sp["loader"].get(lid, 0.0) + (t1 - t0)
-            sp["loader_cpu"][lid] = sp["loader_cpu"].get(lid, 0.0) + (time.process_time() - c0)
-            sp["rq_loader"] += runqueue_s() - rq0
-            if getattr(it, "_num_yielded", 2) == 1 and not replaying and d["workers"]:
-                sp["epoch_start"] = True  # worker start-up is not steady state
+        try:
+            if not (replaying or echoing):
+                t0, c0 = _keep(st, it, orig, batch, training, t0, c0)
+            steps.sync(st)
+            _account(st, it, d, lid, t0, c0, rq0, replaying)
+        except Exception as exc:
+            output.hasten_failed(st, "DataLoader timing", exc)
         return batch
     return __next__
+
+
+def _keep(st: State, it, orig, batch, training: bool, t0: float, c0: float) -> tuple[float, float]:
+    """Keep what the probes and fixes need of a fresh batch; its copy's time is not the loader's."""
+    if training and not st.cached_copy:
+        t, c = time.perf_counter(), time.process_time()
+        st.cached, st.cached_copy = fresh_copy(batch), True  # before the loop can change it in place
+        steps.discount(st, t, c)
+        t0, c0 = t0 + (time.perf_counter() - t), c0 + (time.process_time() - c)
+    elif st.cached is None:
+        st.cached = batch
+    if not st.cached_bytes:
+        st.cached_bytes = batch_nbytes(batch)
+    if training:
+        st.echo_batch = batch
+        st.train_iter = (it, orig)
+        st.pending_copies = fixes.echo_copies(st)
+    return t0, c0
+
+
+def _account(st: State, it, d: dict, lid: int, t0: float, c0: float, rq0: float, replaying: bool) -> None:
+    t1 = time.perf_counter()
+    d["batches"] += 1
+    d["batches_in_span"] = d.get("batches_in_span", 0) + 1 if d.get("span") is st.span else 1
+    d["span"] = st.span
+    st.last_loader = lid
+    sp = st.span
+    if sp is not None:
+        sp["loader"][lid] = sp["loader"].get(lid, 0.0) + (t1 - t0)
+        sp["loader_batches"][lid] = sp["loader_batches"].get(lid, 0) + 1
+        sp["loader_cpu"][lid] = sp["loader_cpu"].get(lid, 0.0) + (time.process_time() - c0)
+        sp["rq_loader"] += runqueue_s() - rq0
+        if getattr(it, "_num_yielded", 2) == 1 and not replaying and d["workers"]:
+            sp["epoch_start"] = True  # worker start-up is not steady state

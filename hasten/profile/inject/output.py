@@ -6,6 +6,12 @@ peer is left waiting. A process that ends before that writes what it has at exit
 uncaught exception's line goes into its status file (:func:`excepthook`), so that the
 launcher can say which rank failed and where, under ``--quiet`` too.
 
+Whose failure it was is kept apart: an exception that escapes a replayed step (a probe
+in flight, after the measured window) drops that probe and the report of the measured
+steps is written all the same (:func:`probe_failed`); hasten's own code failing in a
+hook turns profiling off in the process and says so (:func:`hasten_failed`), and the
+launcher reports it as hasten's failure, never as the command's.
+
 Changes the training math: no.
 """
 
@@ -27,6 +33,59 @@ def _loaders_report(st: State) -> list[dict]:
              "eval_votes": d["eval_votes"]} for lid, d in st.loaders.items()]
 
 
+def say(st: State, message: str) -> None:
+    """One line on the command's stderr, naming the rank when there are several."""
+    who = f"rank {st.rank}: " if st.world_size > 1 else ""
+    sys.stderr.write(f"hasten profile: {who}{message}\n")
+    sys.stderr.flush()
+
+
+def error_line(exc: BaseException, tb=None) -> str:
+    """``Type: first line of the message (at file.py:line)``, the line in the user's own code where there is one."""
+    import traceback
+
+    from hasten.profile.inject.sampler import is_users
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    frames = traceback.extract_tb(tb if tb is not None else exc.__traceback__)
+    if not frames:
+        return text
+    # torch's and hasten's wrappers sit between the user's line and the error: name the user's line
+    f = next((f for f in reversed(frames) if is_users(f.filename)), frames[-1])
+    return f"{text} (at {os.path.basename(f.filename)}:{f.lineno})"
+
+
+def _raised_in_hasten(tb) -> bool:
+    import traceback
+    frames = traceback.extract_tb(tb)
+    return bool(frames) and "/hasten/profile/" in frames[-1].filename.replace(os.sep, "/")
+
+
+def hasten_failed(st: State | None, where: str, exc: BaseException) -> None:
+    """hasten's own code raised in a hook: profiling is off in this process, the command's step goes on."""
+    if st is None or st.finished:
+        return
+    st.finished = True
+    st.hasten_error = f"{where}: {error_line(exc)}"
+    try:
+        _undo_probe_effects(st)
+        say(st, f"hasten's own {where} failed ({error_line(exc)}); profiling is off in process {os.getpid()}")
+        try:
+            payload = status(st)
+        except Exception:  # the state itself may be what broke: the launcher needs only this much
+            payload = {"rank": st.rank, "pid": os.getpid(), "ranked": "RANK" in os.environ,
+                       "hasten_error": st.hasten_error}
+        write_json(os.path.join(st.dir, f"status-{os.getpid()}.json"), payload)
+    except Exception:
+        pass
+
+
+def _undo_probe_effects(st: State) -> None:
+    st.comm_mode = "real"
+    if st.autocast_ctx is not None:
+        st.autocast_ctx.__exit__(None, None, None)
+        st.autocast_ctx = None
+
+
 def report(st: State, complete: bool) -> dict:
     train = [d for lid, d in st.loaders.items() if loader.is_training_loader(st, lid)]
     first = train[0] if train else None
@@ -44,7 +103,7 @@ def report(st: State, complete: bool) -> dict:
             "bf16_cast_s": st.bf16_cast_s, "user_comm_hook": st.user_hook is not None,
             "model_found": st.model_id is not None, "forwards": st.forwards, "train_forwards": st.train_forwards,
             "backwards": st.backwards, "loadavg": os.getloadavg(), "elapsed_s": time.perf_counter() - st.t_start,
-            "where": status(st)["where"],
+            "where": status(st)["where"], "probes": sorted(st.probes), "dropped": st.dropped, "pace": st.pace,
             "where_data": [{"at": k, "share": v / max(1, st.n_data_samples)}
                            for k, v in sorted(st.data_samples.items(), key=lambda kv: -kv[1])[:3]]}
 
@@ -55,10 +114,12 @@ def status(st: State) -> dict:
     return {"rank": st.rank, "pid": os.getpid(), "ranked": "RANK" in os.environ,
             "elapsed_s": time.perf_counter() - st.t_start,
             "steps": st.steps_seen, "phase": st.phase, "forwards": st.forwards, "train_forwards": st.train_forwards,
-            "backwards": st.backwards, "model_found": st.model_id is not None,
+            "backwards": st.backwards, "model_found": st.model_id is not None, "pace": st.pace,
+            "optimizers_built": st.optimizers_built,
             "loaders": [{"name": d["name"], "batches": d["batches"], "training": loader.is_training_loader(st, lid)}
                         for lid, d in list(st.loaders.items())],
-            "where": [{"at": k, "share": v / max(1, st.n_samples)} for k, v in top], "error": st.error}
+            "where": [{"at": k, "share": v / max(1, st.n_samples)} for k, v in top], "error": st.error,
+            "hasten_error": st.hasten_error}
 
 
 def write_json(path: str, payload: dict) -> None:
@@ -75,19 +136,43 @@ def _write(st: State, complete: bool) -> None:
 def finish(st: State) -> None:
     """The probes are done: write the report and leave, as every rank does at this same step."""
     st.finished = True
+    from hasten.profile.inject import probes
+    probes.drop_unfinite(st)
     _write(st, complete=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
+def probe_failed(st: State, why: str) -> bool:
+    """The process ends inside a replayed step: drop the probe in flight, and write the report of the
+    measured steps as complete. False when no probe was in flight (the command's own failure)."""
+    from hasten.profile.inject import probes
+    probe = probes.in_flight(st)
+    if probe is None:
+        return False
+    probes.drop(st, probe, why, ended_run=True)
+    _undo_probe_effects(st)
+    st.finished = True
+    probes.drop_unfinite(st)
+    _write(st, complete=True)
+    return True
+
+
+def _write_status(st: State) -> None:
+    write_json(os.path.join(st.dir, f"status-{os.getpid()}.json"), status(st))
+
+
 def at_exit() -> None:
     st = state.current
     if st is None or st.finished:
         return
-    st.finished = True
     try:
-        write_json(os.path.join(st.dir, f"status-{os.getpid()}.json"), status(st))
+        if probe_failed(st, "the command exited during its replayed steps"):
+            _write_status(st)
+            return
+        st.finished = True
+        _write_status(st)
         if st.steps_seen:
             _write(st, complete=False)
     except Exception:
@@ -97,14 +182,21 @@ def at_exit() -> None:
 def excepthook(orig):
     def hook(exc_type, exc, tb):
         st = state.current
-        if st is not None and exc_type is not KeyboardInterrupt:
-            import traceback
-            where = ""
-            frames = traceback.extract_tb(tb)
-            if frames:
-                f = frames[-1]
-                where = f" (at {os.path.basename(f.filename)}:{f.lineno})"
-            st.error = f"{exc_type.__name__}: {exc}".splitlines()[0][:300] + where
-            at_exit()
+        if st is not None and not st.finished and exc_type is not KeyboardInterrupt:
+            try:
+                line = st.error = error_line(exc, tb)
+                if _raised_in_hasten(tb):
+                    st.hasten_error = f"uncaught: {line}"
+                elif probe_failed(st, f"its replayed step raised {line}"):
+                    say(st, "the measured steps are reported")
+                    _write_status(st)
+                    if st.world_size == 1:
+                        # hasten stops the command after its probes anyway; the traceback would be
+                        # the probe's, not the command's: the line above says what it was
+                        sys.stdout.flush()
+                        os._exit(0)
+                at_exit()
+            except Exception:
+                pass
         orig(exc_type, exc, tb)
     return hook

@@ -17,7 +17,7 @@ import math
 import statistics
 import time
 
-from hasten.profile.inject import ddp, loader
+from hasten.profile.inject import autocast_check, ddp, loader, probes
 from hasten.profile.inject.proc_times import pid_cpu_s
 from hasten.profile.inject.state import State
 
@@ -44,8 +44,16 @@ def replay_kinds(st: State) -> tuple[str, ...]:
     return tuple(kinds)
 
 
+ORDER = ("warmup", "measure", "replay", "loader_alone", "done")
+
+
 def advance(st: State) -> None:
     names = [p for p, _ in plan(st)]
+    if st.phase not in names and st.phase != "done":  # its probes were dropped: on to the next planned phase
+        st.phase = next(p for p in ORDER[ORDER.index(st.phase) + 1:] if p in names or p == "done")
+        st.phase_step = 0
+        _enter(st)
+        names = [p for p, _ in plan(st)]
     while st.phase in names:
         i = names.index(st.phase)
         if st.phase_step < plan(st)[i][1]:
@@ -64,8 +72,14 @@ def _enter(st: State) -> None:
         if st.settings.seconds > 0:
             _steps_for_seconds(st)
         st.worker_cpu = {"start": _training_worker_cpu(st), "batches0": _training_batches(st)}
-    if st.phase == "replay" and "comm" in st.probes:
-        ddp.calibrate_link(st)
+    if st.phase == "replay":
+        # Without a training DataLoader, the replayed steps hand the model its kept arguments.
+        st.replay_args = st.model_args is not None and not any(loader.is_training_loader(st, lid)
+                                                               for lid in st.loaders)
+        probes.guarded(st, "autocast", autocast_check.trial)
+        if _any_rank(st, "autocast" not in st.probes) and "autocast" in st.probes:
+            probes.drop(st, "autocast", "dropped on another rank")  # every rank replays the same kinds
+        probes.guarded(st, "comm", ddp.calibrate_link)
 
 
 def _leave(st: State) -> None:
@@ -75,6 +89,18 @@ def _leave(st: State) -> None:
         start = st.worker_cpu.get("start")
         st.worker_cpu.update(end=end, batches=_training_batches(st) - st.worker_cpu["batches0"],
                              cpu_s=None if start is None or end is None else max(0.0, end - start))
+
+
+def _any_rank(st: State, flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (the ranks' replayed steps must stay in line)."""
+    import torch
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    ar = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
+    t = torch.tensor([int(flag)], dtype=torch.int64, device="cuda" if st.device == "cuda" else "cpu")
+    ar(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def _steps_for_seconds(st: State) -> None:

@@ -1,4 +1,15 @@
-"""The probes that run outside the training loop's steps: the loader alone, and a batch's hand-off.
+"""The probes: turning one off when it fails, and the two that run outside the loop's steps.
+
+**Do no harm.** A probe that fails, with any exception or a result that is not finite,
+is dropped with one line saying which and why (:func:`drop`); the command's run and the
+report of the measured steps go on. hasten's own probe code runs through
+:func:`guarded`, so that its exceptions never reach the user's loop; an exception that
+escapes a replayed step of the user's own loop ends the command, and drops the probe
+in flight (:func:`in_flight`, :func:`hasten.profile.inject.output.probe_failed`).
+``--no-probe`` turns any of them off beforehand (:mod:`hasten.profile.inject.settings`).
+
+Outside the loop's steps, once the replayed steps are done, right before the process
+writes its report and exits:
 
 - :func:`loader_alone`: batches pulled from the training loader's live iterator with no
   step between (prefetched batches drained first): the time to produce one, and the
@@ -7,19 +18,81 @@
   worker process (a DataLoader of :class:`Repeat`): the cost that moving the batches
   into workers would add.
 
-They run once the replayed steps are done, right before the process writes its report
-and exits.
-
 Changes the training math: no (the process trains no further).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
+from hasten.profile.inject import output
 from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
+from hasten.profile.inject.settings import NEEDS_REPLAY
 from hasten.profile.inject.state import State
+
+# The replayed kinds of step each probe runs.
+KINDS = {"replay": ("step_alone",), "autocast": ("autocast",), "comm": ("comm_off", "comm_bf16"), "loader": ()}
+PROBE_OF_KIND = {kind: probe for probe, kinds in KINDS.items() for kind in kinds}
+
+
+def drop(st: State, probe: str, why: str, ended_run: bool = False) -> None:
+    """Turn ``probe`` off for the rest of the run, its steps unused, with one line saying why.
+
+    Dropping the replay drops the probes compared with it (autocast, comm). ``ended_run``:
+    its failure ended the process (the launcher tells a peer rank's end apart by it)."""
+    names = [probe] + ([p for p in NEEDS_REPLAY if p in st.probes] if probe == "replay" else [])
+    for name in names:
+        if name not in st.probes:
+            continue
+        if name == "comm" and name != probe and not (st.ddp and st.world_size > 1):
+            st.probes.discard(name)  # it would not have run: nothing to say
+            continue
+        st.probes.discard(name)
+        for kind in KINDS[name]:
+            st.records[kind] = []
+        if name == "loader":
+            st.loader_probe = {}
+        reason = why if name == probe else "it is compared with the replayed step, whose probe was dropped"
+        st.dropped.append({"probe": name, "why": reason, "ended_run": ended_run and name == probe})
+        output.say(st, f"{name} probe dropped: {reason}")
+    if st.step_kind in PROBE_OF_KIND and PROBE_OF_KIND[st.step_kind] not in st.probes:
+        st.comm_mode = "real"
+
+
+def guarded(st: State, probe: str, fn) -> None:
+    """Run hasten's own probe code ``fn(st)``: an exception, or a reason it returns, drops the probe."""
+    if probe not in st.probes:
+        return
+    try:
+        why = fn(st)
+    except Exception as exc:
+        why = output.error_line(exc)
+    if why:
+        drop(st, probe, why)
+
+
+def in_flight(st: State) -> str | None:
+    """The probe whose replayed step is running, if one is."""
+    if st.phase != "replay":
+        return None
+    probe = PROBE_OF_KIND.get(st.step_kind)
+    return probe if probe in st.probes else None
+
+
+def drop_unfinite(st: State) -> None:
+    """Drop a probe whose replayed steps have a time that is not finite."""
+    for probe, kinds in KINDS.items():
+        for kind in kinds:
+            bad = next((k for r in st.records[kind] for k, v in r.items()
+                        if isinstance(v, float) and not math.isfinite(v)), None)
+            if bad:
+                drop(st, probe, f"a {kind} step's {bad} is not finite")
+                break
+    lp = st.loader_probe
+    if any(isinstance(v, float) and not math.isfinite(v) for v in lp.values()):
+        drop(st, "loader", "a time of the loader alone is not finite")
 
 
 def loader_alone(st: State) -> None:

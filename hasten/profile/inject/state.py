@@ -33,8 +33,12 @@ class State:
         self.t_start = time.perf_counter()
         self.phase = "warmup"
         self.phase_step = 0  # steps completed in the current phase
-        self.steps_seen = 0  # steps of the primary optimizer
+        self.steps_seen = 0  # steps of the primary optimizer (or backward() calls: `pace`)
         self.primary_opt: int | None = None
+        # what ends a step: "optimizer" steps, or "backward" calls where no optimizer was built
+        # ("unknown" until the first backward() returns or an optimizer steps)
+        self.pace = "unknown"
+        self.optimizers_built = 0
         self.records: dict[str, list[dict]] = {p: [] for p in RECORDS}
         self.step_kind = "warmup"
         # the open step ("span"): from the previous step's end to this one's
@@ -47,13 +51,22 @@ class State:
         self.loaders: dict[int, dict] = {}
         self.last_loader: int | None = None  # the loader whose batch awaits a forward
         self.train_iter = None  # (iterator, its original __next__): the latest of a training loader
-        self.cached = None  # a training loader's batch, replayed in the probes
+        self.cached = None  # a copy of a training loader's batch, replayed in the probes
+        self.cached_copy = False  # whether `cached` is that copy yet (else the first batch seen, as it is)
+        self.echo_batch = None  # the latest training batch, handed on again under echo=E
         self.cached_bytes = 0
         self.model_id: int | None = None  # the first module with parameters called in training mode
-        self.model_args = None  # the first batch that reached its forward (positional arguments)
+        self.model_ref = None  # a weak reference to it
+        self.model_args = None  # a copy of the first data that reached its forward (positional arguments)
+        self.replay_args = False  # replayed steps hand the model `model_args` (a loop without a DataLoader)
+        self.opt_depth = 0  # compute depth of an optimizer step in progress (forwards in a closure are at it)
+        self.in_probe = False  # hasten's own isolated probe is running: the hooks do not count it
+        self.dropped: list[dict] = []  # probes dropped: {"probe", "why"}
+        self.hasten_error: str | None = None  # hasten's own code failed here: profiling is off
         self.pending_copies = 0
         self.fresh_index = 0
-        self.autocast_ctx = None
+        self.autocast_ctx = None  # bf16 autocast entered around a top-level forward (probe or fix)
+        self.autocast_depth = 0  # the compute depth it was entered at
         self.forwards = 0
         self.train_forwards = 0
         self.backwards = 0

@@ -5,6 +5,12 @@
 first one to step sets the pace. Micro-batches of gradient accumulation (``no_sync`` or
 not) fall inside one step.
 
+**Without an optimizer**, a step ends at each top-level ``backward()``: when the first
+one returns and no ``torch.optim`` optimizer has been built (a loop that updates its
+weights by hand), steps are counted that way, and the report says so. The weight update
+then falls outside compute: with a DataLoader, in the step's work; without one, in its
+data wait. An optimizer that steps during the warm-up after all takes the pace back.
+
 **Compute** is the time inside a top-level compute interval: a module call, ``backward``,
 the optimizer's step, ``clip_grad_norm_``, a ``torch.distributed`` collective
 (:mod:`hasten.profile.inject.torch_patches` opens and closes them). The rest of a step
@@ -52,18 +58,29 @@ def end_compute(st: State) -> None:
         st.span["compute_cpu_s"] += time.process_time() - st.c_cpu0
 
 
+def discount(st: State, t0: float, c0: float) -> None:
+    """Leave the time since ``t0`` (CPU ``c0``), hasten's own work inside a step, out of the step."""
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    if st.span is not None:
+        st.span["t0"] += dt
+        st.span["cpu0"] += dc
+    if st.cdepth > 0:
+        st.c_t0 += dt
+        st.c_cpu0 += dc
+
+
 # ---- the open step
 
 def open_step(st: State) -> None:
     now = time.perf_counter()
     st.span = {"t0": now, "cpu0": time.process_time(), "rq0": runqueue_s(), "compute_s": 0.0, "compute_cpu_s": 0.0,
-               "loader": {}, "loader_cpu": {}, "comm_s": 0.0, "train_fwd": 0, "eval_fwd": 0, "epoch_start": False,
+               "loader": {}, "loader_cpu": {}, "loader_batches": {}, "comm_s": 0.0, "train_fwd": 0, "eval_fwd": 0, "epoch_start": False,
                "rq_loader": 0.0}
 
 
 def close_step(st: State, host_end: float) -> None:
     sp = st.span
-    if st.autocast_ctx is not None:
+    if st.autocast_ctx is not None:  # a forward under it raised, and its hook never came
         st.autocast_ctx.__exit__(None, None, None)
         st.autocast_ctx = None
     if sp is None:
@@ -94,12 +111,16 @@ def close_step(st: State, host_end: float) -> None:
            "compute_s": sp["compute_s"], "comm_s": sp["comm_s"], "cpu_s": cpu - sp["cpu0"],
            "compute_cpu_s": sp["compute_cpu_s"], "data_cpu_s": loader_cpu if via_loader else
            max(0.0, cpu - sp["cpu0"] - sp["compute_cpu_s"]), "via_loader": via_loader,
-           "micro": sp["train_fwd"], "eval_fwd": sp["eval_fwd"], "epoch_start": sp["epoch_start"],
+           # micro-batches: the training loader's batches in the step (a GAN's three forwards take one),
+           # or without a loader, the training forwards
+           "micro": sum(sp["loader_batches"][lid] for lid in train_loaders) if via_loader else sp["train_fwd"],
+           "eval_fwd": sp["eval_fwd"], "epoch_start": sp["epoch_start"],
            "host_s": host_end - sp["t0"], "own_s": span_s - data - max(0.0, rq - sp["rq_loader"]),
            "own_wait_s": data - (sp["rq_loader"] if via_loader else 0.0)}
     if excluded:
         rec["excluded"] = excluded
-    if st.step_kind in RECORDS:
+    probe = probes.PROBE_OF_KIND.get(st.step_kind)
+    if st.step_kind in RECORDS and (probe is None or probe in st.probes):  # a dropped probe's steps are not used
         st.records[st.step_kind].append(rec)
     st.span = None
 
@@ -115,8 +136,8 @@ def end_step(st: State) -> None:
         st.phase_step += 1
     phases.advance(st)
     if st.phase == "loader_alone":
-        probes.loader_alone(st)
-        probes.handoff(st)
+        probes.guarded(st, "loader", probes.loader_alone)
+        probes.guarded(st, "loader", probes.handoff)
         st.phase = "done"
     if st.phase == "done":
         output.finish(st)
@@ -126,28 +147,51 @@ def end_step(st: State) -> None:
         st.step_kind = kinds[st.phase_step % len(kinds)]
         st.comm_mode = {"comm_off": "noop", "comm_bf16": "bf16"}.get(st.step_kind, "real")
     open_step(st)
-    if st.step_kind == "autocast" or st.apply == "autocast":
-        import torch
-        st.autocast_ctx = torch.autocast(device_type=st.device, dtype=torch.bfloat16)
-        st.autocast_ctx.__enter__()
 
 
-# ---- the optimizer step: the step boundary
+# ---- the optimizer step: the step boundary; without an optimizer, backward()
+
+def after_backward(st: State) -> None:
+    """A top-level ``backward()`` returned: the step boundary where no optimizer was built."""
+    if st.cdepth:  # inside another interval: a closure's backward, inside the optimizer's step
+        return
+    if st.pace == "unknown":
+        if st.steps_seen or st.optimizers_built:
+            st.pace = "optimizer"
+            return
+        st.pace = "backward"
+    if st.pace == "backward":
+        end_step(st)
+
 
 def optimizer_pre(opt, args, kwargs) -> None:
     st = state.current
-    if st is None or st.finished:
+    if st is None or st.finished or st.in_probe:
         return
-    begin_compute(st)
+    try:
+        begin_compute(st)
+        st.opt_depth = st.cdepth
+    except Exception as exc:
+        output.hasten_failed(st, "optimizer step pre-hook", exc)
 
 
 def optimizer_post(opt, args, kwargs) -> None:
     st = state.current
-    if st is None or st.finished:
+    if st is None or st.finished or st.in_probe:
         return
-    if st.primary_opt is None:
-        st.primary_opt = id(opt)
-    if id(opt) != st.primary_opt:
-        end_compute(st)
-        return
-    end_step(st)
+    try:
+        st.opt_depth = 0
+        if st.pace == "backward":
+            if st.phase != "warmup":  # steps are backward() calls now: this one is compute within one
+                end_compute(st)
+                return
+            st.pace, st.phase_step, st.records["warmup"] = "optimizer", 0, []  # the warm-up starts again
+        st.pace = "optimizer"
+        if st.primary_opt is None:
+            st.primary_opt = id(opt)
+        if id(opt) != st.primary_opt:
+            end_compute(st)
+            return
+        end_step(st)
+    except Exception as exc:
+        output.hasten_failed(st, "optimizer step hook", exc)

@@ -3,12 +3,17 @@
 - Global module forward hooks (:func:`torch.nn.modules.module.register_module_forward_pre_hook`)
   find the model wherever it is built: a top-level call of a module with parameters (or
   of a loss module), not nested in another, is a compute interval. The first module with
-  parameters called in training mode with grad enabled is taken as the model; its first
-  positional arguments in the measured window are kept for the replay of a loop without
-  a DataLoader.
+  parameters called in training mode with grad enabled is taken as the model; a copy of
+  its first positional arguments in the measured window that are data (no tensor of an
+  autograd graph) is kept for the replay of a loop without a DataLoader.
 - ``torch.autograd.backward`` (which ``Tensor.backward`` calls), ``clip_grad_norm_`` and
-  the ``torch.distributed`` collectives are wrapped: compute intervals, and the
-  collectives' time as communication. Each wrapper keeps the original as ``__wrapped__``.
+  the ``torch.distributed`` collectives are wrapped (:func:`compute_interval`): compute
+  intervals, and the collectives' time as communication. Each wrapper keeps the original
+  as ``__wrapped__``.
+
+This module imports torch: :func:`hasten.profile.inject.install` imports it once torch is
+imported. hasten's own code here never raises into the user's call: it turns profiling
+off in the process instead (:func:`hasten.profile.inject.output.hasten_failed`).
 
 Changes the training math: no (in the replayed steps of a loop without a DataLoader,
 the model's arguments are the kept batch: see :mod:`hasten.profile.inject.phases`).
@@ -17,9 +22,13 @@ the model's arguments are the kept batch: see :mod:`hasten.profile.inject.phases
 from __future__ import annotations
 
 import time
+import weakref
 
-from hasten.profile.inject import state, steps
-from hasten.profile.inject.batches import batch_nbytes, has_tensor
+import torch
+
+from hasten.profile.inject import output, state, steps
+from hasten.profile.inject.batches import batch_nbytes, fresh_copy, is_data, map_tensors, same_layout
+from hasten.profile.inject.state import State
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier", "gather", "scatter")
@@ -27,33 +36,47 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sca
 
 def forward_pre(mod, args):
     st = state.current
-    if st is None or st.finished:
+    if st is None or st.finished or st.in_probe:
         return None
-    if st.cdepth > 0:
+    try:
+        return _forward_pre(st, mod, args)
+    except Exception as exc:
+        output.hasten_failed(st, "module forward pre-hook", exc)
+        return None
+
+
+def _forward_pre(st: State, mod, args):
+    # Nested in another module's call, or in backward: counted with it. A forward directly inside an
+    # optimizer's step (LBFGS's closure) is the model's own call, and counts.
+    if st.cdepth > 0 and st.cdepth != st.opt_depth:
         st.cdepth += 1
         return None
     key = id(mod)
     hp = st.has_params.get(key)
     if hp is None:
-        import torch
         hp = any(True for _ in mod.parameters()) or isinstance(mod, torch.nn.modules.loss._Loss)
         st.has_params[key] = hp
     if not hp:
         return None
-    import torch
     steps.begin_compute(st)
     st.forwards += 1
-    loss_module = isinstance(mod, torch.nn.modules.loss._Loss)
-    if loss_module:
+    if (st.step_kind == "autocast" or st.apply == "autocast") and st.autocast_ctx is None:
+        # Around each top-level forward, its bf16 outputs handed on in float32 (forward_post), not around
+        # the whole step: a step that ends between two optimizers (a GAN's) would leave bf16 tensors
+        # behind for the part of the loop that runs without it.
+        st.autocast_ctx = torch.autocast(device_type=st.device, dtype=torch.bfloat16)
+        st.autocast_ctx.__enter__()
+        st.autocast_depth = st.cdepth
+    if isinstance(mod, torch.nn.modules.loss._Loss):
         return None
     train = mod.training and torch.is_grad_enabled()
     sp = st.span
     if train:
         st.train_forwards += 1
-        if sp is not None:
+        if sp is not None and not st.opt_depth:  # a closure evaluates the step's batch again: no micro-batch
             sp["train_fwd"] += 1
         if st.model_id is None:
-            st.model_id = key
+            st.model_id, st.model_ref = key, weakref.ref(mod)
     elif sp is not None:
         sp["eval_fwd"] += 1
     if st.last_loader is not None:
@@ -62,56 +85,117 @@ def forward_pre(mod, args):
             d["train_votes" if train else "eval_votes"] += 1
         st.last_loader = None
     if key == st.model_id and train:
-        if st.model_args is None and st.phase == "measure" and args and has_tensor(args):
-            st.model_args = args
+        t0, c0 = time.perf_counter(), time.process_time()
+        replayed = None
+        # Kept only when it is data: a generator's output that a discriminator takes is part of a graph
+        # the step frees, and replayed it would take autograd through that graph a second time.
+        if st.model_args is None and st.phase == "measure" and args and is_data(args):
+            st.model_args = fresh_copy(args)  # a copy: the loop may change its tensors in place
             if not st.cached_bytes:
                 st.cached_bytes = batch_nbytes(args)
-        # Step alone for a loop without a DataLoader: the captured batch replayed (data is still made
-        # by the loop; its time is outside compute and left out of the replayed step).
-        if st.phase == "replay" and st.model_args is not None and st.span is not None and not st.span["loader"]:
-            return st.model_args
+        # Step alone for a loop without a DataLoader: the kept batch stands in for arguments of the same
+        # layout (data is still made by the loop; its time is outside compute, left out of the step).
+        elif st.phase == "replay" and st.replay_args and sp is not None and same_layout(args, st.model_args):
+            replayed = fresh_copy(st.model_args)
+        steps.discount(st, t0, c0)  # the copies are hasten's time, not the step's
+        return replayed
     return None
 
 
 def forward_post(mod, args, out):
     st = state.current
-    if st is None or st.finished or st.cdepth <= 0:
+    if st is None or st.finished or st.in_probe or st.cdepth <= 0:
         return None
-    steps.end_compute(st)
+    try:
+        if st.autocast_ctx is not None and st.cdepth == st.autocast_depth:
+            st.autocast_ctx.__exit__(None, None, None)
+            st.autocast_ctx = None
+            out = _as_without_autocast(mod, out)
+        else:
+            out = None
+        steps.end_compute(st)
+        return out
+    except Exception as exc:
+        output.hasten_failed(st, "module forward hook", exc)
     return None
 
 
-def patch_backward() -> None:
-    import torch
-    orig = torch.autograd.backward
+def _as_without_autocast(mod, out):
+    """The forward's bf16 outputs in its parameters' dtype: the rest of the loop, which does not run
+    under autocast (the step may end between two optimizers, a GAN's), sees the dtypes it always does."""
+    dtype = next((p.dtype for p in mod.parameters() if p.is_floating_point()), None)
+    if dtype is None or dtype == torch.bfloat16:
+        return None
+    return map_tensors(lambda t: t.to(dtype) if t.dtype == torch.bfloat16 else t, out)
 
-    def backward(*args, **kwargs):
+
+def compute_interval(orig, what: str, on_return=None, comm: bool = False, sync: bool = False):
+    """``orig`` wrapped: a compute interval around each call (and its time as communication, ``comm``;
+    the device synchronised at its end, ``sync``); ``on_return(st)`` after a call that returned.
+
+    An exception of hasten's own turns profiling off, never the call; the call's own
+    exceptions pass through unchanged."""
+    def wrapper(*args, **kwargs):
         st = state.current
-        if st is None or st.finished:
+        if st is None or st.finished or st.in_probe:
             return orig(*args, **kwargs)
-        st.backwards += 1
-        steps.begin_compute(st)
         try:
+            t0 = time.perf_counter()
+            if what == "backward":
+                st.backwards += 1
+            steps.begin_compute(st)
+        except Exception as exc:
+            output.hasten_failed(st, f"{what} wrapper", exc)
             return orig(*args, **kwargs)
-        finally:
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException:
+            _close(st, what, t0, comm, sync)
+            raise
+        _close(st, what, t0, comm, sync)
+        if on_return is not None and not st.finished:
+            try:
+                on_return(st)
+            except Exception as exc:
+                output.hasten_failed(st, f"{what} wrapper", exc)
+        return result
+
+    wrapper.__wrapped__ = orig
+    wrapper.__name__ = getattr(orig, "__name__", what)
+    wrapper.__doc__ = getattr(orig, "__doc__", None)
+    return wrapper
+
+
+def _close(st: State, what: str, t0: float, comm: bool, sync: bool) -> None:
+    if st.finished:
+        return
+    try:
+        if sync:
             steps.sync(st)
-            steps.end_compute(st)
+        steps.end_compute(st)
+        if comm and st.span is not None:
+            st.span["comm_s"] += time.perf_counter() - t0
+    except Exception as exc:
+        output.hasten_failed(st, f"{what} wrapper", exc)
 
-    backward.__wrapped__ = orig
-    torch.autograd.backward = backward
-    clip = torch.nn.utils.clip_grad_norm_
 
-    def clip_grad_norm_(*args, **kwargs):
+def patch_backward() -> None:
+    torch.autograd.backward = compute_interval(torch.autograd.backward, "backward", on_return=steps.after_backward,
+                                               sync=True)
+    torch.nn.utils.clip_grad_norm_ = compute_interval(torch.nn.utils.clip_grad_norm_, "clip_grad_norm_")
+
+
+def patch_optimizer_init() -> None:
+    """Count the optimizers built: with none, a step ends at each backward() (:mod:`steps`)."""
+    orig = torch.optim.Optimizer.__init__
+
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
         st = state.current
-        if st is None or st.finished:
-            return clip(*args, **kwargs)
-        steps.begin_compute(st)
-        try:
-            return clip(*args, **kwargs)
-        finally:
-            steps.end_compute(st)
+        if st is not None:
+            st.optimizers_built += 1
 
-    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    torch.optim.Optimizer.__init__ = __init__
 
 
 def patch_collectives() -> None:
@@ -120,23 +204,5 @@ def patch_collectives() -> None:
         return
     for name in COLLECTIVES:
         orig = getattr(dist, name, None)
-        if orig is None:
-            continue
-
-        def make(orig):
-            def collective(*args, **kwargs):
-                st = state.current
-                if st is None or st.finished:
-                    return orig(*args, **kwargs)
-                t0 = time.perf_counter()
-                steps.begin_compute(st)
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    steps.end_compute(st)
-                    if st.span is not None:
-                        st.span["comm_s"] += time.perf_counter() - t0
-            collective.__wrapped__ = orig
-            collective.__name__ = orig.__name__
-            return collective
-        setattr(dist, name, make(orig))
+        if orig is not None:
+            setattr(dist, name, compute_interval(orig, name, comm=True))

@@ -1,0 +1,72 @@
+"""hasten.profile.inject's parts on their own, in this process: batches, settings, the DataLoader guard."""
+
+import collections
+
+import pytest
+import torch
+
+from hasten.profile.inject import loader, state
+from hasten.profile.inject.batches import fresh_copy, is_data, same_layout
+from hasten.profile.inject.settings import PROBES, Settings, parse_probes
+
+
+def test_data_is_tensors_outside_any_graph():
+    x = torch.randn(4, 3)
+    w = torch.randn(3, 2, requires_grad=True)
+    assert is_data((x, torch.tensor([1, 0])))
+    assert not is_data((x @ w,))  # a generator's output on its way to a discriminator
+    assert not is_data((w,)) and not is_data(()) and not is_data(("text", 3))
+
+
+def test_a_kept_batch_stands_in_only_for_one_of_the_same_layout():
+    a = (torch.zeros(8, 3), {"mask": torch.ones(8, dtype=torch.bool)}, 5)
+    assert same_layout(a, fresh_copy(a))
+    assert not same_layout(a, (torch.zeros(7, 3), {"mask": torch.ones(8, dtype=torch.bool)}, 5))  # a last batch
+    assert not same_layout(a, (torch.zeros(8, 3, dtype=torch.float64), {"mask": torch.ones(8, dtype=torch.bool)}, 5))
+    assert not same_layout(a, (torch.zeros(8, 3), {"mask": torch.ones(8, dtype=torch.bool)}, 6))
+    assert not same_layout(a, [torch.zeros(8, 3), {"mask": torch.ones(8, dtype=torch.bool)}, 5])
+
+
+def test_a_fresh_copy_is_untouched_by_the_loop_changing_its_batch_in_place():
+    Pair = collections.namedtuple("Pair", "x y")
+    kept = {"pair": Pair(torch.ones(2), torch.zeros(2)), "labels": torch.arange(2)}
+    handed = fresh_copy(kept)
+    handed["pair"].x.mul_(255)
+    handed.pop("labels")  # as a Hugging Face loop does
+    assert kept["pair"].x.tolist() == [1.0, 1.0] and "labels" in kept
+    assert type(handed["pair"]) is Pair
+
+
+def test_probe_names_are_checked_and_replay_takes_its_comparisons_with_it(monkeypatch, tmp_path):
+    assert parse_probes(" autocast, loader ,") == {"autocast", "loader"}
+    with pytest.raises(ValueError, match="unknown probe 'autocats'; the probes are replay, autocast"):
+        parse_probes("autocats")
+    monkeypatch.setenv("HASTEN_PROFILE_DIR", str(tmp_path))
+    monkeypatch.setenv("HASTEN_PROFILE_PROBES", "autocast,comm,loader")  # replay off
+    assert Settings.from_environment().probes == {"loader"}
+    monkeypatch.delenv("HASTEN_PROFILE_PROBES")
+    assert Settings.from_environment().probes == set(PROBES)
+
+
+def test_a_torch_without_the_dataloader_iterator_class_gets_one_line_not_a_crash(monkeypatch, tmp_path, capsys):
+    from torch.utils.data import dataloader as dl
+    monkeypatch.setenv("HASTEN_PROFILE_DIR", str(tmp_path))
+    st = state.State(Settings.from_environment())
+    monkeypatch.delattr(dl, "_BaseDataLoaderIter")
+    loader.patch_dataloader(st)
+    assert capsys.readouterr().err == ("hasten profile: this torch's DataLoader has no _BaseDataLoaderIter; "
+                                       "loader timing off\n")
+
+
+def test_a_dataloader_iterator_class_without_next_is_left_alone(monkeypatch, tmp_path, capsys):
+    from torch.utils.data import dataloader as dl
+
+    class Iter:  # a future torch's iterator: __next__ elsewhere
+        def __init__(self, loader):
+            pass
+
+    monkeypatch.setenv("HASTEN_PROFILE_DIR", str(tmp_path))
+    monkeypatch.setattr(dl, "_BaseDataLoaderIter", Iter)
+    loader.patch_dataloader(state.State(Settings.from_environment()))
+    assert "DataLoader has no __next__; loader timing off" in capsys.readouterr().err
+    assert "__next__" not in vars(Iter)
