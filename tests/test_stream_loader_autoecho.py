@@ -54,10 +54,13 @@ def test_the_agreement_runs_on_autoechos_own_group_created_on_the_training_threa
 
 
 def test_autoecho_hears_the_consumers_step_not_the_pinning_threads_time(folder, monkeypatch):
-    # Pinning is slow (30 ms a batch), the training step fast (1 ms), decoding fast: the loop
-    # waits, but on work after the echo stage, which echoing cannot hide. e must stay 1.
-    _pipeline_on_a_thread(monkeypatch, pin_s=0.03)
-    auto = AutoEcho(interval=6)
+    # Pinning is slow (60 ms a batch, slept), the training step fast (10 ms, slept), decoding
+    # fast (6 tiny JPEGs: a few ms even on a starved core): the loop waits, but on work after
+    # the echo stage, which echoing cannot hide. e must stay 1.
+    _pipeline_on_a_thread(monkeypatch, pin_s=0.06)
+    # Windows of 5 batches: one batch's decode stalled ~20 ms by a loaded machine's scheduler
+    # is then a 5% wait, not a 25% one (an R of 1.25, where AutoEcho starts to echo).
+    auto = AutoEcho(interval=30)
     reports = []
     record_step = auto.record_step
 
@@ -69,12 +72,12 @@ def test_autoecho_hears_the_consumers_step_not_the_pinning_threads_time(folder, 
     loader = StreamLoader(open_records(folder), batch_size=6, echo=auto, chunk_size=6)
     for _ in range(3):
         for _ in loader:
-            time.sleep(0.001)
+            time.sleep(0.01)
     assert {t for t, *_ in reports} == {threading.get_ident()}
     assert len(reports) == 30 and sum(items for *_, items in reports) == 180
     steps = sorted(step for _, _, step, _ in reports)
     waits = sorted(wait for _, wait, _, _ in reports)
-    assert steps[15] < 0.015 and waits[15] > 0.015  # the consumer's own step, and its wait on pinning
+    assert steps[15] < 0.03 and waits[15] > 0.03  # the consumer's own step, and its wait on pinning
     assert auto.windows >= 5 and auto.factor == 1.0
     assert auto.effective_examples == 180.0  # e = 1: every item fresh, counted as the loop took it
 

@@ -123,8 +123,9 @@ def test_forked_workers_read_through_one_shared_storage():
     assert elapsed >= 40 * 0.01 - 0.02, elapsed
 
 
-def _timed_child_reads(storage, n, out):
+def _timed_child_reads(storage, n, out, reading):
     t0 = time.monotonic()
+    reading.set()
     for i in range(n):
         storage[i]
     out.put(time.monotonic() - t0)
@@ -134,18 +135,20 @@ def test_a_pause_in_the_parent_stops_reads_in_forked_workers():
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
-    store = SlowStorage(list(range(10)), latency_s=0.02)
-    out = ctx.Queue()
-    child = ctx.Process(target=_timed_child_reads, args=(store, 10, out))
+    store = SlowStorage(list(range(10)), latency_s=0.05)
+    out, reading = ctx.Queue(), ctx.Event()
+    child = ctx.Process(target=_timed_child_reads, args=(store, 10, out, reading))
     child.start()
+    assert reading.wait(timeout=30)  # however slowly a loaded machine starts the child
     time.sleep(0.05)
     with store.paused():
         time.sleep(0.4)
-    child.join(timeout=10)
+    child.join(timeout=30)
     took = out.get(timeout=1)
-    # 10 x 20 ms of storage time plus the 0.4 s pause: a pause that only stopped the
-    # parent's copy would let the child finish in about 0.2 s.
-    assert took >= 0.2 + 0.4 - 0.03, took
+    # 10 x 50 ms of storage time plus the 0.4 s pause, which starts about 50 ms into the
+    # child's 0.5 s of reads: a pause that only stopped the parent's copy would let the child
+    # finish in about 0.5 s.
+    assert took >= 0.5 + 0.4 - 0.03, took
     assert store.reads == 10
 
 
