@@ -70,10 +70,11 @@ def test_the_autocast_trial_leaves_weights_gradients_buffers_optimizer_and_rng_a
                          ids=["loader", "loader-retain-graph", "no-loader", "no-loader-retain-graph"])
 def test_a_gan_with_two_optimizers_is_replayed_without_touching_its_graph(args):
     # The discriminator steps first (its optimizer sets the pace); its first measured call takes the
-    # generator's output, attached to the generator's graph: never kept, never replayed. Its 10 ms
-    # of slept "device" time per forward make it compute-bound, so that autocast is weighed.
-    a = run_profile(SCRIPTS / "gan.py", "--device-sleep", 0.01, *args)
-    assert a.dropped == [] and a.step_alone_s > 0 and a.verdict == "compute-bound"
+    # generator's output, attached to the generator's graph: never kept, never replayed. Its 20 ms
+    # of slept "device" time per discriminator forward (60 ms a step, against a millisecond or two of
+    # CPU) keep it from input-bound, so that autocast is weighed.
+    a = run_profile(SCRIPTS / "gan.py", "--device-sleep", 0.02, *args)
+    assert a.dropped == [] and a.step_alone_s > 0 and a.verdict in ("compute-bound", "balanced")
     assert any("bf16 autocast" in f for f in [r.fix for r in a.recommendations] + [r["fix"] for r in a.rejected])
     if "--no-loader" not in args:
         assert a.micro_batches == 1  # one batch of the loader per step, though three discriminator forwards
@@ -114,8 +115,9 @@ def test_turning_the_replay_off_turns_off_what_is_compared_with_it():
 
 
 def test_an_unknown_probe_name_is_a_usage_error(capsys):
-    assert main(["profile", "--no-probe", "autocats", "--", sys.executable, "train.py"]) == 2
-    assert "unknown probe 'autocats'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", "--no-probe", "autocats", "--", sys.executable, "train.py"])
+    assert exc.value.code == 2 and "argument --no-probe: unknown probe 'autocats'" in capsys.readouterr().err
 
 
 def test_hastens_own_failure_is_reported_as_hastens_not_as_the_commands(tmp_path):

@@ -20,10 +20,21 @@ import sys
 
 from hasten import cli_types as t
 from hasten.errors import ConfigError
-from hasten.profile.inject.settings import PROBES
+from hasten.profile.inject.settings import PROBES, parse_probes
 from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
 from hasten.profile.report import format_report, plot_timeline, results_json
 from hasten.rundir import RunDir, write_json
+
+
+def probe_names(text: str) -> tuple[str, ...]:
+    """``--no-probe``: probe names, comma-separated, each one of :data:`PROBES`."""
+    try:
+        names = parse_probes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not names:
+        raise argparse.ArgumentTypeError(f"give one or more of {', '.join(PROBES)}, got {text!r}")
+    return tuple(p for p in PROBES if p in names)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hide the command's own output (its tail and each failing rank's error are shown on failure)")
     p.add_argument("--stall", type=t.positive_float, default=30.0, metavar="SECONDS",
                    help="say what is seen when no optimizer step comes for this long (default 30)")
-    p.add_argument("--no-probe", action="append", default=[], metavar="NAMES",
+    p.add_argument("--no-probe", type=probe_names, action="append", default=[], metavar="NAMES",
                    help=f"turn probes off, comma-separated (repeatable): {', '.join(PROBES)}; "
                         "autocast and comm are replays and go with replay")
     p.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
@@ -55,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
         config = ProfileConfig(tuple(command), warmup=args.warmup, steps=args.steps, probe_steps=args.probe_steps,
                                verify=args.verify, timeout_s=args.timeout, capture=args.quiet,
                                seconds=args.seconds, stall_s=args.stall,
-                               skip_probes=tuple(n.strip() for arg in args.no_probe for n in arg.split(",")
-                                                 if n.strip()))
+                               skip_probes=tuple(p for names in args.no_probe for p in names))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     try:
