@@ -132,7 +132,7 @@ def _keep(st: State, it, orig, batch, training: bool, t0: float, c0: float) -> t
     if training and not st.cached_copy:
         t, c = time.perf_counter(), time.process_time()
         st.cached, st.cached_copy = fresh_copy(batch), True  # before the loop can change it in place
-        steps.discount(st, t, c)
+        steps.leave_out(st, t, c)
         t0, c0 = t0 + (time.perf_counter() - t), c0 + (time.process_time() - c)
     elif st.cached is None:
         st.cached = batch

@@ -58,7 +58,7 @@ def end_compute(st: State) -> None:
         st.span["compute_cpu_s"] += time.process_time() - st.c_cpu0
 
 
-def discount(st: State, t0: float, c0: float) -> None:
+def leave_out(st: State, t0: float, c0: float) -> None:
     """Leave the time since ``t0`` (CPU ``c0``), hasten's own work inside a step, out of the step."""
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
     if st.span is not None:
@@ -74,8 +74,8 @@ def discount(st: State, t0: float, c0: float) -> None:
 def open_step(st: State) -> None:
     now = time.perf_counter()
     st.span = {"t0": now, "cpu0": time.process_time(), "rq0": runqueue_s(), "compute_s": 0.0, "compute_cpu_s": 0.0,
-               "loader": {}, "loader_cpu": {}, "loader_batches": {}, "comm_s": 0.0, "train_fwd": 0, "eval_fwd": 0, "epoch_start": False,
-               "rq_loader": 0.0}
+               "loader": {}, "loader_cpu": {}, "loader_batches": {}, "comm_s": 0.0, "train_fwd": 0, "eval_fwd": 0,
+               "epoch_start": False, "rq_loader": 0.0}
 
 
 def close_step(st: State, host_end: float) -> None:
@@ -185,7 +185,7 @@ def optimizer_post(opt, args, kwargs) -> None:
             if st.phase != "warmup":  # steps are backward() calls now: this one is compute within one
                 end_compute(st)
                 return
-            st.pace, st.phase_step, st.records["warmup"] = "optimizer", 0, []  # the warm-up starts again
+            st.phase_step, st.records["warmup"] = 0, []  # an optimizer after all: the warm-up starts again
         st.pace = "optimizer"
         if st.primary_opt is None:
             st.primary_opt = id(opt)

@@ -97,7 +97,7 @@ def _forward_pre(st: State, mod, args):
         # layout (data is still made by the loop; its time is outside compute, left out of the step).
         elif st.phase == "replay" and st.replay_args and sp is not None and same_layout(args, st.model_args):
             replayed = fresh_copy(st.model_args)
-        steps.discount(st, t0, c0)  # the copies are hasten's time, not the step's
+        steps.leave_out(st, t0, c0)  # the copies are hasten's time, not the step's
         return replayed
     return None
 
