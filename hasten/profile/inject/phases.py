@@ -76,6 +76,7 @@ def _enter(st: State) -> None:
         # Without a training DataLoader, the replayed steps hand the model its kept arguments.
         st.replay_args = st.model_args is not None and not any(loader.is_training_loader(st, lid)
                                                                for lid in st.loaders)
+        probes.guarded(st, "autocast", autocast_check.bf16_pays)  # milliseconds, before the trial's full step
         probes.guarded(st, "autocast", autocast_check.trial)
         if _any_rank(st, "autocast" not in st.probes) and "autocast" in st.probes:
             probes.drop(st, "autocast", "dropped on another rank")  # every rank replays the same kinds
