@@ -1,10 +1,13 @@
 """Whether bf16 autocast can pay here, and whether the model runs under it, before a replayed step tries.
 
 **Whether it can pay** (:func:`bf16_pays`): where the CPU has no bf16 instructions
-(avx512_bf16, AMX), oneDNN emulates bf16 matmuls: measured here with oneDNN capped at
-AVX2, a 9M-parameter MLP's step took 13 s under autocast against 0.1 s without (capped at
-AVX512 without bf16, 0.52 against 0.18 s). Its autocast probe, run in the loop, made the
-whole replay about ten times slower than the loop, and could only find autocast slower.
+(avx512_bf16, AMX), bf16 matmuls are emulated: measured here with oneDNN capped at AVX2, a
+9M-parameter MLP's step took 13 s under autocast against 0.1 s without (capped at AVX512
+without bf16, 0.52 against 0.18 s). py-spy ``--native`` on that run put 86% of the samples
+in ATen's fallback bf16 GEMM (``at::native::cpublas`` gemm, in backward; forward in
+``bf16_dot_with_fp32_arith``) and 3% in hasten's own frames. The autocast probe, run in the
+loop, made the whole replay about ten times slower than the loop, and could only find
+autocast slower.
 So a bf16 matmul under autocast and a float32 one, the size of a layer of a small model,
 are timed first (milliseconds; about 60 ms at worst, emulated): when bf16 is not the
 faster, the autocast probe is dropped with the ratio, and no step runs under autocast.
