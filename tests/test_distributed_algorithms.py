@@ -160,6 +160,9 @@ def _torus_groups_worker(rank, world):
         except ValueError as exc:
             if str(exc) != f"local_size must divide the world size 4, got {local_size}":
                 failures.append(("message", str(exc)))
+    # The two pairs run on their own: rank 0, which hosts the rendezvous store, must not exit
+    # while the other pair still creates its subgroups (seen on a loaded machine).
+    dist.barrier()
     return failures
 
 
