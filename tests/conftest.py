@@ -1,4 +1,5 @@
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -26,6 +27,19 @@ def _isolated_dirs(tmp_path, monkeypatch):
     """Keep caches and run directories of every test inside its tmp_path."""
     monkeypatch.setenv("HASTEN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HASTEN_RUNS", str(tmp_path / "runs"))
+
+
+@pytest.fixture(autouse=True)
+def _restored_signal_dispositions():
+    """Put SIGINT and SIGTERM back as they were after every test. hasten train leaves SIGTERM
+    ignored after a peer failure, rightly for a process on its way out; in a test process it
+    would outlive the test, and hasten (which leaves a non-default disposition alone) and
+    every subprocess started later (SIG_IGN is inherited) would ignore SIGTERM."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in before.items():
+        if signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="module")
