@@ -43,6 +43,10 @@ TIMING_TESTS = [
     "tests/test_profile_launcher.py",
     "tests/test_profile_profiler.py",
     "tests/test_commands_profile.py",
+    "tests/test_profile_attach_check.py",  # a silent Python named within 10 s
+    "tests/test_stream_loader_autoecho.py",
+    "tests/test_stream_slow_storage.py",
+    "tests/test_distributed_algorithms.py::test_torus_groups_rows_columns_subgroups_and_errors",
 ]
 
 
@@ -174,6 +178,11 @@ def run_mutants(names: list[str] | None) -> dict:
             print(f"[{i + 1}/{len(chosen)}] {m.name}: {'caught by ' + caught if caught else 'NOT CAUGHT'} "
                   f"({took:.0f} s)", flush=True)
             shutil.rmtree(work)
+            _store("mutants", _mutant_summary(rows))  # each as it finishes: a stopped run keeps them
+    return _mutant_summary(rows)
+
+
+def _mutant_summary(rows: list[dict]) -> dict:
     return {"mutants": rows, "caught": sum(r["caught_by"] is not None for r in rows), "of": len(rows),
             "conditions": _conditions()}
 
