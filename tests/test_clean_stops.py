@@ -23,12 +23,29 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert proc.poll() is None, f"hasten train ended (rc {proc.returncode}) before {path.name} appeared"
-        assert time.monotonic() < deadline, f"no {path} within {timeout_s} s"
-        time.sleep(0.05)
+def _signal_once(argv, env, sig, root: Path, pattern: str, settle_s: float = 0.0):
+    """Start ``argv`` in a session of its own (so that its decode workers get the signal too,
+    as from a terminal, ``timeout`` or Slurm), wait until ``root.glob(pattern)`` finds a file,
+    then ``settle_s`` more, and send ``sig`` to the whole group; (process, stderr).
+
+    SIGINT at its default in the child: a test run started in the background of a shell (as
+    CI may be) has it ignored, and hasten rightly leaves an ignored signal ignored."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_default_sigint)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(root.glob(pattern)):
+            assert proc.poll() is None, f"hasten {argv[3]} ended (rc {proc.returncode}) before {pattern} appeared"
+            assert time.monotonic() < deadline, f"no {root / pattern} within 120 s"
+            time.sleep(0.05)
+        time.sleep(settle_s)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc, err
 
 
 def _group_gone(pgid: int, timeout_s: float = 10.0) -> bool:
@@ -51,21 +68,8 @@ def test_a_signal_stops_train_with_one_line_naming_the_checkpoint(sig, code, col
             "--checkpoint-every", "3", "--device", "cpu", "--run-dir", str(run)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HASTEN_CACHE": str(tmp_path / "cache"),
            "HASTEN_RUNS": str(tmp_path / "runs"), "HASTEN_PROGRESS": "0"}
-    # Its own process group, signalled as a whole: what a terminal's Ctrl-C, `timeout` and
-    # Slurm do, so the decode workers receive the signal too.
-    # SIGINT at its default in the child: a test run started in the background of a shell
-    # (as CI may be) has it ignored, and hasten rightly leaves an ignored signal ignored.
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_default_sigint)
-    try:
-        _wait_for(run / "checkpoint.pt", proc)
-        time.sleep(0.3)  # into the next steps: the decode workers are busy
-        os.killpg(proc.pid, sig)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    # 0.3 s into the steps after the checkpoint: the decode workers are busy
+    proc, err = _signal_once(argv, env, sig, run, "checkpoint.pt", settle_s=0.3)
     assert proc.returncode == code, err
     assert "Traceback" not in err and "Error" not in err, err
     lines = err.splitlines()
@@ -84,20 +88,7 @@ def test_a_signal_stops_speedrun_with_one_line_naming_its_run_directory(sig, cod
             "--batch-size", "32", "--epochs", "500", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HASTEN_CACHE": str(tmp_path / "cache"),
            "HASTEN_RUNS": str(tmp_path / "runs"), "HASTEN_PROGRESS": "0"}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=_default_sigint)
-    try:
-        deadline = time.monotonic() + 120
-        while not list((tmp_path / "runs").glob("speedrun-*/checkpoint.pt")):
-            assert proc.poll() is None, f"hasten speedrun ended (rc {proc.returncode}) before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.05)
-        os.killpg(proc.pid, sig)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc, err = _signal_once(argv, env, sig, tmp_path / "runs", "speedrun-*/checkpoint.pt")
     assert proc.returncode == code, err
     (run,) = (tmp_path / "runs").iterdir()
     assert err.count("\n") == 1 and "Traceback" not in err, err
