@@ -130,8 +130,9 @@ def run_load(busy: int, repeat: int) -> dict:
         for i in range(repeat):
             before = os.getloadavg()[0]
             code, out, took = _pytest(TIMING_TESTS, REPO)
+            # The 1-minute average trails the spinners by a minute: the figure after the run is the one to read.
             runs.append({"run": i + 1, "exit_code": code, "summary": _summary_line(out), "seconds": round(took, 1),
-                         "load_average_1m_before": round(before, 2)})
+                         "load_average_1m_before": round(before, 2), "load_average_1m_after": round(os.getloadavg()[0], 2)})
             print(f"load run {i + 1}/{repeat}: {runs[-1]['summary']} in {took:.0f} s "
                   f"(load {before:.1f}; about {(repeat - i - 1) * took / 60:.0f} min left)", flush=True)
             if code != 0:
@@ -198,9 +199,9 @@ def section(results: dict) -> str:
         c = load["conditions"]
         out += [f"Beside {load['busy']} busy processes ({c['cpus']} cores, Python {c['python']}, {c['date']}): "
                 f"{sum(r['exit_code'] == 0 for r in load['runs'])} of {len(load['runs'])} runs passed.", "",
-                "| run | result | seconds | load (1 min) before |", "|---|---|---|---|"]
-        out += [f"| {r['run']} | {r['summary']} | {r['seconds']} | {r['load_average_1m_before']} |"
-                for r in load["runs"]]
+                "| run | result | seconds | load (1 min) before | after |", "|---|---|---|---|---|"]
+        out += [f"| {r['run']} | {r['summary']} | {r['seconds']} | {r['load_average_1m_before']} | "
+                f"{r.get('load_average_1m_after', '-')} |" for r in load["runs"]]
         out.append("")
     mut = results.get("mutants")
     if mut:
