@@ -58,7 +58,9 @@ def test_a_plain_list_of_tensors(tmp_path):
 
 @pytest.mark.multiproc
 def test_ddp_with_no_sync_accumulation(tmp_path):
-    accum, device, link = 4, 0.01, 0.06  # one bucket (width 64): one slow exchange per optimizer step
+    # One bucket (width 64): one slow exchange per optimizer step, a third of it: a moderate share,
+    # so a communication threshold set far too high would be caught.
+    accum, device, link = 4, 0.01, 0.02
     cmd = (*TORCHRUN, SCRIPTS / "ddp_accum.py", "--accum", accum, "--width", 64, "--device-sleep", device,
            "--link-sleep", link)
     a = run_profile(cmd, steps=6)
