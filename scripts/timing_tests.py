@@ -70,7 +70,7 @@ MUTANTS = [
     Mutant("high-severity threshold", VERDICT, "INPUT_HIGH = 0.20", "INPUT_HIGH = 0.90",
            "a step that waits 80% of the time rated moderate"),
     Mutant("communication threshold x10", VERDICT, "COMM_MODERATE = 0.05", "COMM_MODERATE = 0.5",
-           "exposed gradient exchange of 60% not reported"),
+           "exposed gradient exchange up to half the step not reported"),
     Mutant("verdict picks the smaller share", VERDICT, 'kind = "input-bound" if wait >= comm else',
            'kind = "input-bound" if wait < comm else', "the wrong bottleneck named"),
     Mutant("dead band ignored", VERDICT, "    if top <= INPUT_MODERATE - DEAD_BAND:",
@@ -225,10 +225,11 @@ def section(results: dict) -> str:
                 "timing tests first and, only if they all pass, against the verdict's unit tests "
                 "(" + ", ".join(f"`{t}`" for t in UNIT_TESTS) + "; marked *unit*).", "",
                 "| mutant | change | what a user would get | caught by |", "|---|---|---|---|"]
+        why = {m.name: m.why for m in MUTANTS}  # the words are the code's; the results are the run's
         for r in mut["mutants"]:
             change = f"`{r['old']}` -> `{r['new']}`".replace("|", "\\|")
             unit = " (*unit*)" if r.get("caught_by_kind") == "unit" else ""
-            out.append(f"| {r['mutant']} | {change} | {r['why']} | "
+            out.append(f"| {r['mutant']} | {change} | {why.get(r['mutant'], r['why'])} | "
                        f"{'`' + r['caught_by'] + '`' + unit if r['caught_by'] else '**not caught**'} |")
         out.append("")
     out.append(END)
