@@ -214,3 +214,82 @@ def test_pipeline_work_between_steps_is_not_read_as_an_input_bound():
             auto.record_step(wait_s=0.03, step_s=0.1, items=int(16 * auto.factor))
         auto.observe(fresh=64, emitted=int(64 * auto.factor), wait_s=0.0, downstream_s=0.52)
         assert auto.factor == 1.0
+
+
+def _modelled_pipeline(ratio, buffer, *, steps=1200, batch=64, step_s=0.008, interval=256, expect=True):
+    """AutoEcho in ``hasten echo``'s pipeline on a modelled clock: an upstream at ``ratio``
+    step times per batch with a read-ahead of two batches, the echo stage, a shuffle buffer
+    (``buffer``: a size, or a function of the AutoEcho), batches, and a loop that reports
+    each step. Deterministic: every second is modelled, none is measured."""
+    from hasten.echo import auto_shuffle_buffer, shuffle_buffer
+    from hasten.recipes.echo.clock import ModelledClocks
+
+    clocks = ModelledClocks([ratio * step_s / batch], lead=2 * batch)
+    auto = AutoEcho(interval=interval)
+    stage = echo_examples(clocks.items(iter(range(10**9))), auto, clock=lambda: clocks.now[0])
+    items = shuffle_buffer(stage, auto_shuffle_buffer(auto, batch) if buffer == "auto" else buffer, seed=0)
+    if expect:
+        auto.expect_step_reports()
+    factors = []
+    for _ in range(steps):
+        t0 = clocks.now[0]
+        for _ in range(batch):
+            next(items)
+        clocks.advance(step_s)
+        auto.record_step(clocks.now[0] - t0 - step_s, step_s, batch)
+        factors.append(auto.factor)
+    return auto, factors
+
+
+@pytest.mark.parametrize("buffer", ["auto", 11_200])
+@pytest.mark.parametrize("ratio", [2.0, 3.75, 6.0])
+def test_autoecho_behind_a_shuffle_buffer_settles_near_r_not_at_e_max(ratio, buffer):
+    # Issue 34: `hasten echo` held e at e_max = 8 at a measured R of 3.7. A buffer sized for
+    # e_max (11,200 items, the recipe's then) filled before the first step, the stage's own
+    # view of that fill read as R = 541, and a buffer that shrank with e later fed the loop
+    # its surplus until e fell to 1. Now: e is set to R x 1.1 by each measurement and eased
+    # down 5% a window while the loop does not wait, so it stays about R: its mean over the
+    # second half between 0.9 R and R x 1.1, never above R x 1.1 x 1.1, never back to 1.
+    auto, factors = _modelled_pipeline(ratio, buffer)
+    late = factors[len(factors) // 2:]
+    mean = sum(late) / len(late)
+    assert 0.9 * ratio <= mean <= ratio * 1.1, (mean, auto.history[-8:])
+    assert max(late) <= ratio * 1.1 * 1.1 < auto.e_max and min(late) >= 0.8 * ratio, (min(late), max(late))
+
+
+def test_windows_before_the_first_step_wait_for_it_when_the_loop_reports():
+    # The echo stage's view while a buffer fills and no step runs: 256 items, 0.16 s waiting on
+    # upstream, 0.3 ms downstream (the buffer taking them in): R = 1 x (1 + 0.16 / 0.0003) = 534.
+    fill = dict(fresh=256, emitted=256, wait_s=0.16, downstream_s=0.0003)
+    plain = AutoEcho(e_max=8)
+    plain.observe(**fill)  # start-up
+    plain.observe(**fill)
+    assert plain.factor == 8.0  # read as a measurement: e_max at once
+    auto = AutoEcho(e_max=8)
+    auto.expect_step_reports()
+    for _ in range(5):
+        assert auto.observe(**fill) == 1.0
+    assert auto.windows == 0  # not even the start-up window: the first steps' window is that
+    auto.record_step(wait_s=0.6, step_s=0.2, items=64)
+    auto.observe(**fill)  # start-up (with the 1,536 carried fresh items): ignored
+    assert auto.windows == 1 and auto.factor == 1.0
+    # 256 fresh, 256 items stepped in 0.4 s of which the stage waited 0.3 s: R = 1 x (1 + 0.3 / 0.1) = 4
+    for _ in range(4):
+        auto.record_step(wait_s=0.075, step_s=0.025, items=64)
+    auto.observe(fresh=256, emitted=256, wait_s=0.3, downstream_s=0.0003)
+    assert auto.ratio_estimate == pytest.approx(4.0) and auto.factor == pytest.approx(4.4)
+
+
+def test_a_window_without_waiting_brings_an_estimate_above_e_down_to_e():
+    # Not waiting at factor e means the upstream kept up with e copies per fresh item: R <= e.
+    # An estimate of 534 from a distorted window, with e at e_max = 8, comes down to 8 x 0.95
+    # in one window, not by 5% a window from 534 (75 windows, longer than a run).
+    auto = AutoEcho(e_max=8)
+    auto.observe(fresh=256, emitted=256, wait_s=0.16, downstream_s=0.0003)  # start-up
+    auto.observe(fresh=256, emitted=256, wait_s=0.16, downstream_s=0.0003)
+    assert auto.ratio_estimate > 500 and auto.factor == 8.0
+    auto.observe(fresh=256, emitted=2048, wait_s=0.0, downstream_s=0.3)
+    assert auto.ratio_estimate == pytest.approx(8 * 0.95)
+    assert auto.factor == 8.0  # 7.6 x 1.1 = 8.36, capped
+    auto.observe(fresh=256, emitted=2048, wait_s=0.0, downstream_s=0.3)
+    assert auto.ratio_estimate == pytest.approx(8 * 0.95 * 0.95) and auto.factor == pytest.approx(7.22 * 1.1)

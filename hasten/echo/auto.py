@@ -140,6 +140,18 @@ class AutoEcho:
         self._carry_fresh = 0  # fresh items of windows without a step, not yet accounted
         self.history: list[tuple[float, float]] = []  # (factor used, R estimate or nan) per window
 
+    def expect_step_reports(self) -> None:
+        """Say, before the first step, that the training loop will call ``record_step``.
+
+        Windows that end before the loop's first report then carry their fresh items to the
+        window of its first steps instead of reading the echo stage's own view. That view,
+        while a buffer after the stage fills and no step has run, has almost no downstream
+        time and reads as a huge R: ``hasten echo`` measured R 541 in its first window behind
+        a buffer sized for ``e_max``, and e started (and, at R 3.5, stayed) at ``e_max``.
+        ``StreamLoader`` calls it."""
+        with self._lock:
+            self._loop_reports = True
+
     def record_step(self, wait_s: float, step_s: float, items: int) -> None:
         """The training loop's report of one step: seconds it waited for the batch,
         seconds of its own work, items in the batch. When a loop reports, its items and
@@ -168,8 +180,9 @@ class AutoEcho:
           outlier (a stall while a buffer grows) cannot throw e to ``e_max``.
         - An R within half the headroom above the e in use holds e: that is the jitter the
           headroom absorbs, not a higher R.
-        - A window without waiting says only R >= emitted / fresh: the estimate eases down
-          by ``probe`` / 2, so that, if R fell, waiting and a fresh measurement return.
+        - A window without waiting says R <= e, the factor in use (the upstream kept up with
+          e copies per fresh item): the estimate comes down to at most e, then eases down by
+          ``probe`` / 2, so that, if R fell, waiting and a fresh measurement return.
         - e = 1 while the estimate is below ``off_below``; e never exceeds ``e_max`` or the
           cap of ``observe_loss``.
         """
@@ -217,10 +230,13 @@ class AutoEcho:
             self.history.append((self.factor, estimate))
             return self.factor
         if math.isnan(estimate):
-            # Not waiting: R is at least the current factor; lower the estimate a little
-            # so that, if R has fallen, waiting reappears and measures it again.
+            # Not waiting: the upstream kept up with e copies per fresh item, so R <= e; an
+            # estimate above e (a distorted first window) comes down to e at once, not by 5%
+            # a window from wherever it was. Then lower it a little so that, if R has
+            # fallen, waiting reappears and measures it again.
             below = self.factor / (1.0 + self.headroom)
-            self.ratio_estimate = (below if self.ratio_estimate is None else self.ratio_estimate) * (1 - self.probe / 2)
+            known = below if self.ratio_estimate is None else min(self.ratio_estimate, self.factor)
+            self.ratio_estimate = known * (1 - self.probe / 2)
         elif self.ratio_estimate is None or not self._measured:
             self.ratio_estimate = estimate  # the first measurement, not eased guesses, sets R
         else:
@@ -274,12 +290,13 @@ class AutoEcho:
         """The echo stage's record of one emitted item, copy number ``copy``."""
         self._push(self.copy_value(copy), 1)
 
-    def emitted_copies(self, copies: int) -> None:
+    def emitted_copies(self, copies: int, items: int = 1) -> None:
         """The echo stage's record of ``copies`` copies of one example (numbers 0 to
-        copies - 1), in the order it emits them."""
-        self._push(1.0, 1)
+        copies - 1), in the order it emits them; of a run of ``items`` batches echoed
+        together (``echo_batches(..., group=items)``), each copy ``items`` long."""
+        self._push(1.0, items)
         for k in range(1, copies):
-            self._push(self.copy_value(k), 1)
+            self._push(self.copy_value(k), items)
 
     def _push(self, value: float, items: int) -> None:
         values = self._values

@@ -313,6 +313,7 @@ def _reported(batches, auto: AutoEcho, per_batch: bool):
     echo stage included, runs on the pinning thread, whose own time between items is
     pinning and queueing, not the training step (hasten.echo.auto)."""
     it = iter(batches)
+    auto.expect_step_reports()  # windows before the first step wait for it (a filling buffer)
     try:
         while True:
             t0 = time.perf_counter()

@@ -190,14 +190,19 @@ def measure_step_time(cfg: EchoRunConfig, steps: int = 40, *, warmup: int = 5,
     return train_to_target(probe, eval_set=eval_set, untimed_steps=warmup)["step_time_s"]
 
 
-def shuffle_size(cfg: EchoRunConfig) -> int:
+def shuffle_size(cfg: EchoRunConfig) -> int | None:
     """The shuffle buffer after the echo stage: ``cfg.shuffle_buffer``, by default sized
-    for e (e_max for AutoEcho) so that ~1% of a batch are repeated copies; a warning
-    when a given size leaves many more. Batch echoing mixes whole batches (copies
-    never share a batch): its buffer counts batches, 0 by default."""
+    for e so that ~1% of a batch are repeated copies; a warning when a given size
+    leaves many more. With AutoEcho by default None: ``StreamLoader`` then sizes the
+    buffer for the current e (``hasten.echo.auto_shuffle_buffer``). A fixed buffer sized
+    for ``e_max`` held back 1,400 fresh examples before the first step, and AutoEcho
+    read that fill as R = 541 and stayed at ``e_max`` at R 3.5 (issue 34). Batch echoing
+    mixes whole batches (copies never share a batch): its buffer counts batches, 0 by default."""
     e = cfg.e_max if cfg.echo == "auto" else float(cfg.echo)
     if cfg.variant == "batch":
         return cfg.shuffle_buffer // cfg.batch_size if cfg.shuffle_buffer else 0
+    if cfg.shuffle_buffer is None and cfg.echo == "auto":
+        return None
     if cfg.shuffle_buffer is None:
         return default_shuffle_buffer(e, cfg.batch_size) if e > 1 else 0
     warn_if_small_buffer(cfg.shuffle_buffer, e, cfg.batch_size)
