@@ -62,6 +62,39 @@ def test_batch_echo_repeats_whole_dataloader_batches():
     assert sorted(torch.cat([b[1] for b in out[::2]]).tolist()) == list(range(40))
 
 
+def test_grouped_batch_echo_repeats_whole_optimizer_steps_with_their_micro_batches_distinct():
+    # Gradient accumulation over 2 micro-batches: group=2 echoes the step's pair, b0 b1 b0 b1,
+    # so each step (2 consecutive batches) holds two different batches and is repeated whole.
+    data = torch.utils.data.TensorDataset(torch.arange(56).float(), torch.arange(56))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)  # 7 batches: the last run is short
+    counters = EchoCounters()
+    out = [y[0].item() // 8 for _, y in echo_batches(loader, 2, group=2, counters=counters)]
+    assert out == [0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 6]
+    steps = [out[i:i + 2] for i in range(0, 12, 2)]
+    assert all(a != b for a, b in steps)
+    assert steps[0::2] == steps[1::2]  # every step's data is seen again in the next step
+    assert counters.fresh_batches == 7
+    # group=1 is the batch echo of before: under accumulation a step's micro-batches are copies
+    assert [y[0].item() // 8 for _, y in echo_batches(loader, 2)][:4] == [0, 0, 1, 1]
+    # non-integral e draws copies per run: each run is repeated whole, 2 or 3 times
+    out = list(echo_batches(range(40), 2.5, group=4, seed=3))
+    chunks = [out[i:i + 4] for i in range(0, len(out), 4)]
+    assert all(c == list(range(c[0], c[0] + 4)) and c[0] % 4 == 0 for c in chunks)
+    copies = [sum(c[0] == 4 * k for c in chunks) for k in range(10)]
+    assert set(copies) == {2, 3} and [c[0] for c in chunks] == sorted(c[0] for c in chunks)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="group must be an integer >= 1"):
+            echo_batches(range(4), 2, group=bad)
+
+
+def test_grouped_echo_values_each_copy_of_a_run_per_batch():
+    # AutoEcho counts batches: a run of 3 batches echoed twice is 3 fresh and 3 first repeats.
+    auto = AutoEcho(repeat_value=0.5)
+    auto.factor = 2.0
+    assert len(list(echo_batches(range(6), auto, group=3))) == 12
+    assert auto.count(12) == pytest.approx(6 * 1.0 + 6 * 0.5)
+
+
 def test_shuffle_buffer_is_a_permutation():
     out = list(shuffle_buffer(range(1000), 100, seed=1))
     assert sorted(out) == list(range(1000)) and out != list(range(1000))
@@ -462,13 +495,17 @@ def test_the_echo_stage_reads_its_clock_per_fresh_item_not_per_copy(monkeypatch)
     assert len(reads) <= 2 * 10 + 1, len(reads)
 
 
-def test_auto_shuffle_buffer_follows_the_factor():
+def test_auto_shuffle_buffer_grows_with_the_factor_and_never_shrinks():
     auto = AutoEcho(e_max=8)
     size = auto_shuffle_buffer(auto, 64)
     assert size() == 0
     auto.factor = 3.0
     assert size() == default_shuffle_buffer(3.0, 64)
+    # A shrinking buffer hands its surplus to the loop, which then does not wait, and AutoEcho
+    # lowers e again: e fell to 1 at R = 3.75 (test_echo_auto.py's modelled pipeline).
     auto.factor = 1.0
-    assert size() == 0
+    assert size() == default_shuffle_buffer(3.0, 64)
+    auto.factor = 4.0
+    assert size() == default_shuffle_buffer(4.0, 64)
     with pytest.raises(ValueError, match="batch_size"):
         auto_shuffle_buffer(auto, 0)
