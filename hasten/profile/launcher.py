@@ -408,9 +408,27 @@ def profile(config: ProfileConfig, log=None) -> Analysis:
     if outcome.returncode:
         analysis.notes.append(f"the command exited with code {outcome.returncode} during hasten's probes, after "
                               "the measured steps (see the dropped probe)")
+    analysis.notes += same_in_every_worker(ranks)
     if config.verify:
         verify(config, analysis, log)
     return analysis
+
+
+def same_in_every_worker(ranks: list[dict], where: str = "", fix: str | None = None) -> list[str]:
+    """One line per DataLoader whose workers handed out the same first batch: an
+    IterableDataset that ignores ``torch.utils.data.get_worker_info()`` (each worker then
+    yields every item). Measured by fingerprinting each worker's first batch
+    (:func:`hasten.profile.inject.loader._check_workers`)."""
+    notes = []
+    for ld in ranks[0].get("loaders", []):
+        dup = ld.get("worker_duplicates")
+        if dup and dup["distinct"] < dup["workers"]:
+            same = "the same" if dup["distinct"] == 1 else f"only {dup['distinct']} different"
+            cost = f"; the speedup of '{fix}' counts repeated batches" if fix else ""
+            notes.append(f"{where}{ld['name']}: its {dup['workers']} workers' first batches are {same}: an "
+                         "IterableDataset that ignores torch.utils.data.get_worker_info() yields every item in "
+                         f"every worker (split the items by worker id){cost}")
+    return notes
 
 
 def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
@@ -432,7 +450,9 @@ def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
         try:
             out = run_instrumented(vconfig, apply=apply, probes=False, log=log)
             walls.append(out.wall_s)
-            fixed_steps.append(_measured_step_s(check_outcome(out, vconfig)))
+            fixed = check_outcome(out, vconfig)
+            fixed_steps.append(_measured_step_s(fixed))
+            analysis.notes += same_in_every_worker(fixed, f"in the re-run with {apply}, ", fix)
         except ProfileFailed as exc:
             analysis.notes.append(f"verification of {fix} failed: {str(exc).splitlines()[0]}")
             fixed_steps.append(None)

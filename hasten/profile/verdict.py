@@ -41,6 +41,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from hasten.distributed.cost_model import fit_link
+from hasten.profile.inject.fixes import echo_apply, echo_code
 
 INPUT_MODERATE = 0.05  # data-wait share of the step: moderate input bottleneck
 INPUT_HIGH = 0.20  # ... high
@@ -394,15 +395,23 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         e = round(max(candidates, key=lambda e: t / echoed_step(e) / echo_steps_factor(e)), 1)
         rate = min(t / echoed_step(e), bound)
         pred = rate / echo_steps_factor(e)
+        # Under gradient accumulation a step's micro-batches are echoed together: copies of one
+        # micro-batch inside a step would make its gradient one micro-batch's (issue 34).
+        group = max(1, round(k))
         if a.loader_driven:
-            how = f"from hasten.echo import echo_batches; for batch in echo_batches(loader, {e:g}): ..."
-            apply = f"echo={e:g}"
-        else:
+            apply = echo_apply(e, group)
+            how = echo_code(apply)  # the call --verify makes (hasten.profile.inject.fixes.echoed)
+        elif group == 1:
             how = (f"if step % {round(e):d} == 0: x, y = {_batch_function(a)}   "
                    f"# reuse each batch for {round(e):d} steps")
             apply = None
+        else:
+            how = (f"if step % {round(e):d} == 0: batches = [{_batch_function(a)} for _ in range({group})]   "
+                   f"# reuse each step's {group} micro-batches for {round(e):d} steps")
+            apply = None
         recs.append(Recommendation(
-            fix=f"batch echoing e={e:g}", how=how, predicted_speedup=pred, step_rate_factor=1 / echo_steps_factor(e),
+            fix=f"batch echoing e={e:g}{' of whole steps' if group > 1 else ''}", how=how, predicted_speedup=pred,
+            step_rate_factor=1 / echo_steps_factor(e),
             changes_math=True, apply=apply, bound=bound,
             basis=f"R={r:.2f}; steps x{rate:.2f} faster, each worth 1/{echo_steps_factor(e):.2f} of a fresh "
                   f"one ({ECHO_SOURCE})"))

@@ -6,6 +6,7 @@ Changes the training math: no.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Mapping
 
 
@@ -95,3 +96,41 @@ def fresh_copy(batch):
     """A copy of a batch that the loop may change in place (``x.div_(255)``, ``batch.pop("labels")``)
     without changing the kept one: tensors cloned, lists, tuples and mappings rebuilt."""
     return map_tensors(lambda t: t.detach().clone().requires_grad_(t.requires_grad), batch)
+
+
+# Elements of a tensor read into its fingerprint: equal batches give equal digests, and two
+# different batches of data differ in far more than the elements this skips.
+FINGERPRINT_ELEMENTS = 1 << 16
+
+
+def fingerprint(batch) -> str:
+    """A digest of a batch's contents: each tensor's shape, dtype and up to
+    ``FINGERPRINT_ELEMENTS`` evenly spaced elements; other leaves by ``repr``."""
+    h = hashlib.blake2b(digest_size=16)
+    _digest(h, batch)
+    return h.hexdigest()
+
+
+def _digest(h, x) -> None:
+    import torch
+    if isinstance(x, torch.Tensor):
+        h.update(f"{tuple(x.shape)}{x.dtype}".encode())
+        try:
+            flat = x.detach().reshape(-1)
+            step = max(1, flat.numel() // FINGERPRINT_ELEMENTS)
+            h.update(flat[::step].contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        except (RuntimeError, TypeError):  # a sparse or nested tensor: its shape and dtype only
+            pass
+    elif isinstance(x, (list, tuple)):
+        h.update(b"[")
+        for v in x:
+            _digest(h, v)
+        h.update(b"]")
+    elif isinstance(x, Mapping):
+        h.update(b"{")
+        for k, v in x.items():
+            h.update(repr(k).encode())
+            _digest(h, v)
+        h.update(b"}")
+    else:
+        h.update(repr(x).encode()[:4096])

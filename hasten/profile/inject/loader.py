@@ -12,8 +12,14 @@ The first batch of a training loader is copied when it comes (before the loop ca
 it in place, ``batch.pop("labels")``), its copy's time left out of the step; the replayed
 steps get a fresh copy of it each.
 
+In a verification run of the echo fix, the training loader's batches are handed out by
+``hasten.echo.echo_batches`` with the arguments the report prints (:func:`_draw`). The
+first batches of an IterableDataset's workers are fingerprinted: the same batch from
+every worker means a dataset that ignores ``get_worker_info()`` (:func:`_check_workers`).
+
 Changes the training math: no (in the replayed steps, a training loader hands out its
-kept batch again: see :mod:`hasten.profile.inject.phases`).
+kept batch again: see :mod:`hasten.profile.inject.phases`; in the echo fix's verification
+run, its batches are echoed).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import time
 
 from hasten.profile.inject import fixes, output, state, steps
-from hasten.profile.inject.batches import batch_nbytes, fresh_copy
+from hasten.profile.inject.batches import batch_nbytes, fingerprint, fresh_copy
 from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
 from hasten.profile.inject.state import State
 
@@ -29,6 +35,11 @@ from hasten.profile.inject.state import State
 def is_training_loader(st: State, lid: int) -> bool:
     d = st.loaders.get(lid)
     return d is not None and d["train_votes"] > d["eval_votes"]
+
+
+def _is_iterable(dataset) -> bool:
+    from torch.utils.data import IterableDataset
+    return isinstance(dataset, IterableDataset)
 
 
 def loader_name(loader) -> str:
@@ -79,6 +90,8 @@ def _new_iterator(st: State, it, loader) -> None:
                                "workers": getattr(loader, "num_workers", 0),
                                "batch_size": getattr(loader, "batch_size", None),
                                "dataset_len": n, "pids": [], "iters": 0}
+        if d["workers"] > 1 and _is_iterable(getattr(loader, "dataset", None)):
+            d["worker_firsts"] = []  # _check_workers
         for attr in ("_num_yielded", "_num_workers") + (("_workers",) if d["workers"] else ()):
             if not hasattr(it, attr):
                 output.say(st, f"this torch's DataLoader iterator has no {attr}; "
@@ -99,26 +112,23 @@ def _timed_next(orig):
             training = is_training_loader(st, lid)
             t0, c0, rq0 = time.perf_counter(), time.process_time(), runqueue_s()
             replaying = st.phase == "replay" and training and st.cached is not None
-            echoing = not replaying and training and st.pending_copies > 0
         except Exception as exc:
             output.hasten_failed(st, "DataLoader timing", exc)
             return orig(it)
         if replaying:
             batch = fresh_copy(st.cached)  # a copy each time: the loop may change its batch in place
-        elif echoing:
-            st.pending_copies -= 1
-            batch = st.echo_batch
         else:
             try:
-                batch = orig(it)
+                batch = _draw(st, it, orig, training)
             except StopIteration:  # the end of an epoch is no batch; a kept iterator starts afresh
                 owner = getattr(it, "_hasten_owner", None)
                 if owner is not None and owner.__dict__.get("_hasten_it") is it:
                     del owner.__dict__["_hasten_it"]
                 raise
         try:
-            if not (replaying or echoing):
+            if not replaying:
                 t0, c0 = _keep(st, it, orig, batch, training, t0, c0)
+                _check_workers(st, d, batch)
             steps.sync(st)
             _account(st, it, d, lid, t0, c0, rq0, replaying)
         except Exception as exc:
@@ -139,10 +149,60 @@ def _keep(st: State, it, orig, batch, training: bool, t0: float, c0: float) -> t
     if not st.cached_bytes:
         st.cached_bytes = batch_nbytes(batch)
     if training:
-        st.echo_batch = batch
         st.train_iter = (it, orig)
-        st.pending_copies = fixes.echo_copies(st)
     return t0, c0
+
+
+def _draw(st: State, it, orig, training: bool):
+    """The iterator's next batch: the loader's own, or in a verification run of the echo fix
+    (``echo=``), the next of ``echo_batches`` over this pass of the training loader, the
+    call the report prints, from the pass's first batch on (:func:`fixes.echoed`)."""
+    echo = it.__dict__.get("_hasten_echo")
+    if echo is None and fixes.echo_arguments(st.apply):
+        first = it.__dict__.pop("_hasten_first", None)
+        if training:
+            # The pass's first batch went out before its forward said this loader trains:
+            # the echo stage starts from it, so that its runs of `group` batches fall on the
+            # loop's steps, and hands it out again first, which the loop has had already.
+            echo = it._hasten_echo = fixes.echoed(st, _passes(it, orig, first))
+            if first is not None:
+                next(echo)
+        elif first is None and "_hasten_drawn" not in it.__dict__:
+            it._hasten_drawn = True
+            it._hasten_first = batch = orig(it)
+            return batch
+        else:
+            it._hasten_echo = echo = False  # a second batch before any training forward: not trained on
+    return next(echo) if echo else orig(it)
+
+
+def _passes(it, orig, first):
+    """The batches of one pass of ``it``, ``first`` (already drawn) first."""
+    if first is not None:
+        yield first
+    while True:
+        try:
+            yield orig(it)
+        except StopIteration:
+            return
+
+
+def _check_workers(st: State, d: dict, batch) -> None:
+    """Fingerprint the first batch of each worker of an IterableDataset's first pass.
+
+    A DataLoader hands out the batches of its workers in turn, so the first ``workers``
+    batches are one per worker. An IterableDataset whose ``__iter__`` ignores
+    ``torch.utils.data.get_worker_info()`` yields every item in every worker: those batches
+    are then the same, and the run trains on each item ``workers`` times (the workers fix
+    of issue 34's report did so in 20 of 20 steps, unannounced)."""
+    firsts = d.get("worker_firsts")
+    if firsts is None or len(firsts) >= d["workers"] or d["iters"] > 1 or fixes.echo_arguments(st.apply):
+        return
+    t, c = time.perf_counter(), time.process_time()
+    firsts.append(fingerprint(batch))
+    if len(firsts) == d["workers"]:
+        d["worker_duplicates"] = {"workers": d["workers"], "distinct": len(set(firsts))}
+    steps.leave_out(st, t, c)
 
 
 def _account(st: State, it, d: dict, lid: int, t0: float, c0: float, rq0: float, replaying: bool) -> None:

@@ -53,7 +53,6 @@ class State:
         self.train_iter = None  # (iterator, its original __next__): the latest of a training loader
         self.cached = None  # a copy of a training loader's batch, replayed in the probes
         self.cached_copy = False  # whether `cached` is that copy yet (else the first batch seen, as it is)
-        self.echo_batch = None  # the latest training batch, handed on again under echo=E
         self.cached_bytes = 0
         self.model_id: int | None = None  # the first module with parameters called in training mode
         self.model_ref = None  # a weak reference to it
@@ -63,8 +62,6 @@ class State:
         self.in_probe = False  # hasten's own isolated probe is running: the hooks do not count it
         self.dropped: list[dict] = []  # probes dropped: {"probe", "why"}
         self.hasten_error: str | None = None  # hasten's own code failed here: profiling is off
-        self.pending_copies = 0
-        self.fresh_index = 0
         self.autocast_ctx = None  # bf16 autocast entered around a top-level forward (probe or fix)
         self.autocast_depth = 0  # the compute depth it was entered at
         self.forwards = 0
