@@ -116,6 +116,7 @@ SPEC = {
     ("profile", "--json"): ("output_file", []),
     ("profile", "--timeout"): ("positive_float", []),
     ("profile", "--stall"): ("positive_float", []),
+    ("profile", "--decide-within"): ("nonneg_float", []),
     ("profile", "--no-probe"): (["autocats", "", ",", "replay,bogus"], []),
     ("data pack", "src"): ("path", []),
     ("data pack", "outdir"): ("new_or_empty_dir", []),

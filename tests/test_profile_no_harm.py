@@ -26,7 +26,8 @@ WARMUP, STEPS = 2, 5
 
 
 def run_profile(*args, **kw):
-    kw = {"warmup": WARMUP, "steps": STEPS, "probe_steps": 2, "capture": True, "timeout_s": 120, **kw}
+    # exactly STEPS measured (no stopping rule): these cases are about what runs, not about the shares
+    kw = {"warmup": WARMUP, "steps": STEPS, "probe_steps": 2, "capture": True, "timeout_s": 120, "decide_s": 0, **kw}
     return profile(ProfileConfig((sys.executable, *(str(a) for a in args)), **kw), log=lambda m: None)
 
 
@@ -88,7 +89,8 @@ def test_a_closure_or_a_gradient_scaler_is_profiled_as_any_step(optimizer):
 
 
 def test_a_replayed_step_that_raises_in_the_loop_drops_the_replay_and_reports_the_measured_steps(capsys):
-    code = main(["profile", "--quiet", "--warmup", str(WARMUP), "--steps", str(STEPS), "--probe-steps", "2", "--",
+    code = main(["profile", "--quiet", "--warmup", str(WARMUP), "--steps", str(STEPS), "--probe-steps", "2",
+                 "--decide-within", "0", "--",
                  sys.executable, str(SCRIPTS / "lstm.py"), "--reject-repeated-batch"])
     out = capsys.readouterr().out
     assert code == 0  # the failure was the probe's, after the measured steps: not the command's

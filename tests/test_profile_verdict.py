@@ -23,7 +23,8 @@ def _rank(wait, work, alone=None, loader=None, comm_off=None, workers=0, ddp=Fal
 
 @pytest.mark.parametrize("wait, comm, expected", [
     (0.50, 0.0, ("input-bound", "high")),
-    (INPUT_HIGH - 0.01, 0.0, ("input-bound", "moderate")),
+    (INPUT_HIGH - DEAD_BAND - 0.01, 0.0, ("input-bound", "moderate")),
+    (INPUT_HIGH - 0.01, 0.0, ("input-bound", "moderate to high")),  # within the dead band of the high line
     (INPUT_MODERATE + DEAD_BAND + 0.001, 0.0, ("input-bound", "moderate")),
     (INPUT_MODERATE, 0.0, ("balanced", None)),  # inside the dead band: no flip on noise
     (INPUT_MODERATE - DEAD_BAND - 0.001, 0.0, ("compute-bound", None)),
@@ -32,6 +33,33 @@ def _rank(wait, work, alone=None, loader=None, comm_off=None, workers=0, ddp=Fal
 ])
 def test_classify_thresholds_and_dead_band(wait, comm, expected):
     assert classify(wait, comm) == expected
+
+
+@pytest.mark.parametrize("wait, interval, expected", [
+    (0.12, (0.10, 0.14), ("input-bound", "moderate")),
+    (0.12, (0.03, 0.21), ("balanced", None)),  # known too poorly to call it either way
+    (0.02, (0.0, 0.06), ("balanced", None)),  # a point estimate below the line, an interval across it
+    (0.02, (0.01, 0.03), ("compute-bound", None)),
+    (0.30, (0.15, 0.45), ("input-bound", "moderate to high")),
+    (0.30, (0.25, 0.35), ("input-bound", "high")),
+])
+def test_a_verdict_needs_its_interval_clear_of_the_threshold(wait, interval, expected):
+    assert classify(wait, 0.0, wait_interval=interval) == expected
+
+
+def test_the_stopping_rule_goes_on_only_where_more_steps_can_decide():
+    from hasten.profile.shares import could_decide, ratio_interval, undecided, wilson
+    thresholds = (INPUT_MODERATE, INPUT_HIGH)
+    assert undecided(0.12, 0.03, 0.21, thresholds, DEAD_BAND) == INPUT_MODERATE
+    assert could_decide(0.12, 0.03, 0.21, thresholds, DEAD_BAND)  # 7 points off the line: more steps settle it
+    assert not could_decide(0.055, 0.01, 0.10, thresholds, DEAD_BAND)  # inside the dead band: no number will
+    assert not could_decide(0.12, 0.10, 0.14, thresholds, DEAD_BAND)  # decided already
+    # the interval of a ratio of sums narrows with the steps, and holds the ratio
+    r, lo, hi = ratio_interval([1.0, 3.0] * 5, [10.0] * 10)
+    r2, lo2, hi2 = ratio_interval([1.0, 3.0] * 50, [10.0] * 100)
+    assert r == r2 == pytest.approx(0.2) and lo < lo2 < 0.2 < hi2 < hi
+    p, lo, hi = wilson(0, 20)
+    assert p == 0 and lo == 0 and 0.1 < hi < 0.2
 
 
 def test_host_bound_only_when_the_host_is_busy_and_nothing_else_is():

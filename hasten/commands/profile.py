@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hide the command's own output (its tail and each failing rank's error are shown on failure)")
     p.add_argument("--stall", type=t.positive_float, default=30.0, metavar="SECONDS",
                    help="say what is seen when no optimizer step comes for this long (default 30)")
+    p.add_argument("--decide-within", type=t.nonneg_float, default=30.0, metavar="SECONDS",
+                   help="measure on, up to this long, while the data share's interval straddles a verdict "
+                        "threshold (default 30; 0: exactly --steps)")
     p.add_argument("--no-probe", type=probe_names, action="append", default=[], metavar="NAMES",
                    help=f"turn probes off, comma-separated (repeatable): {', '.join(PROBES)}; "
                         "autocast and comm are replays and go with replay")
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = ProfileConfig(tuple(command), warmup=args.warmup, steps=args.steps, probe_steps=args.probe_steps,
                                verify=args.verify, timeout_s=args.timeout, capture=args.quiet,
-                               seconds=args.seconds, stall_s=args.stall,
+                               seconds=args.seconds, stall_s=args.stall, decide_s=args.decide_within,
                                skip_probes=tuple(p for names in args.no_probe for p in names))
     except ValueError as e:
         raise ConfigError(str(e)) from None

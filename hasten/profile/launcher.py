@@ -48,7 +48,8 @@ import hasten
 from hasten.errors import HastenError
 from hasten.profile.attach_check import AttachCheck
 from hasten.profile.inject.settings import NEEDS_REPLAY, PROBES, parse_probes
-from hasten.profile.verdict import Analysis, Recommendation, analyse, cpu_available, rerank
+from hasten.profile.cores import cpu_available
+from hasten.profile.verdict import Analysis, Recommendation, analyse, rerank
 
 SITECUSTOMIZE = '''\
 # Written by `hasten profile`: attach to this process (a no-op where hasten's .pth already has),
@@ -99,6 +100,7 @@ class ProfileConfig:
     seconds: float = 0.0  # > 0: measure for about this long instead of `steps` steps
     stall_s: float = 30.0  # say what is seen when no optimizer step comes for this long
     skip_probes: tuple[str, ...] = ()  # probes turned off (hasten.profile.inject.settings.PROBES)
+    decide_s: float = 30.0  # measure on, up to this long, while the data share is too uncertain to decide; 0: off
 
     def __post_init__(self):
         if not self.command:
@@ -112,6 +114,8 @@ class ProfileConfig:
             raise ValueError(f"--seconds must be >= 0; got {self.seconds}")
         if not self.stall_s > 0:
             raise ValueError(f"stall_s must be > 0; got {self.stall_s}")
+        if not (self.decide_s >= 0 and math.isfinite(self.decide_s)):
+            raise ValueError(f"--decide-within must be >= 0; got {self.decide_s}")
         parse_probes(",".join(self.skip_probes))  # a misspelt probe name is an error, not a silent no-op
 
     @property
@@ -144,7 +148,7 @@ def _environment(out_dir: Path, site_dir: Path, config: ProfileConfig, apply: st
                HASTEN_PROFILE_SECONDS=str(config.seconds),
                HASTEN_PROFILE_PROBE_STEPS=str(config.probe_steps),
                HASTEN_PROFILE_PROBES=",".join(p for p in PROBES if p not in config.probes_off) if probes else "",
-               HASTEN_PROFILE_APPLY=apply)
+               HASTEN_PROFILE_APPLY=apply, HASTEN_PROFILE_DECIDE_S=str(config.decide_s))
     return env
 
 
@@ -443,7 +447,7 @@ def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
         return
     # The verification runs need only the measured window, not the probes; with --seconds, the same steps.
     vconfig = ProfileConfig(config.command, warmup=config.warmup, steps=max(3, analysis.steps), probe_steps=2,
-                            timeout_s=config.timeout_s, capture=config.capture, stall_s=config.stall_s)
+                            timeout_s=config.timeout_s, capture=config.capture, stall_s=config.stall_s, decide_s=0)
     fixed_steps, walls = [], []
     for rec, fix, apply, factor in todo:
         log(f"hasten profile: verifying {fix} (re-run with {apply})")

@@ -15,7 +15,34 @@ BAR_WIDTH = 40
 def _bar(a: Analysis) -> str:
     data = round(a.data_wait_fraction * BAR_WIDTH)
     comm = round(a.comm_fraction * BAR_WIDTH)
-    return "[" + "#" * data + "~" * comm + "=" * max(0, BAR_WIDTH - data - comm) + "]"
+    other = round(a.other_fraction * BAR_WIDTH)
+    return "[" + "#" * data + "~" * comm + "=" * max(0, BAR_WIDTH - data - comm - other) + "." * other + "]"
+
+
+def _interval(a: Analysis) -> str:
+    lo, hi = a.data_interval
+    return f"{lo:.0%}-{hi:.0%}"
+
+
+def _why(a: Analysis) -> str:
+    """The headline's reason: which kind of input-bound, how near the line, where the rest went."""
+    cpu = a.cpu or {}
+    if a.verdict == "input-bound" and a.input_kind == "cpu":
+        return (f"its data path competes with the step for the cores: the loader's workers take "
+                f"{a.data_share:.0%} of the CPU a step needs ({cpu['data_cpu_per_step_s'] * 1e3:.0f} of "
+                f"{(cpu['data_cpu_per_step_s'] + cpu['step_cpu_per_step_s']) * 1e3:.0f} ms, "
+                f"{cpu['demand_cores']:.1f} cores at the step's own pace, {cpu['available']:.2f} available); "
+                f"the step waits for data only {a.data_wait_fraction:.0%} of the time")
+    if a.verdict == "input-bound":
+        making = "waits for data" if a.loader_driven else "makes its batch"
+        return f"the step {making} {a.data_wait_fraction:.0%} of the time (95% interval {_interval(a)})"
+    if a.verdict == "balanced":
+        what = "data" if a.input_kind == "wait" else "the data path's CPU share"
+        return (f"near the line: {what} {a.data_share:.0%} of the step (95% interval {_interval(a)}), "
+                f"the threshold {a.near or 0.05:.0%}; measured as long as the time bound allowed")
+    return {"communication-bound": f"exposed gradient communication is {a.comm_fraction:.0%} of the step",
+            "compute-bound": "the step's own work sets the pace",
+            "host-bound": "the host cannot launch work as fast as the GPU runs it"}[a.verdict]
 
 
 def _x(v: float | None) -> str:
@@ -23,25 +50,32 @@ def _x(v: float | None) -> str:
 
 
 def format_report(a: Analysis) -> str:
-    """Verdict first, then the time breakdown as a bar, then the fixes (verified ones first)."""
-    head = a.verdict.upper() + (f" ({a.severity})" if a.severity else "")
-    why = {"input-bound": f"the step waits for data {a.data_wait_fraction:.0%} of the time",
-           "communication-bound": f"exposed gradient communication is {a.comm_fraction:.0%} of the step",
-           "compute-bound": "the step's own compute sets the pace",
-           "host-bound": "the host cannot launch work as fast as the GPU runs it",
-           "balanced": "no single cause stands out (inside the dead band)"}[a.verdict]
+    """Verdict first, then the time breakdown as a bar (``#`` data wait, ``~`` exposed communication,
+    ``=`` compute, ``.`` the rest) and where the rest went, then the fixes (verified ones first)."""
+    kind = "CPU, " if a.verdict == "input-bound" and a.input_kind == "cpu" else ""
+    head = a.verdict.upper() + (f" ({kind}{a.severity})" if a.severity else "")
     micro = f", {a.micro_batches:g} micro-batches" if a.micro_batches > 1 else ""
     step = "optimizer step" if a.steps_from == "optimizer" else "step (backward to backward)"
-    lines = [f"hasten profile: {head}: {why}",
+    rest = f"  . rest {a.other_fraction:.0%}" if a.other_fraction >= 0.005 else ""
+    lines = [f"hasten profile: {head}: {_why(a)}",
              f"  {step} {a.step_time_s * 1e3:.1f} ms{micro}  {_bar(a)}  # data {a.data_wait_fraction:.0%}  "
-             f"= compute {a.compute_fraction:.0%}  ~ comm {a.comm_fraction:.0%}"]
+             f"= compute {a.compute_fraction:.0%}  ~ comm {a.comm_fraction:.0%}{rest}"]
     if a.upstream_ratio is not None:
         made = "to produce alone" if a.loader_driven else "to make in the loop"
         lines.append(f"  R = {a.upstream_ratio:.2f}: a step's batches take "
                      f"{a.upstream_ratio * a.step_alone_s * 1e3:.1f} ms {made}, "
                      f"{a.step_alone_s * 1e3:.1f} ms to consume alone")
+    for w in a.other_where:
+        if w["share"] >= 0.02:
+            code = w.get("code", "").split("  #")[0].strip()
+            code = f" `{code}`" if code else ""
+            lines.append(f"  {w['share']:.0%} of the step in {w['at']}{code} (neither data, compute nor "
+                         "communication)")
+    if a.data_free_step_s and a.data_free_step_s < a.step_time_s:
+        lines.append(f"  data made free: step {a.data_free_step_s * 1e3:.1f} ms (x{a.step_time_s / a.data_free_step_s:.2f})"
+                     + (", at the step's own pace on the cores it would have" if a.input_kind == "cpu" else ""))
     source = (f"{a.num_workers} loader workers" if a.loader_driven
-              else "no DataLoader: data wait is the step's time outside forward, backward and optimizer")
+              else "no DataLoader: data is the time on the lines that make the model's input")
     lines.append(f"  ({a.ranks} rank{'s' if a.ranks > 1 else ''}, {a.device}, {source}, "
                  f"{a.steps} steps after {a.warmup} warm-up)")
     cpu = a.cpu or {}
@@ -53,6 +87,14 @@ def format_report(a: Analysis) -> str:
             parts.append(f"main process {cpu['main_cpu_per_step_s'] * 1e3:.1f} ms CPU per step")
         if cpu.get("worker_cpu_per_batch_s") is not None:
             parts.append(f"workers {cpu['worker_cpu_per_batch_s'] * 1e3:.1f} ms CPU per batch")
+        if cpu.get("window_free") is not None:
+            parts.append(f"over the window other processes left {cpu['window_free']:.2f} of "
+                         f"{cpu['window_cores']} cores")
+        threads = a.threads or {}
+        if threads.get("intra_op"):
+            changed = (f" (the script set {threads['intra_op_end']} during the window)"
+                       if threads.get("intra_op_end") else "")
+            parts.append(f"torch threads {threads['intra_op']}{changed}, inter-op {threads.get('inter_op')}")
         lines.append("  CPU: " + ", ".join(parts))
     others = [d for d in a.loaders if not d.get("training")]
     for ex in a.excluded:
@@ -118,7 +160,7 @@ def plot_timeline(a: Analysis, path: str | Path) -> Path:
     wait = [s["wait_s"] * 1e3 for s in steps]
     work = [s["work_s"] * 1e3 for s in steps]
     fig, (ax, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110, gridspec_kw={"width_ratios": [3, 1]})
-    ax.bar(xs, wait, color="tab:red", label="data wait")
+    ax.bar(xs, wait, color="tab:red", label="data wait" if a.loader_driven else "outside compute (data and rest)")
     ax.bar(xs, work, bottom=wait, color="tab:blue", label="step work (compute + comm)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("ms")
@@ -126,7 +168,7 @@ def plot_timeline(a: Analysis, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     parts = [("data", a.data_wait_fraction, "tab:red"), ("compute", a.compute_fraction, "tab:blue"),
-             ("comm", a.comm_fraction, "tab:green")]
+             ("comm", a.comm_fraction, "tab:green"), ("rest", a.other_fraction, "tab:gray")]
     bottom = 0.0
     for label, frac, color in parts:
         ax_b.bar([0], [frac * 100], bottom=bottom, color=color, label=f"{label} {frac:.0%}")

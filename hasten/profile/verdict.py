@@ -35,13 +35,13 @@ whether its fix does.
 from __future__ import annotations
 
 import math
-import os
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
 from hasten.distributed.cost_model import fit_link
+from hasten.profile.cores import cores_for_run, cpu_available
 from hasten.profile.inject.fixes import echo_apply, echo_code
+from hasten.profile.shares import product_interval, ratio_interval, undecided, widened, wilson
 
 INPUT_MODERATE = 0.05  # data-wait share of the step: moderate input bottleneck
 INPUT_HIGH = 0.20  # ... high
@@ -116,6 +116,16 @@ class Analysis:
     dropped: list[dict] = field(default_factory=list)  # probes that failed and were dropped: probe, why, ranks
     probes_off: list[str] = field(default_factory=list)  # probes turned off (--no-probe)
     steps_from: str = "optimizer"  # what ends a step: "optimizer" steps, or "backward" calls (no optimizer built)
+    # The share of the step that data costs, as the verdict weighs it: the data wait, or where the data
+    # path's CPU competes with the step for the cores, its share of that CPU (input_kind "cpu").
+    data_share: float = 0.0
+    data_interval: tuple[float, float] = (0.0, 0.0)  # about 95%, from the steps' spread and the samples
+    input_kind: str = "wait"  # "wait": the step waits for data; "cpu": the data path takes the step's cores
+    near: float | None = None  # the threshold the deciding share's interval straddles (verdict "balanced")
+    other_fraction: float = 0.0  # neither data, compute nor communication: where it went is in `other_where`
+    other_where: list[dict] = field(default_factory=list)  # {"at": "train.py:211", "code", "function", "share"}
+    data_free_step_s: float | None = None  # the step with data made free (the data-free counterfactual)
+    threads: dict = field(default_factory=dict)  # torch's intra-op and inter-op threads as the script ran
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -192,6 +202,13 @@ class RankSummary:
     worker_cpu_per_batch_s: float | None
     handoff_s: float | None
     excluded: dict
+    data_s: float = 0.0  # the data wait per step: the loader's, or the time making the batch (no DataLoader)
+    data_lo: float = 0.0  # ... its share of the step, about 95% interval
+    data_hi: float = 1.0
+    other_s: float = 0.0  # per step, neither data, compute nor communication
+    batch_found: bool = True  # without a DataLoader: the lines that make the batch were found
+    worker_batches: int = 0  # batches drawn from the workers over the window ...
+    in_flight: int = 0  # ... give or take the batches they may hold made ahead (workers x prefetch)
 
 
 def summarise_rank(d: dict) -> RankSummary:
@@ -211,7 +228,10 @@ def summarise_rank(d: dict) -> RankSummary:
         host = _probe_median(alone, "host_s") / _probe_median(alone, "span_s")
     cpu = [r["cpu_s"] for r in measured if r.get("cpu_s") is not None]
     dcpu = [r["data_cpu_s"] for r in measured if r.get("data_cpu_s") is not None]
-    return RankSummary(
+    split = _data_split(d, measured)
+    if wc.get("cpu_s") is not None and wc.get("batches"):
+        split.update(worker_batches=wc["batches"], in_flight=wc.get("in_flight") or 0)
+    return RankSummary(**split,
         rank=d["rank"], step_s=_mean(_g(r, "span_s") for r in measured),
         own_step_s=_mean(r.get("own_wait_s", r["wait_s"]) + _g(r, "own_s") for r in measured),
         wait_s=_mean(r["wait_s"] for r in measured), work_s=_mean(r["work_s"] for r in measured),
@@ -229,14 +249,49 @@ def summarise_rank(d: dict) -> RankSummary:
         handoff_s=lp.get("handoff_s"), excluded=excluded)
 
 
-def classify(wait: float, comm: float, host_fraction: float | None = None) -> tuple[str, str | None]:
-    """The verdict and its severity from the data-wait and exposed-communication shares."""
-    top = max(wait, comm)
-    if wait >= INPUT_MODERATE + DEAD_BAND or comm >= COMM_MODERATE + DEAD_BAND:
-        kind = "input-bound" if wait >= comm else "communication-bound"
-        high = INPUT_HIGH if kind == "input-bound" else COMM_HIGH
-        return kind, "high" if top >= high else "moderate"
-    if top <= INPUT_MODERATE - DEAD_BAND:
+def _data_split(d: dict, measured: list[dict]) -> dict:
+    """The data wait per step and its share's interval; the rest of the step outside compute.
+
+    With a DataLoader, the data wait is the time in its ``__next__``, and the rest is the step's
+    time in neither the loader nor compute. Without one, the time outside compute is data only
+    in the share the stack sampler found on the lines that make the batch
+    (:mod:`hasten.profile.inject.batch_source`): a sleep, logging or ``loss.item()`` between
+    the optimizer's step and the next forward is the rest, not data."""
+    waits = [r["wait_s"] for r in measured]
+    spans = [_g(r, "span_s") for r in measured]
+    wait = _mean(waits)
+    outside = d.get("outside")
+    if d.get("loader_driven", True) or outside is None:
+        _, lo, hi = ratio_interval(waits, spans)
+        rest = [_g(r, "span_s") - r["wait_s"] - r["compute_s"] for r in measured if "compute_s" in r]
+        other = max(0.0, _mean(rest)) if len(rest) == len(measured) and rest else 0.0
+        return {"data_s": wait, "data_lo": lo, "data_hi": hi, "other_s": other}
+    counts = outside.get("counts", {})
+    found = bool(outside.get("batch_found"))
+    batch = wilson(counts.get("batch", 0), counts.get("batch", 0) + counts.get("other", 0)) if found else (0, 0, 0)
+    share, lo, hi = product_interval(ratio_interval(waits, spans), batch)
+    return {"data_s": wait * batch[0], "data_lo": lo, "data_hi": hi, "other_s": wait * (1 - batch[0]),
+            "batch_found": found}
+
+
+def classify(wait: float, comm: float, host_fraction: float | None = None,
+             wait_interval: tuple[float, float] | None = None,
+             comm_interval: tuple[float, float] | None = None) -> tuple[str, str | None]:
+    """The verdict and its severity from the data and exposed-communication shares and their intervals.
+
+    A share counts above a threshold only when its interval, widened to the dead band either
+    side, is clear of it: input-bound when the data share's lower end is at least 5%,
+    compute-bound when both shares' upper ends are below 5%, balanced in between. Severity:
+    high when the lower end is at least 20%, moderate when the upper end is below it, and
+    "moderate to high" when the interval holds 20%."""
+    w_lo, w_hi = widened(wait, *(wait_interval or (wait, wait)), DEAD_BAND)
+    c_lo, c_hi = widened(comm, *(comm_interval or (comm, comm)), DEAD_BAND)
+    if w_lo >= INPUT_MODERATE or c_lo >= COMM_MODERATE:
+        input_wins = wait >= comm if (w_lo >= INPUT_MODERATE) == (c_lo >= COMM_MODERATE) else w_lo >= INPUT_MODERATE
+        kind = "input-bound" if input_wins else "communication-bound"
+        lo, hi, high = (w_lo, w_hi, INPUT_HIGH) if input_wins else (c_lo, c_hi, COMM_HIGH)
+        return kind, "high" if lo >= high else "moderate" if hi < high else "moderate to high"
+    if w_hi < INPUT_MODERATE and c_hi < COMM_MODERATE:
         if host_fraction is not None and host_fraction >= HOST_BUSY:
             return "host-bound", None
         return "compute-bound", None
@@ -254,65 +309,6 @@ def echo_steps_factor(e: float) -> float:
     return 1.0
 
 
-def _cgroup_quota() -> float | None:
-    """CPU cores the cgroup allows (v2 cpu.max or v1 cfs quota), None when unlimited or unknown."""
-    try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())
-        period = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
-        return None if quota <= 0 else quota / period
-    except (OSError, ValueError):
-        return None
-
-
-def cpu_available(probe_s: float = 0.3) -> dict:
-    """CPU cores this job can actually use: affinity, cgroup quota, and a short busy probe.
-
-    The probe runs one busy process per allowed core for ``probe_s`` and counts the CPU
-    time they got: on a machine shared with other jobs that is the share left to us,
-    which the load average does not say. ``probe_s=0`` skips the probe."""
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    quota = _cgroup_quota()
-    limit = min(affinity, quota) if quota else float(affinity)
-    measured = None
-    if probe_s > 0 and hasattr(os, "fork"):
-        n = max(1, math.ceil(limit))
-        pipes, pids = [], []
-        t0 = time.perf_counter()
-        for _ in range(n):
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: spin, report its CPU time, leave without cleanup
-                try:
-                    os.close(r)
-                    end = time.perf_counter() + probe_s
-                    x = 0
-                    while time.perf_counter() < end:
-                        x += 1
-                    os.write(w, repr(time.process_time()).encode())
-                finally:
-                    os._exit(0)
-            os.close(w)
-            pipes.append(r)
-            pids.append(pid)
-        total = 0.0
-        for r, pid in zip(pipes, pids):
-            try:
-                total += float(os.read(r, 64).decode() or 0)
-            except ValueError:
-                pass
-            os.close(r)
-            os.waitpid(pid, 0)
-        elapsed = time.perf_counter() - t0
-        measured = total / max(elapsed, 1e-9)
-    available = min(limit, measured) if measured is not None else limit
-    return {"affinity": affinity, "quota": quota, "probe": measured, "available": max(available, 0.05)}
-
-
 def _amdahl(t: float, removable: float) -> float:
     """The most any fix of a part taking ``removable`` of a step ``t`` can give."""
     rest = t - removable
@@ -323,10 +319,12 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
     recs = []
     t = a.step_time_s
     d = a.data_wait_fraction * t
-    if d <= 0:
+    contended = bool(a.cpu.get("contended"))
+    # the step with its data made free: no data fix goes below it
+    rest = a.data_free_step_s if a.data_free_step_s is not None else t - d
+    if t - rest <= 0:
         return recs
-    rest = t - d  # the in-loop step without its data wait: no data fix goes below it
-    bound = _amdahl(t, d)
+    bound = _amdahl(t, t - rest)
     k = max(1.0, s.micro)
     w0 = a.num_workers if a.loader_driven else 0
     cores = a.cpu.get("available") or 1.0
@@ -335,7 +333,8 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         data_cpu = (s.worker_cpu_per_batch_s or 0.0) * k
     else:
         producer = d  # made in the loop: the wait is the production time
-        data_cpu = min(s.data_cpu_s or 0.0, d)
+        # the loop's CPU outside compute, in the share of that time spent making the batch
+        data_cpu = min((s.data_cpu_s or 0.0) * d / max(d + a.other_fraction * t, 1e-12), d)
     data_cpu = min(data_cpu, producer)
     main_cpu = max(0.0, (s.cpu_s or 0.0) - (0.0 if w0 else data_cpu))
     handoff = (s.handoff_s or 0.0) * k if not w0 else 0.0
@@ -347,19 +346,27 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         key = max(parts, key=parts.get)
         return parts[key], key
 
+    # Where the data path competes for the cores, the model's step as run (set by the CPU) is the
+    # reference: a fix gains what it changes in the model, not the gap between the model and the clock.
+    now = step_with(w0)[0] if contended and w0 else t
+
+    def speedup(step: float) -> float:
+        return min(now / max(step, 1e-12), bound)
+
     def basis(w, e=1.0):
         step, limit = step_with(w, e)
+        against = (f"against {now * 1e3:.1f} ms as run in the same model (the CPU is contended)" if now != t
+                   else f"against {t * 1e3:.1f} ms as run")
         return (f"one producer makes a step's {k:g} batch(es) in {producer * 1e3:.1f} ms ({data_cpu * 1e3:.1f} ms CPU), "
                 f"main process {main_cpu * 1e3:.1f} ms CPU per step, {cores:.2f} cores available (measured), "
-                f"{handoff * 1e3:.2f} ms hand-off; step {step * 1e3:.1f} ms, set by {limit}; "
-                f"bound x{bound:.2f} (data wait {d * 1e3:.1f} of {t * 1e3:.1f} ms)")
+                f"{handoff * 1e3:.2f} ms hand-off; step {step * 1e3:.1f} ms, set by {limit}, {against}; "
+                f"bound x{bound:.2f} (the step with data made free: {rest * 1e3:.1f} of {t * 1e3:.1f} ms)")
 
     if w0 < MAX_WORKERS:
         options = [(w, step_with(w)[0]) for w in range(max(w0 + 1, 2), MAX_WORKERS + 1)]
         best = min(o[1] for o in options)
         w = next(w for w, st in options if st <= best * 1.02)
-        step_new = step_with(w)[0]
-        pred = min(t / step_new, bound)
+        pred = speedup(step_with(w)[0])
         train = [ld for ld in a.loaders if ld.get("training")]
         per_step_iter = bool(train) and train[0].get("iterators", 0) >= 0.5 * max(1, d0.get("steps_seen", 0))
         if a.loader_driven and per_step_iter:  # next(iter(loader)) every step: a new pass (and workers) each time
@@ -392,8 +399,8 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
             return d / e + rest
 
         candidates = sorted({min(r, 6.0)} | {float(e) for e in range(2, int(min(r, 6.0)) + 1)})
-        e = round(max(candidates, key=lambda e: t / echoed_step(e) / echo_steps_factor(e)), 1)
-        rate = min(t / echoed_step(e), bound)
+        e = round(max(candidates, key=lambda e: speedup(echoed_step(e)) / echo_steps_factor(e)), 1)
+        rate = speedup(echoed_step(e))
         pred = rate / echo_steps_factor(e)
         # Under gradient accumulation a step's micro-batches are echoed together: copies of one
         # micro-batch inside a step would make its gradient one micro-batch's (issue 34).
@@ -425,16 +432,16 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
                 fix="device-resident loader", how=f"hasten.data.{loader}(images, labels, batch_size)"
                                                   " with the dataset decoded once into memory",
                 predicted_speedup=bound, changes_math=False, bound=bound,
-                basis=f"dataset {data_bytes / 2**20:.0f} MiB fits; the step without its data wait "
+                basis=f"dataset {data_bytes / 2**20:.0f} MiB fits; the step with data made free "
                       f"{rest * 1e3:.1f} ms"))
-    elif not a.loader_driven and s.data_cpu_s and s.data_cpu_s > 0.5 * d:
+    elif not a.loader_driven and data_cpu > 0.5 * d:
         recs.append(Recommendation(
             fix="prepare the data once (pre-tokenize / decode into a memmap)",
             how="np.memmap('train.bin', dtype=np.uint16, mode='w+', shape=(n,))[:] = encoded tokens; "
                 "then get_batch() only slices it",
             predicted_speedup=bound, changes_math=False, bound=bound,
-            basis=f"{s.data_cpu_s * 1e3:.1f} ms of the {d * 1e3:.1f} ms data wait is CPU in the loop; "
-                  f"at best the step without its data wait, {rest * 1e3:.1f} ms"))
+            basis=f"{data_cpu * 1e3:.1f} ms of the {d * 1e3:.1f} ms spent making the batch is CPU in the loop; "
+                  f"at best the step with data made free, {rest * 1e3:.1f} ms"))
     return recs
 
 
@@ -512,10 +519,15 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     sums = [summarise_rank(d) for d in ranks]
     d0, s0 = ranks[0], sums[0]
     step = max(s.step_s for s in sums)  # the slowest rank sets everyone's pace
-    wait = _mean(s.wait_s / s.step_s for s in sums)
+    wait = _mean(s.data_s / s.step_s for s in sums)
+    w_lo, w_hi = _mean(s.data_lo for s in sums), _mean(s.data_hi for s in sums)
+    other = _mean(s.other_s / s.step_s for s in sums)
+    loader_driven = d0.get("loader_driven", True)
     alone = _mean(s.step_alone_s for s in sums if s.step_alone_s is not None)
     if math.isnan(alone):
         alone = _mean(s.work_s for s in sums)
+    if not loader_driven:  # the replayed step leaves out all the loop's time outside compute; the rest stays
+        alone += _mean(s.other_s for s in sums)
     comm = 0.0
     if d0.get("ddp"):
         # Wall time, as the step itself is measured: waiting for a slower peer is exposed communication too.
@@ -523,20 +535,25 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
                   if s.comm_off_wall_s is not None and s.step_alone_wall_s is not None)
         comm = 0.0 if math.isnan(c) else c
     comm = max(comm, _mean(s.comm_direct_s for s in sums))  # collectives the script calls itself
-    comm_frac = min(comm / step, max(0.0, 1.0 - wait))
+    comm_frac = min(comm / step, max(0.0, 1.0 - wait - other))
     micro = s0.micro
-    loader_driven = d0.get("loader_driven", True)
     loader = _mean(s.loader_batch_s for s in sums if s.loader_batch_s is not None)
     if math.isnan(loader):
         loader = None
     if loader is not None and loader_driven:
         produce = loader * micro  # a step's batches, made alone
     elif not loader_driven:
-        produce = _mean(s.wait_s for s in sums)  # made in the loop: its wait is the production time
+        produce = _mean(s.data_s for s in sums)  # made in the loop: its time there is the production time
     else:
         produce = None
     r = produce / alone if produce is not None and alone > 0 else None
-    verdict, severity = classify(wait, comm_frac, s0.host_fraction)
+    cores = cores_for_run(cpus or cpu_available(probe_s=0), d0.get("cpu_window"))
+    cpu_use = _cpu_use(s0, alone, cores["available"], micro, loader_driven)
+    share, lo, hi, kind = wait, w_lo, w_hi, "wait"
+    if cpu_use.get("contended") and cpu_use["data_cpu_share"] > wait:
+        share, (lo, hi) = cpu_use["data_cpu_share"], cpu_use["data_cpu_share_interval"]
+        kind = "cpu"
+    verdict, severity = classify(share, comm_frac, s0.host_fraction, (lo, hi))
     excluded = {}
     for s in sums:
         for k, v in s.excluded.items():
@@ -544,16 +561,23 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     clean, _ = clean_steps(d0["records"]["measure"])
     a = Analysis(verdict=verdict, severity=severity, step_time_s=step,
                  own_step_s=max(s.own_step_s for s in sums), data_wait_fraction=wait,
-                 compute_fraction=max(0.0, 1.0 - wait - comm_frac), comm_fraction=comm_frac, upstream_ratio=r,
+                 compute_fraction=max(0.0, 1.0 - wait - comm_frac - other), comm_fraction=comm_frac, upstream_ratio=r,
                  loader_batch_s=loader, step_alone_s=alone, comm_s=comm, ranks=len(ranks), device=d0["device"],
                  num_workers=d0["num_workers"], steps=len(clean) or len(d0["records"]["measure"]),
                  warmup=d0["warmup"], per_step=clean or d0["records"]["measure"], loader_driven=loader_driven,
                  micro_batches=micro, excluded=[{"reason": k, "steps": v} for k, v in excluded.items()],
                  loaders=d0.get("loaders", []), where=d0.get("where", []),
-                 where_data=d0.get("where_data", []), dropped=_dropped(ranks),
-                 steps_from="backward" if d0.get("pace") == "backward" else "optimizer")
-    a.cpu = dict(cpus or cpu_available(probe_s=0))
-    a.cpu.update(main_cpu_per_step_s=s0.cpu_s, worker_cpu_per_batch_s=s0.worker_cpu_per_batch_s)
+                 where_data=_batch_where(d0) or d0.get("where_data", []), dropped=_dropped(ranks),
+                 steps_from="backward" if d0.get("pace") == "backward" else "optimizer",
+                 data_share=share, data_interval=(lo, hi), input_kind=kind, other_fraction=other,
+                 near=undecided(share, lo, hi, (INPUT_MODERATE, INPUT_HIGH), DEAD_BAND),
+                 other_where=_other_where(d0, other, loader_driven), threads=d0.get("threads") or {})
+    a.cpu = cores
+    a.cpu.update(main_cpu_per_step_s=s0.cpu_s, worker_cpu_per_batch_s=s0.worker_cpu_per_batch_s, **cpu_use)
+    a.data_free_step_s = _data_free_step(a, s0, cpu_use)
+    if not loader_driven and not s0.batch_found:
+        a.notes.append(f"no line making the model's input was found (no source to read): the "
+                       f"{(wait + other):.0%} of the step outside compute is not counted as data")
     if not clean:
         a.notes.append("every measured step was marked for exclusion; all are used")
     if a.steps_from == "backward":
@@ -575,7 +599,9 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
         a.rejected.append({"fix": "channels_last / torch.compile",
                            "why": "not measured: they need the model object, which a zero-code run cannot reach"})
     if verdict in ("compute-bound", "communication-bound"):
-        a.notes.append(f"no input fix: the step waits for data only {wait:.0%} of the time")
+        a.notes.append(f"no input fix: the step waits for data only {wait:.0%} of the time" +
+                       (f", and its data path takes {cpu_use['data_cpu_share']:.0%} of the CPU it needs"
+                        if cpu_use.get("data_cpu_share") else ""))
     for rec in recs:
         if rec.predicted_speedup >= WORTH_IT:
             a.recommendations.append(rec)
@@ -583,6 +609,71 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
             a.rejected.append(_as_rejected(rec, f"predicted x{rec.predicted_speedup:.2f}: not worth it"))
     rerank(a)
     return a
+
+
+def _cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_driven: bool) -> dict:
+    """The CPU a step and its data path need, against the cores the job had.
+
+    The data path's CPU c is the training loader's workers' (/proc, per step's batches); the
+    step's own m is the main process's CPU per step outside its data wait (every thread). They
+    compete when running the step at its own pace (the step alone, data made free) with its
+    batches made alongside needs more cores than the job had: (c + m) / step alone > cores.
+    Then the step does not wait for data, the workers take its cores, and the data path's share
+    of the step is its share of that CPU, c / (c + m). Without workers, the data CPU is spent in
+    the loop's own thread, in turn with the step: it shows as the data wait."""
+    if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0:
+        return {}
+    c = s.worker_cpu_per_batch_s * max(1.0, micro)
+    m = max(0.0, (s.cpu_s or 0.0) - (s.data_cpu_s or 0.0))
+    if c + m <= 0:
+        return {}
+    demand = (c + m) / alone
+    # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
+    n, q = s.worker_batches, s.in_flight
+    c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
+    return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": m, "demand_cores": demand,
+            "contended": demand > cores, "data_cpu_share": c / (c + m),
+            "data_cpu_share_interval": (c_lo / (c_lo + m), c_hi / (c_hi + m))}
+
+
+def _data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:
+    """The step with its data made free: without its data wait, and, where the data path competes for the
+    cores, at the pace of the step alone (its replay, wall clock) or of its own CPU on the cores, if slower."""
+    without_wait = a.step_time_s * (1 - a.data_wait_fraction)
+    if not cpu_use.get("contended"):
+        return without_wait
+    alone = s.step_alone_wall_s if s.step_alone_wall_s is not None else a.step_alone_s
+    return min(without_wait, max(alone, cpu_use["step_cpu_per_step_s"] / max(a.cpu["available"], 0.05)))
+
+
+def _batch_where(d0: dict) -> list[dict]:
+    """Where the batch is made, by function (``{"at": "train.py:get_batch", "share"}``), from the samples on
+    the lines that make it (a loop without a DataLoader)."""
+    outside = d0.get("outside") or {}
+    rows = outside.get("lines", {}).get("batch", [])
+    total = outside.get("counts", {}).get("batch", 0)
+    if d0.get("loader_driven", True) or not rows or not total:
+        return []
+    return [{"at": f"{x['at'].rsplit(':', 1)[0]}:{x.get('function', '?')}", "share": x["samples"] / total}
+            for x in rows]
+
+
+def _other_where(d0: dict, other: float, loader_driven: bool) -> list[dict]:
+    """The lines the rest of the step (neither data, compute nor communication) was sampled in, with shares."""
+    lines = (d0.get("outside") or {}).get("lines", {})
+    kinds = ("other", "batch") if loader_driven else ("other",)  # with a DataLoader, data is its __next__ only
+    rows: dict[str, dict] = {}
+    for kind in kinds:
+        for x in lines.get(kind, []):
+            row = rows.setdefault(x["at"], {**x, "samples": 0})
+            row["samples"] += x["samples"]
+    counts = (d0.get("outside") or {}).get("counts", {})
+    total = max(sum(counts.get(k, 0) for k in kinds), sum(r["samples"] for r in rows.values()))
+    if not total or other <= 0:
+        return []
+    out = [{"at": r["at"], "code": r.get("code", ""), "function": r.get("function", ""),
+            "share": other * r["samples"] / total} for r in rows.values()]
+    return sorted(out, key=lambda r: -r["share"])[:3]
 
 
 def _dropped(ranks: list[dict]) -> list[dict]:

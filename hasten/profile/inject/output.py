@@ -96,9 +96,10 @@ def report(st: State, complete: bool) -> dict:
             "dataset_len": first["dataset_len"] if first else None, "batch_bytes": st.cached_bytes,
             "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "warmup": st.warmup, "steps": st.steps, "steps_seen": st.steps_seen, "phase": st.phase,
+            "extended": st.extended,
             "apply": st.apply, "records": st.records, "loaders": _loaders_report(st),
             "loader_probe": st.loader_probe, "worker_cpu": {k: v for k, v in st.worker_cpu.items()
-                                                            if k in ("cpu_s", "batches")},
+                                                            if k in ("cpu_s", "batches", "in_flight")},
             "ddp": bool(st.ddp), "grad_bytes": st.grad_bytes,
             "allreduce_times": st.allreduce_times, "allreduce_bf16_times": st.allreduce_bf16_times,
             "bf16_cast_s": st.bf16_cast_s, "user_comm_hook": st.user_hook is not None,
@@ -106,7 +107,16 @@ def report(st: State, complete: bool) -> dict:
             "backwards": st.backwards, "loadavg": os.getloadavg(), "elapsed_s": time.perf_counter() - st.t_start,
             "where": status(st)["where"], "probes": sorted(st.probes), "dropped": st.dropped, "pace": st.pace,
             "where_data": [{"at": k, "share": v / max(1, st.n_data_samples)}
-                           for k, v in sorted(st.data_samples.items(), key=lambda kv: -kv[1])[:3]]}
+                           for k, v in sorted(st.data_samples.items(), key=lambda kv: -kv[1])[:3]],
+            "outside": _outside_report(st), "threads": st.threads, "cpu_window": st.cpu_window}
+
+
+def _outside_report(st: State) -> dict:
+    """The measured window's samples outside compute: how many of each kind, and the top lines of each."""
+    lines = {kind: [{"at": at, "samples": n, **st.line_info.get(at, {})}
+                    for at, n in sorted(counts.items(), key=lambda kv: -kv[1])[:5]]
+             for kind, counts in st.line_samples.items()}
+    return {"counts": dict(st.outside_counts), "lines": lines, "batch_found": bool(st.batch_lines)}
 
 
 def status(st: State) -> dict:

@@ -17,9 +17,10 @@ import math
 import statistics
 import time
 
-from hasten.profile.inject import autocast_check, ddp, loader, probes
+from hasten.profile.inject import autocast_check, cpu_window, ddp, loader, probes
 from hasten.profile.inject.proc_times import pid_cpu_s
 from hasten.profile.inject.state import State
+from hasten.profile.shares import could_decide, product_interval, ratio_interval, wilson
 
 
 def plan(st: State) -> list[tuple[str, int]]:
@@ -45,6 +46,7 @@ def replay_kinds(st: State) -> tuple[str, ...]:
 
 
 ORDER = ("warmup", "measure", "replay", "loader_alone", "done")
+WORKER_QUEUES = 5  # the stopping rule wants at least this many prefetch queues of batches in the window
 
 
 def advance(st: State) -> None:
@@ -57,6 +59,9 @@ def advance(st: State) -> None:
     while st.phase in names:
         i = names.index(st.phase)
         if st.phase_step < plan(st)[i][1]:
+            return
+        if st.phase == "measure" and _measure_on(st):
+            st.steps += st.phase_step  # twice the steps: the interval narrows by about 1/sqrt(2)
             return
         _leave(st)
         st.phase = names[i + 1] if i + 1 < len(names) else "done"
@@ -72,6 +77,9 @@ def _enter(st: State) -> None:
         if st.settings.seconds > 0:
             _steps_for_seconds(st)
         st.worker_cpu = {"start": _training_worker_cpu(st), "batches0": _training_batches(st)}
+        st.threads = {"intra_op": _torch_threads(), "inter_op": _torch_threads("interop")}
+        st.measure_t0 = time.perf_counter()
+        st.cpu_window = cpu_window.start(st)
     if st.phase == "replay":
         # Without a training DataLoader, the replayed steps hand the model its kept arguments.
         st.replay_args = st.model_args is not None and not any(loader.is_training_loader(st, lid)
@@ -87,9 +95,58 @@ def _leave(st: State) -> None:
     st.comm_mode = "real"
     if st.phase == "measure" and st.worker_cpu:
         end = _training_worker_cpu(st)
-        start = st.worker_cpu.get("start")
         st.worker_cpu.update(end=end, batches=_training_batches(st) - st.worker_cpu["batches0"],
-                             cpu_s=None if start is None or end is None else max(0.0, end - start))
+                             cpu_s=_worker_cpu_delta(st.worker_cpu.get("start"), end), in_flight=_in_flight(st))
+        st.cpu_window = cpu_window.finish(st, st.cpu_window, st.worker_cpu.get("cpu_s"))
+        now = _torch_threads()
+        if st.threads and now != st.threads.get("intra_op"):
+            st.threads["intra_op_end"] = now  # the script changed it during the window
+
+
+def _measure_on(st: State) -> bool:
+    """The stopping rule: whether the window goes on, because the data share's interval straddles a
+    verdict threshold that more steps could settle, and twice the window still fits the time bound
+    (``--decide-within``). Every rank takes the same decision (any rank's need)."""
+    if st.settings.decide_s <= 0:  # the same on every rank: no rank waits for the others' answer
+        return False
+    flag = False
+    elapsed = time.perf_counter() - st.measure_t0
+    if 2 * elapsed <= st.settings.decide_s:
+        share, lo, hi = data_share(st)
+        from hasten.profile.verdict import DEAD_BAND, INPUT_HIGH, INPUT_MODERATE
+        flag = could_decide(share, lo, hi, (INPUT_MODERATE, INPUT_HIGH), DEAD_BAND)
+        # The workers' CPU per batch is their CPU over the window by the batches drawn in it; they may have
+        # made up to a full prefetch queue more or fewer: a window of at least five queues keeps that within 20%.
+        flag = flag or _training_batches(st) - st.worker_cpu.get("batches0", 0) < WORKER_QUEUES * _in_flight(st)
+    flag = _any_rank(st, flag)
+    if flag:
+        st.extended += 1
+    return flag
+
+
+def _in_flight(st: State) -> int:
+    """Batches the training loader's workers may hold made ahead: workers x prefetch factor."""
+    if st.train_iter is None:
+        return 0
+    it = st.train_iter[0]
+    return getattr(it, "_num_workers", 0) * (getattr(it, "_prefetch_factor", 2) or 0)
+
+
+def data_share(st: State) -> tuple[float, float, float]:
+    """The measured steps' data share and its interval, as the verdict will weigh it (a DataLoader's wait;
+    without one, the time outside compute, in the share sampled on the lines that make the batch)."""
+    recs = [r for r in st.records["measure"] if not r.get("excluded")] or st.records["measure"]
+    waits, spans = [r["wait_s"] for r in recs], [r["span_s"] for r in recs]
+    if any(loader.is_training_loader(st, lid) for lid in st.loaders):
+        return ratio_interval(waits, spans)
+    batch = st.outside_counts.get("batch", 0)
+    split = wilson(batch, batch + st.outside_counts.get("other", 0)) if st.batch_lines else (0.0, 0.0, 0.0)
+    return product_interval(ratio_interval(waits, spans), split)
+
+
+def _torch_threads(kind: str = "intra") -> int:
+    import torch
+    return torch.get_num_threads() if kind == "intra" else torch.get_num_interop_threads()
 
 
 def _any_rank(st: State, flag: bool) -> bool:
@@ -125,10 +182,20 @@ def _training_batches(st: State) -> int:
     return sum(d["batches"] for lid, d in st.loaders.items() if loader.is_training_loader(st, lid))
 
 
-def _training_worker_cpu(st: State) -> float | None:
-    pids = [p for lid, d in st.loaders.items() if loader.is_training_loader(st, lid) for p in d["pids"]]
-    if not pids:
+def _training_worker_cpu(st: State) -> dict[int, float]:
+    """CPU seconds of each live worker of the training loader, by pid (/proc).
+
+    The latest training iterator's workers are read from it: an iterator's ``_workers`` are
+    started after the base class's ``__init__``, so the pids noted there may miss them."""
+    pids = {p for lid, d in st.loaders.items() if loader.is_training_loader(st, lid) for p in d["pids"]}
+    if st.train_iter is not None:
+        pids |= {getattr(w, "pid", None) for w in getattr(st.train_iter[0], "_workers", None) or []} - {None}
+    times = {p: pid_cpu_s(p) for p in pids}
+    return {p: t for p, t in times.items() if t is not None}
+
+
+def _worker_cpu_delta(start: dict[int, float] | None, end: dict[int, float]) -> float | None:
+    """The workers' CPU over the window: a worker started inside it counts from zero."""
+    if not end:
         return None
-    vals = [pid_cpu_s(p) for p in pids]
-    vals = [v for v in vals if v is not None]
-    return sum(vals) if vals else None
+    return max(0.0, sum(t - (start or {}).get(p, 0.0) for p, t in end.items()))

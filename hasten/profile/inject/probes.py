@@ -65,10 +65,16 @@ def guarded(st: State, probe: str, fn) -> None:
     """Run hasten's own probe code ``fn(st)``: an exception, or a reason it returns, drops the probe."""
     if probe not in st.probes:
         return
+    import torch
+    threads = torch.get_num_threads()
     try:
         why = fn(st)
     except Exception as exc:
         why = output.error_line(exc)
+    finally:
+        if torch.get_num_threads() != threads:  # the script's thread count is the script's: put it back
+            torch.set_num_threads(threads)
+            st.threads.setdefault("restored_after", []).append(probe)
     if why:
         drop(st, probe, why)
 

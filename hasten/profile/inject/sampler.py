@@ -1,15 +1,18 @@
 """Where the loop's main thread is, sampled ten times a second by a daemon thread.
 
 The samples say where the time went when no step comes (``rank<N>.status.json``, read by
-the launcher's stall messages) and where a loop without a DataLoader makes its data
-(samples taken outside compute inside a step). The same thread writes the status file
-every second.
+the launcher's stall messages), and, in the measured window (twenty times a second), where
+a step's time outside compute went: into a DataLoader (``loader``), into the lines that
+make the batch (``batch``: :mod:`hasten.profile.inject.batch_source`), or elsewhere
+(``other``: a sleep, logging, ``loss.item()``, a checkpoint write), each by file and line.
+The same thread writes the status file every second.
 
 Changes the training math: no.
 """
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import threading
@@ -41,6 +44,33 @@ def where(frame) -> str:
     return f"{os.path.basename(innermost.f_code.co_filename)}:{innermost.f_code.co_name}" if innermost else "?"
 
 
+def attribute(st: State, frame) -> None:
+    """Count a sample outside compute inside a measured step: in the loader, making the batch, or other."""
+    kind, user = "other", None
+    f = frame
+    while f is not None:
+        name = f.f_code.co_filename
+        if "/torch/utils/data/" in name.replace(os.sep, "/"):
+            kind = "loader"
+            break
+        if user is None and is_users(name):
+            user = f
+        lines = st.batch_lines.get(f.f_code) if st.batch_lines else None
+        if lines and f.f_lineno in lines:
+            kind = "batch"
+            break
+        f = f.f_back
+    st.outside_counts[kind] = st.outside_counts.get(kind, 0) + 1
+    if user is None or kind == "loader":
+        return
+    at = f"{os.path.basename(user.f_code.co_filename)}:{user.f_lineno}"
+    if at not in st.line_info:
+        code = linecache.getline(user.f_code.co_filename, user.f_lineno).strip()
+        st.line_info[at] = {"function": user.f_code.co_name, "code": code[:80]}
+    counts = st.line_samples.setdefault(kind, {})
+    counts[at] = counts.get(at, 0) + 1
+
+
 def start(st: State) -> None:
     threading.Thread(target=_watch, args=(st, threading.main_thread().ident), daemon=True,
                      name="hasten-profile-status").start()
@@ -52,7 +82,8 @@ def _watch(st: State, main_ident: int) -> None:
     while not st.finished:
         # 10 samples a second: each takes the GIL from the loop for a few microseconds, and on a
         # loaded machine a sampler descheduled while holding it stalls the loop; fewer wake-ups, fewer stalls.
-        time.sleep(0.1)
+        measuring = st.phase == "measure"
+        time.sleep(0.05 if measuring else 0.1)
         frame = sys._current_frames().get(main_ident)
         if frame is not None:
             key = where(frame)
@@ -61,6 +92,8 @@ def _watch(st: State, main_ident: int) -> None:
             if st.cdepth == 0 and st.span is not None:
                 st.data_samples[key] = st.data_samples.get(key, 0) + 1
                 st.n_data_samples += 1
+                if measuring and st.phase == "measure":
+                    attribute(st, frame)
         del frame
         now = time.perf_counter()
         if now - last_write >= 1.0:

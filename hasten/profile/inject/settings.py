@@ -45,6 +45,7 @@ class Settings:
     probe_steps: int  # replayed steps of each kind
     probes: frozenset[str]  # the probes to run
     apply: str  # the fix a verification run applies ("" for none)
+    decide_s: float = 0.0  # > 0: measure on (up to this long) while the data share is too uncertain to decide
 
     @classmethod
     def from_environment(cls, env=os.environ) -> Settings:
@@ -55,4 +56,5 @@ class Settings:
                    warmup=int(env.get("HASTEN_PROFILE_WARMUP", "5")), steps=int(env.get("HASTEN_PROFILE_STEPS", "20")),
                    seconds=float(env.get("HASTEN_PROFILE_SECONDS", "0") or 0),
                    probe_steps=int(env.get("HASTEN_PROFILE_PROBE_STEPS", "8")), probes=probes,
-                   apply=env.get("HASTEN_PROFILE_APPLY", ""))
+                   apply=env.get("HASTEN_PROFILE_APPLY", ""),
+                   decide_s=float(env.get("HASTEN_PROFILE_DECIDE_S", "0") or 0))

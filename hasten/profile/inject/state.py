@@ -26,7 +26,9 @@ class State:
         self.rank = settings.rank
         self.world_size = settings.world_size
         self.warmup = settings.warmup
-        self.steps = settings.steps  # replaced from the warm-up's step time under --seconds
+        self.steps = settings.steps  # replaced from the warm-up's step time under --seconds; doubled by the
+        self.extended = 0  # stopping rule (phases._measure_on), this many times
+        self.measure_t0 = 0.0
         self.probe_steps = settings.probe_steps
         self.probes = set(settings.probes)  # the probes still to run (a failing one is dropped)
         self.apply = settings.apply
@@ -85,6 +87,13 @@ class State:
         self.n_samples = 0
         self.data_samples: dict[str, int] = {}  # sampled outside compute inside a step: where data is made
         self.n_data_samples = 0
+        # the measured window's samples outside compute: "loader", "batch" or "other" (sampler.attribute)
+        self.outside_counts: dict[str, int] = {}
+        self.line_samples: dict[str, dict[str, int]] = {}  # kind -> {"file.py:line": samples}
+        self.line_info: dict[str, dict] = {}  # "file.py:line" -> {"function", "code"}
+        self.batch_lines: dict | None = None  # code object -> lines that make the batch (batch_source)
+        self.cpu_window: dict = {}  # the measured window's cores: allowed, ours, other processes', free
+        self.threads: dict = {}  # torch's thread counts as the script set them, and whether a probe changed them
         self.lock = threading.Lock()
 
 

@@ -21,6 +21,7 @@ the model's arguments are the kept batch: see :mod:`hasten.profile.inject.phases
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 
@@ -87,6 +88,8 @@ def _forward_pre(st: State, mod, args):
     if key == st.model_id and train:
         t0, c0 = time.perf_counter(), time.process_time()
         replayed = None
+        if st.batch_lines is None and st.phase in ("warmup", "measure"):
+            st.batch_lines = _batch_lines()
         # Kept only when it is data: a generator's output that a discriminator takes is part of a graph
         # the step frees, and replayed it would take autograd through that graph a second time.
         if st.model_args is None and st.phase == "measure" and args and is_data(args):
@@ -100,6 +103,15 @@ def _forward_pre(st: State, mod, args):
         steps.leave_out(st, t0, c0)  # the copies are hasten's time, not the step's
         return replayed
     return None
+
+
+def _batch_lines() -> dict:
+    """Where the loop makes the batch the model was just called with (:mod:`batch_source`)."""
+    from hasten.profile.inject import batch_source
+    try:
+        return batch_source.batch_lines(sys._getframe(1))
+    except Exception:  # a source hasten cannot read as it expects: no line is known to make the batch
+        return {}
 
 
 def forward_post(mod, args, out):

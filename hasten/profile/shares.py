@@ -1,0 +1,84 @@
+"""How well a share of the step is known, and whether that is well enough to decide a verdict.
+
+A share measured over n steps (data wait / step time) is a ratio of two sums; its interval
+comes from the steps' spread (the delta method: the standard error of sum(D) / sum(T) is
+that of the residuals D_i - r T_i, over the mean step; Student's t for few steps). A share
+known from samples (how much of the time outside compute the stack sampler found making
+the batch) has Wilson's interval for a binomial proportion. Both are about 95%.
+
+A share decides a verdict when its interval, widened to at least the dead band either side
+of its estimate, is clear of every threshold: :func:`undecided` names the threshold it
+straddles. The measured window goes on while that is so and the time bound allows
+(:mod:`hasten.profile.inject.phases`), so that two runs of the same script give the same
+verdict; one that ends undecided is reported as near the line, with its interval.
+
+Standard library only: every instrumented process imports it.
+
+Changes the training math: no.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Student's t, two-sided 95%, by degrees of freedom (1.96 beyond the table)
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+        15: 2.13, 20: 2.09, 30: 2.04, 60: 2.00}
+
+
+def t95(df: int) -> float:
+    if df <= 0:
+        return math.inf
+    for k in sorted(_T95):
+        if df <= k:
+            return _T95[k]
+    return 1.96
+
+
+def ratio_interval(parts: list[float], totals: list[float]) -> tuple[float, float, float]:
+    """``sum(parts) / sum(totals)`` and its 95% interval, clipped to [0, 1]."""
+    n = len(parts)
+    total = sum(totals)
+    if n == 0 or total <= 0:
+        return math.nan, 0.0, 1.0
+    r = sum(parts) / total
+    if n < 2:
+        return r, 0.0, 1.0
+    mean_t = total / n
+    var = sum((p - r * t) ** 2 for p, t in zip(parts, totals)) / (n - 1)
+    half = t95(n - 1) * math.sqrt(var / n) / mean_t
+    return r, max(0.0, r - half), min(1.0, r + half)
+
+
+def wilson(k: int, n: int) -> tuple[float, float, float]:
+    """The proportion ``k / n`` and Wilson's 95% interval; (0.5, 0, 1) with no samples."""
+    if n <= 0:
+        return 0.5, 0.0, 1.0
+    z = 1.96
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return p, max(0.0, centre - half), min(1.0, centre + half)
+
+
+def product_interval(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
+    """The product of two independent non-negative shares, with the product of their bounds (conservative)."""
+    return a[0] * b[0], a[1] * b[1], a[2] * b[2]
+
+
+def widened(share: float, lo: float, hi: float, dead_band: float) -> tuple[float, float]:
+    """The interval, at least ``dead_band`` either side of the estimate."""
+    return min(lo, share - dead_band), max(hi, share + dead_band)
+
+
+def undecided(share: float, lo: float, hi: float, thresholds: tuple[float, ...], dead_band: float) -> float | None:
+    """The threshold that the share's interval (widened to the dead band) straddles, or None."""
+    lo, hi = widened(share, lo, hi, dead_band)
+    return next((t for t in thresholds if lo < t <= hi), None)
+
+
+def could_decide(share: float, lo: float, hi: float, thresholds: tuple[float, ...], dead_band: float) -> bool:
+    """Whether more steps could take the interval off the threshold it straddles: the estimate is
+    outside the dead band around it (inside, no number of steps decides)."""
+    t = undecided(share, lo, hi, thresholds, dead_band)
+    return t is not None and abs(share - t) > dead_band
