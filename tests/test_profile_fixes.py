@@ -95,8 +95,10 @@ def test_the_workers_fix_re_run_says_when_its_workers_repeat_each_other():
     # Issue 34: without workers the loop is fine; the workers fix's re-run trained on each batch
     # once per worker (an IterableDataset that ignores get_worker_info()) and nothing said so.
     a = profile(_config("iterable_workers.py", verify=True), log=lambda m: None)
-    verified = [r.apply for r in a.recommendations if r.apply] + [r["apply"] for r in a.rejected if r.get("apply")]
-    apply = next(x for x in verified if x.startswith("workers="))
+    fixes = {r.apply: r.changes_math for r in a.recommendations if r.apply}
+    fixes.update({r["apply"]: r["changes_math"] for r in a.rejected if r.get("apply")})
+    apply = next(x for x in fixes if x.startswith("workers="))
     (note,) = [n for n in a.notes if "get_worker_info" in n]
     assert note.startswith(f"in the re-run with {apply}, DataLoader(Stream, batch_size=16)")
     assert "counts repeated batches" in note
+    assert fixes[apply]  # as applied it repeats every item: [changes the math]

@@ -456,7 +456,13 @@ def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
             walls.append(out.wall_s)
             fixed = check_outcome(out, vconfig)
             fixed_steps.append(_measured_step_s(fixed))
-            analysis.notes += same_in_every_worker(fixed, f"in the re-run with {apply}, ", fix)
+            repeated = same_in_every_worker(fixed, f"in the re-run with {apply}, ", fix)
+            if repeated:  # each worker trains on every item: the fix, as applied, repeats the data
+                analysis.notes += repeated
+                if isinstance(rec, Recommendation):
+                    rec.changes_math = True
+                else:
+                    rec["changes_math"] = True
         except ProfileFailed as exc:
             analysis.notes.append(f"verification of {fix} failed: {str(exc).splitlines()[0]}")
             fixed_steps.append(None)
