@@ -145,6 +145,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     batches = pipeline(clocks.items(fresh) if clocks is not None else fresh, spec, factor, buffer, cfg.batch_size,
                        counters, clock=clocks.time if clocks is not None else None)
     clock_reached = None
+    if auto is not None:
+        auto.expect_step_reports()  # the loop reports each step: windows before the first wait for it
     try:
         while steps < max_steps and position() < spec.steps:
             waiting.start()
