@@ -56,16 +56,15 @@ def main():
                         persistent_workers=args.workers > 0)
     model = nn.Sequential(nn.Linear(32, 32), Busy(args.step_work), nn.Linear(32, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    first = None
     while True:
         for x, y in loader:
-            if truth.data_free:
-                first = first or (x, y)
-                x, y = first
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            opt.zero_grad()
-            truth.tick()
+            while True:  # with the data made free (the truth's counterfactual), the first batch for ever
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                truth.tick()
+                if not truth.data_free:
+                    break
 
 
 if __name__ == "__main__":
