@@ -369,16 +369,22 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         pred = speedup(step_with(w)[0])
         train = [ld for ld in a.loaders if ld.get("training")]
         per_step_iter = bool(train) and train[0].get("iterators", 0) >= 0.5 * max(1, d0.get("steps_seen", 0))
+        # An IterableDataset yields every item in every worker unless it splits them by worker,
+        # which its workers' first batches showed when it had workers (loader._check_workers).
+        dup = train[0].get("worker_duplicates") if train else None
+        split = bool(dup) and dup["distinct"] == dup["workers"]
+        shard = ("\n     # an IterableDataset: split its items by worker (torch.utils.data.get_worker_info()), "
+                 "or each worker yields all of them" if train and train[0].get("iterable") and not split else "")
         if a.loader_driven and per_step_iter:  # next(iter(loader)) every step: a new pass (and workers) each time
             recs.append(Recommendation(
                 fix=f"one iterator, {w} DataLoader workers",
                 how=f"it = iter(DataLoader(..., num_workers={w}, persistent_workers=True))   # once; then "
-                    "x, y = next(it) each step (a new iter() at StopIteration)",
+                    "x, y = next(it) each step (a new iter() at StopIteration)" + shard,
                 predicted_speedup=pred, changes_math=False, apply=f"workers={w},keep_iter", basis=basis(w),
                 bound=bound))
         elif a.loader_driven:
             recs.append(Recommendation(
-                fix=f"{w} DataLoader workers", how=f"DataLoader(..., num_workers={w}, persistent_workers=True)",
+                fix=f"{w} DataLoader workers", how=f"DataLoader(..., num_workers={w}, persistent_workers=True)" + shard,
                 predicted_speedup=pred, changes_math=False, apply=f"workers={w}", basis=basis(w), bound=bound))
         else:
             fn = _batch_function(a)

@@ -90,7 +90,8 @@ def _new_iterator(st: State, it, loader) -> None:
                                "workers": getattr(loader, "num_workers", 0),
                                "batch_size": getattr(loader, "batch_size", None),
                                "dataset_len": n, "pids": [], "iters": 0}
-        if d["workers"] > 1 and _is_iterable(getattr(loader, "dataset", None)):
+        d["iterable"] = _is_iterable(getattr(loader, "dataset", None))
+        if d["workers"] > 1 and d["iterable"]:
             d["worker_firsts"] = []  # _check_workers
         for attr in ("_num_yielded", "_num_workers") + (("_workers",) if d["workers"] else ()):
             if not hasattr(it, attr):

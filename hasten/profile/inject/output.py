@@ -30,7 +30,8 @@ from hasten.profile.inject.state import State
 def _loaders_report(st: State) -> list[dict]:
     return [{"name": d["name"], "batches": d["batches"], "training": loader.is_training_loader(st, lid),
              "workers": d["workers"], "iterators": d["iters"], "train_votes": d["train_votes"],
-             "eval_votes": d["eval_votes"], "worker_duplicates": d.get("worker_duplicates")}
+             "eval_votes": d["eval_votes"], "worker_duplicates": d.get("worker_duplicates"),
+             "iterable": d.get("iterable", False)}
             for lid, d in st.loaders.items()]
 
 
