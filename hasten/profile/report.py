@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hasten.profile.verdict import Analysis
+from hasten.profile.verdict import DEAD_BAND, Analysis
 
 BAR_WIDTH = 40
 
@@ -38,8 +38,11 @@ def _why(a: Analysis) -> str:
         return f"the step {making} {a.data_wait_fraction:.0%} of the time (95% interval {_interval(a)})"
     if a.verdict == "balanced":
         what = "data" if a.input_kind == "wait" else "the data path's CPU share"
-        return (f"near the line: {what} {a.data_share:.0%} of the step (95% interval {_interval(a)}), "
-                f"the threshold {a.near or 0.05:.0%}; measured as long as the time bound allowed")
+        line = a.near if a.near is not None else 0.05
+        why = (f"within {DEAD_BAND:.0%} of the {line:.0%} threshold" if abs(a.data_share - line) <= DEAD_BAND
+               else f"the interval holds the {line:.0%} threshold" + (
+                   f" after {a.steps} steps, the most --decide-within allowed" if a.extended else ""))
+        return f"near the line: {what} {a.data_share:.0%} of the step (95% interval {_interval(a)}), {why}"
     return {"communication-bound": f"exposed gradient communication is {a.comm_fraction:.0%} of the step",
             "compute-bound": "the step's own work sets the pace",
             "host-bound": "the host cannot launch work as fast as the GPU runs it"}[a.verdict]
@@ -77,7 +80,8 @@ def format_report(a: Analysis) -> str:
     source = (f"{a.num_workers} loader workers" if a.loader_driven
               else "no DataLoader: data is the time on the lines that make the model's input")
     lines.append(f"  ({a.ranks} rank{'s' if a.ranks > 1 else ''}, {a.device}, {source}, "
-                 f"{a.steps} steps after {a.warmup} warm-up)")
+                 f"{a.steps} steps after {a.warmup} warm-up"
+                 + (f"; the window doubled {a.extended} time(s) to decide" if a.extended else "") + ")")
     cpu = a.cpu or {}
     if cpu.get("available") is not None:
         parts = [f"{cpu['available']:.2f} cores available (affinity {cpu.get('affinity')}"

@@ -126,6 +126,7 @@ class Analysis:
     other_where: list[dict] = field(default_factory=list)  # {"at": "train.py:211", "code", "function", "share"}
     data_free_step_s: float | None = None  # the step with data made free (the data-free counterfactual)
     threads: dict = field(default_factory=dict)  # torch's intra-op and inter-op threads as the script ran
+    extended: int = 0  # times the measured window doubled because its shares could not decide yet
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -577,7 +578,8 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
                  steps_from="backward" if d0.get("pace") == "backward" else "optimizer",
                  data_share=share, data_interval=(lo, hi), input_kind=kind, other_fraction=other,
                  near=undecided(share, lo, hi, (INPUT_MODERATE, INPUT_HIGH), DEAD_BAND),
-                 other_where=_other_where(d0, other, loader_driven), threads=d0.get("threads") or {})
+                 other_where=_other_where(d0, other, loader_driven), threads=d0.get("threads") or {},
+                 extended=max(d.get("extended", 0) for d in ranks))
     a.cpu = cores
     a.cpu.update(main_cpu_per_step_s=s0.cpu_s, worker_cpu_per_batch_s=s0.worker_cpu_per_batch_s, **cpu_use)
     a.data_free_step_s = _data_free_step(a, s0, cpu_use)
