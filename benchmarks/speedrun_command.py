@@ -11,12 +11,25 @@ rules), the CPU seconds of the process and its decode workers, and the TTA accur
 
 Configurations (``--configs``), all through the same command and code path:
 
-- ``cpu``: the ``cpu`` preset as it is now;
-- ``cpu-first5000``: the same, its whitening layer set from the first 5,000
-  training images as airbench does (hasten before the fix: of a class-ordered
-  archive such as CIFAR-10-JPEG that is one class);
+- ``cpu``: the ``cpu`` preset as it is now (bf16 autocast where the CPU has AMX or
+  AVX512-BF16, float32 elsewhere; threads from the cores other processes leave free);
+- ``cpu-fp32``: the same in float32 (``--fp32``): what a CPU without native bf16 runs;
+- ``cpu-fp32-e5.5``: float32, 5.5 epochs instead of 6.5;
+- ``cpu-spin``: the preset with OpenMP's default spinning wait (``OMP_WAIT_POLICY=ACTIVE``)
+  instead of the passive wait ``hasten speedrun`` asks for (``hasten.cores``);
+- ``cpu-first5000``: whitening from the first 5,000 training images as airbench does
+  (of a class-ordered archive such as CIFAR-10-JPEG that is one class);
 - ``cpu-0.1``: hasten 0.1's ``cpu`` preset (8 epochs of batch 512, first-5,000
   whitening; ``hasten.recipes.speedrun.CPU_0_1``).
+
+``--busy K`` runs K processes that spin on the CPU for the whole of every run (the
+"busy machine" goal: at most 2.2x the idle time with 2 of them on 2 cores); such
+runs are kept apart from idle ones in the JSON and the table.
+
+The goal's machine does 0.19 TFLOP/s of float32 matmul (2 threads, 2048^3); each
+run measures that rate here just before it starts (``reference_matmul_gflops``), and
+the table gives the wall time scaled to the goal's machine by it (wall x rate / 190):
+a projection for float32 runs only, since a machine at that rate has no native bf16.
 
 The configurations run interleaved, in a fresh shuffled order per repeat
 (``hasten.timing.interleaved``), repeat i with seed i for all of them. Every
@@ -44,29 +57,60 @@ from hasten.timing import interleaved
 
 from _common import RESULTS, MeasuredConditions, add_data_argument, mean, mean_ci, paired_differences, require_data
 
-CONFIGS = {  # name -> changes to the cpu preset (applied in the child, see child_main)
+# name -> changes to the cpu preset (applied in the child, see child_main), extra
+# command-line flags, environment
+CONFIGS: dict[str, dict] = {
     "cpu": {},
-    "cpu-first5000": {"whiten_sample": "first"},
-    "cpu-0.1": "CPU_0_1",
+    "cpu-fp32": {"flags": ["--fp32"]},
+    "cpu-fp32-e5.5": {"flags": ["--fp32", "--epochs", "5.5"]},
+    "cpu-spin": {"env": {"OMP_WAIT_POLICY": "ACTIVE"}},
+    "cpu-first5000": {"recipe": {"whiten_sample": "first"}},
+    "cpu-0.1": {"recipe": "CPU_0_1"},
 }
+GOAL_MATMUL_GFLOPS = 190.0  # the goal machine's float32 matmul rate (2 threads, 2048^3)
 
 
 def child_main(config: str, argv: list[str]) -> int:
     """The speedrun command itself, with the ``cpu`` preset changed as ``config`` says."""
+    from hasten.commands import speedrun as command  # first: it sets OpenMP's wait policy before torch loads
     from hasten.cli import main
     from hasten.recipes import speedrun
 
-    changes = CONFIGS[config]
+    del command
+    changes = CONFIGS[config].get("recipe", {})
     speedrun.PRESETS["cpu"] = (getattr(speedrun, changes) if isinstance(changes, str)
                                else speedrun.PRESETS["cpu"].replace(**changes))
-    return main(["speedrun", "--preset", "cpu", *argv])
+    return main(["speedrun", "--preset", "cpu", *CONFIGS[config].get("flags", []), *argv])
+
+
+def reference_matmul_gflops(seconds: float = 3.0) -> float:
+    """The goal's yardstick, measured now in a fresh process: float32 2048^3 matmul on
+    2 threads, the best of repeated products over ``seconds``."""
+    code = ("import torch, time; torch.set_num_threads(2); a = torch.randn(2048, 2048); b = torch.randn(2048, 2048); "
+            "a @ b; best = 1e9; end = time.perf_counter() + %r\n"
+            "while time.perf_counter() < end:\n t = time.perf_counter(); a @ b; best = min(best, time.perf_counter() - t)\n"
+            "print(2 * 2048 ** 3 / best / 1e9)" % seconds)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+@contextlib.contextmanager
+def spinners(k: int):
+    """``k`` processes that keep a core busy each until the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def run_one(config: str, seed: int, data: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="hasten-speedrun-bench-") as tmp:
         out = Path(tmp) / "summary.json"
         env = dict(os.environ, HASTEN_CACHE=str(Path(tmp) / "cache"), HASTEN_RUNS=str(Path(tmp) / "runs"),
-                   HASTEN_PROGRESS="0")
+                   HASTEN_PROGRESS="0", **CONFIGS[config].get("env", {}))
         cmd = [sys.executable, __file__, "--child", config, "--", "--data", data, "--seed", str(seed),
                "--json", str(out)]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -81,22 +125,34 @@ def run_one(config: str, seed: int, data: str) -> dict:
     return {"config": config, "seed": seed, "wall_s": wall,
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "timed_s": run["time_s"], "tta_accuracy": run["tta_accuracy"], "accuracy": run["accuracy"],
-            "first_output_line": proc.stdout.splitlines()[0] if proc.stdout else ""}
+            "precision": summary.get("precision"),
+            "first_output_line": proc.stdout.splitlines()[0] if proc.stdout else "",
+            "threads_line": next((line for line in proc.stdout.splitlines() if line.startswith("threads:")), None)}
 
 
-def summarize(runs: list[dict], configs: list[str]) -> dict:
+def row_name(run: dict) -> str:
+    """A table row: the configuration, and the busy processes beside it if any."""
+    return run["config"] + (f" busy{run['busy']}" if run.get("busy") else "")
+
+
+def summarize(runs: list[dict]) -> dict:
     rows = {}
-    for c in configs:
-        mine = [r for r in runs if r["config"] == c]
-        if mine:
-            rows[c] = {k: mean_ci([r[k] for r in mine]) for k in ("wall_s", "timed_s", "cpu_s", "tta_accuracy")}
+    for name in dict.fromkeys(row_name(r) for r in runs):
+        mine = [r for r in runs if row_name(r) == name]
+        keys = ["wall_s", "timed_s", "cpu_s", "tta_accuracy"]
+        if all("scaled_wall_s" in r for r in mine):
+            keys.append("scaled_wall_s")
+        rows[name] = {k: mean_ci([r[k] for r in mine]) for k in keys}
     paired = {}
-    base = {r["seed"]: r["tta_accuracy"] for r in runs if r["config"] == "cpu"}
-    for c in (c for c in configs if c != "cpu"):
-        diffs = paired_differences(base, {r["seed"]: r["tta_accuracy"] for r in runs if r["config"] == c})
+    base = {r["seed"]: r["tta_accuracy"] for r in runs if row_name(r) == "cpu"}
+    for name in (n for n in rows if n != "cpu"):
+        diffs = paired_differences(base, {r["seed"]: r["tta_accuracy"] for r in runs if row_name(r) == name})
         if diffs:
-            paired[f"cpu minus {c}"] = mean_ci(diffs)
-    return {"configs": rows, "paired_tta_accuracy": paired}
+            paired[f"cpu minus {name}"] = mean_ci(diffs)
+    idle = {n: rows[n]["wall_s"]["mean"] for n in rows if " busy" not in n}
+    busy_ratio = {n: rows[n]["wall_s"]["mean"] / idle[n.split(" busy")[0]]
+                  for n in rows if " busy" in n and n.split(" busy")[0] in idle}
+    return {"configs": rows, "paired_tta_accuracy": paired, "busy_over_idle_wall": busy_ratio}
 
 
 @contextlib.contextmanager
@@ -120,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     add_data_argument(p)
     p.add_argument("--configs", default="cpu,cpu-first5000", help=f"comma-separated, of {', '.join(CONFIGS)}")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed0", type=int, default=0, help="the first repeat's seed (repeat i uses seed0 + i)")
+    p.add_argument("--busy", type=int, default=0, help="processes spinning on the CPU beside every run")
     p.add_argument("--out", type=Path, default=RESULTS / "speedrun_command.json")
     p.add_argument("--lock", type=Path,
                    help="hold an exclusive flock on this file during each run (not between runs), so that other "
@@ -132,32 +190,44 @@ def main(argv: list[str] | None = None) -> int:
     require_data(args.data, "speedrun_command")
     data = str(Path(args.data).resolve())
     done = json.loads(args.out.read_text()) if args.out.exists() else {"runs": []}
-    finished = {(r["config"], r["seed"]) for r in done["runs"]}
-    plan = [(rep, c) for rep, c in interleaved(configs, args.repeats, seed=0) if (c, rep) not in finished]
+    finished = {(r["config"], r["seed"], r.get("busy", 0)) for r in done["runs"]}
+    plan = [(args.seed0 + rep, c) for rep, c in interleaved(configs, args.repeats, seed=args.seed0)
+            if (c, args.seed0 + rep, args.busy) not in finished]
     print(f"{len(finished)} run(s) already in {args.out}; {len(plan)} to go")
     spent = []
     for i, (rep, config) in enumerate(plan):
         left = mean(spent) * (len(plan) - i) if spent else None
-        print(f"[{i + 1}/{len(plan)}] {config} seed {rep}" + (f", about {left / 60:.0f} min left" if left else ""),
-              flush=True)
-        with exclusive(args.lock), MeasuredConditions("cpu", argv=sys.argv) as cond:
-            run = run_one(config, rep, data)
+        print(f"[{i + 1}/{len(plan)}] {config} seed {rep}" + (f" beside {args.busy} busy" if args.busy else "")
+              + (f", about {left / 60:.0f} min left" if left else ""), flush=True)
+        with exclusive(args.lock):
+            rate = reference_matmul_gflops()  # before the spinners: the machine's own rate
+            with spinners(args.busy), MeasuredConditions("cpu", argv=sys.argv) as cond:
+                run = run_one(config, rep, data)
         run["conditions"] = cond.as_dict()
+        run["busy"] = args.busy
+        run["reference_matmul_gflops"] = round(rate, 1)
+        run["scaled_wall_s"] = run["wall_s"] * rate / GOAL_MATMUL_GFLOPS
         spent.append(run["wall_s"])
         done["runs"].append(run)
-        done.update(summarize(done["runs"], list(CONFIGS)))
+        done.update(summarize(done["runs"]))
         done["conditions"] = span_conditions(done["runs"])
         write_json(args.out, done)
-        print(f"    wall {run['wall_s']:.0f} s (timed part {run['timed_s']:.0f} s, CPU {run['cpu_s']:.0f} s), "
+        print(f"    wall {run['wall_s']:.0f} s (timed part {run['timed_s']:.0f} s, CPU {run['cpu_s']:.0f} s, "
+              f"{run['precision']}; scaled to the goal machine {run['scaled_wall_s']:.0f} s at {rate:.0f} GFLOP/s), "
               f"TTA accuracy {run['tta_accuracy']:.4f}", flush=True)
-    summary = summarize(done["runs"], list(CONFIGS))
-    print(f"\n{'config':<15} {'n':>2} {'wall s':>14} {'timed s':>14} {'CPU s':>8} {'TTA accuracy':>18}")
+    summary = summarize(done["runs"])
+    print(f"\n{'config':<22} {'n':>2} {'wall s':>14} {'scaled s':>14} {'timed s':>14} {'CPU s':>8} "
+          f"{'TTA accuracy':>18}")
     for c, row in summary["configs"].items():
         def cell(k, fmt):
+            if k not in row:
+                return "-".rjust(14)
             m, h = row[k]["mean"], row[k]["ci95"]
             return (fmt.format(m) + (" +- " + fmt.format(h) if h is not None else "")).rjust(14)
-        print(f"{c:<15} {row['wall_s']['n']:>2} {cell('wall_s', '{:.0f}')} {cell('timed_s', '{:.0f}')} "
-              f"{row['cpu_s']['mean']:>8.0f} {cell('tta_accuracy', '{:.4f}'):>18}")
+        print(f"{c:<22} {row['wall_s']['n']:>2} {cell('wall_s', '{:.0f}')} {cell('scaled_wall_s', '{:.0f}')} "
+              f"{cell('timed_s', '{:.0f}')} {row['cpu_s']['mean']:>8.0f} {cell('tta_accuracy', '{:.4f}'):>18}")
+    for name, ratio in summary["busy_over_idle_wall"].items():
+        print(f"{name}: {ratio:.2f}x the idle wall time")
     for name, d in summary["paired_tta_accuracy"].items():
         ci = f" +- {d['ci95']:.4f}" if d["ci95"] is not None else ""
         print(f"paired TTA accuracy, {name}: {d['mean']:+.4f}{ci} (n = {d['n']})")

@@ -105,6 +105,7 @@ def test_a_stopped_speedrun_says_how_to_resume_and_resumes(tmp_path, capsys, mon
     assert main([*argv, "--resume", "auto"]) == 130
     out, err = capsys.readouterr()
     run_path = Path(out.split("run directory: ")[1].split()[0])
+    first_threads = int(out.split("threads: ")[1].split()[0])
     assert err.splitlines() == [
         f"hasten speedrun: no stopped speedrun of these settings under {tmp_path / 'runs'}; starting fresh",
         f"hasten speedrun: stopped by SIGINT; run directory {run_path} (1 of 2 runs finished, run 1 to epoch 2 of 3); "
@@ -117,6 +118,43 @@ def test_a_stopped_speedrun_says_how_to_resume_and_resumes(tmp_path, capsys, mon
     assert summary["rundir"] == str(run_path) and [r["resumed"] for r in summary["runs"]] == [False, True]
     parts = summary["runs"][1]["time_parts_s"]
     assert f"run 1 was stopped and resumed: its time is {parts[0]:.2f} + {parts[1]:.2f} = " in out
+    # with the threads of the run it resumes, whatever the load now (bit for bit the same sums)
+    assert f"threads: {first_threads}, as the run it resumes" in out
     # The table holds every epoch of both runs, the finished ones printed again from the checkpoint.
     assert [line.split()[:2] for line in out.splitlines() if line[:3].strip().isdigit()] == [
         [str(r), f"{e}/3"] for r in (0, 1) for e in (1, 2, 3)]
+
+
+def test_precision_and_threads_are_chosen_said_and_undone(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from hasten import cores
+    from hasten.nn import precision
+
+    data = _image_folder(tmp_path / "data")
+    argv = ["speedrun", "--data", str(data), "--preset", "tiny", "--epochs", "1", "--batch-size", "12",
+            "--device", "cpu", "--no-warmup"]
+    before = torch.get_num_threads()
+    seen = []
+    real_set = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real_set(n)))
+    # A CPU with native bf16 trains in bf16 unless --fp32 says otherwise.
+    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"amx_bf16"}))
+    # Other processes keep 1.6 of 2 cores busy: one thread.
+    monkeypatch.setattr(cores, "free_cores", lambda: cores.CoreShare(2, 1.6, 1))
+    assert main([*argv, "--json", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("; bf16")
+    assert "threads: 1 of 2 cores: other processes keep 1.6 of them busy" in out
+    assert json.loads((tmp_path / "a.json").read_text())["precision"] == "bf16"
+    assert seen[0] == 1 and torch.get_num_threads() == before  # the caller's count is back
+    seen.clear()
+    assert main([*argv, "--fp32", "--threads", "2", "--json", str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("; fp32") and "threads: 2 (--threads)" in out
+    assert json.loads((tmp_path / "b.json").read_text())["precision"] == "fp32"
+    assert seen[0] == 2 and torch.get_num_threads() == before
+    # Without native bf16 the preset trains in float32.
+    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"avx2"}))
+    assert main([*argv, "--json", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["precision"] == "fp32"

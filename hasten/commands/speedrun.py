@@ -13,8 +13,11 @@ import os
 import sys
 
 from hasten import cli_types as t
+from hasten.cores import prefer_passive_wait
 from hasten.errors import ConfigError
-from hasten.recipes.speedrun import PRESETS
+
+prefer_passive_wait()  # before torch loads OpenMP: hasten.cores says why
+from hasten.recipes.speedrun import PRESETS  # noqa: E402 (torch is imported here)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override the preset's batch size (lr is per 1024 examples)")
     p.add_argument("--train-subset", type=t.nonneg_int, default=0,
                    help="train on a seeded random subset of this many training images (quick CPU runs; 0 = all)")
+    p.add_argument("--fp32", action="store_true",
+                   help="train in float32 even where bf16 is native (CUDA, CPUs with AMX or AVX512-BF16)")
+    p.add_argument("--threads", type=t.positive_int,
+                   help="torch threads (default: one per core that other processes leave free, measured at start)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA; compiled in the warm-up)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
     p.add_argument("--ablate", action="store_true",
@@ -44,12 +51,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=t.output_file, help="also write the summary JSON here")
 
 
+def set_threads(requested: int | None, resumed: int | None = None) -> str:
+    """Set torch's CPU threads: ``requested``, else those of the run being resumed
+    (so that it ends bit for bit as if never stopped), else one per core that other
+    processes leave free (``hasten.cores.free_cores``). Returns the line saying so."""
+    import torch
+
+    from hasten.cores import free_cores
+
+    if requested is not None:
+        torch.set_num_threads(requested)
+        return f"threads: {requested} (--threads)"
+    if resumed is not None:
+        torch.set_num_threads(resumed)
+        return f"threads: {resumed}, as the run it resumes (--threads N to choose)"
+    share = free_cores()
+    torch.set_num_threads(share.threads)
+    return share.line()
+
+
 def resume_type(text: str) -> str:
     """``--resume``: ``auto``, or a run directory or checkpoint file that exists."""
     return text if str(text).strip() == "auto" else t.existing_path(text)
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return _run(args)
+    finally:  # called in-process (tests, notebooks), the caller's thread count is theirs
+        torch.set_num_threads(threads)
+
+
+def _run(args: argparse.Namespace) -> int:
     from hasten.distributed.faults import stop_signal
     from hasten.environment import describe_environment, hardware_label, pick_device
     from hasten.recipes import speedrun
@@ -68,15 +104,20 @@ def run(args: argparse.Namespace) -> int:
     changes = {k: v for k, v in (("epochs", args.epochs), ("batch_size", args.batch_size)) if v is not None}
     if args.compile:
         changes["compile"] = True
+    if args.fp32:
+        changes["bf16"] = False
     config = speedrun.SpeedrunConfig(
         recipe=speedrun.build_recipe(preset, **changes), preset=preset, device=str(device), data=args.data,
         runs=args.runs, seed=args.seed, train_subset=args.train_subset, warmup=not args.no_warmup,
         ablate=args.ablate, target=args.target if args.target is not None else speedrun.default_target(device))
-    print(f"device: {device} ({hardware_label(describe_environment(device))}); preset: {preset} ({why})")
+    print(f"device: {device} ({hardware_label(describe_environment(device))}); preset: {preset} ({why}); "
+          f"{speedrun.precision(config.recipe, device)}")
 
     plan = speedrun.plan_resume(config, args.resume)
     if plan.note:
         print(f"hasten speedrun: {plan.note}", file=sys.stderr, flush=True)
+    if device.type == "cpu":
+        print(set_threads(args.threads, plan.state.get("torch_threads") if plan.state else None))
     run_dir = RunDir("speedrun", device=device, path=plan.run_path)
     print(f"run directory: {run_dir.path}")
     try:

@@ -30,13 +30,14 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from hasten.cores import usable_cores
 from hasten.data.archive import iter_entries
 from hasten.data.cache import entry_dir, load_entry, save_entry
 from hasten.data.cifar10 import CLASSES as CIFAR10_CLASSES
 from hasten.data.dataset import ImageDataset, Source, Split
 from hasten.data.decode import BadImageError, bad_reason, check_bad_fraction, decode_image, describe_skipped, image_format
 from hasten.data.layout import SPLITS, parse_layout
-from hasten.data.workers import DecodeWorkerError, ordered_map, usable_cores
+from hasten.data.workers import DecodeWorkerError, ordered_map
 from hasten.errors import DataError
 from hasten.progress import progress
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import gc
-import os
 import pickle
 import queue
 import signal
@@ -47,13 +46,6 @@ WORKER_NAME = "hasten-decode"  # process names: hasten-decode-0, hasten-decode-1
 
 class DecodeWorkerError(HastenError, RuntimeError):
     """A decode worker process died; the results it was computing are lost."""
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (a container's limit, not the host's count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def default_start_method() -> str:

@@ -47,7 +47,7 @@ from hasten.environment import describe_environment
 from hasten.errors import ConfigError
 from hasten.models.speedrun_net import NetConfig, SpeedrunNet
 from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule, warmup_decay
-from hasten.nn.precision import autocast, cross_entropy
+from hasten.nn.precision import autocast, cross_entropy, native_bf16
 from hasten.nn.tta import TTA_LEVELS, evaluate
 from hasten.nn.whitening import init_whitening_conv
 from hasten.progress import progress
@@ -83,7 +83,8 @@ class Recipe:
     ema_decay: float = 0.99           # for averaging=ema (Page); lookahead uses airbench's schedule
     tta: str = "flip_translate"       # none | flip | flip_translate
     device_loader: bool = True        # False: per-batch preprocessing on the host (ladder rung 0)
-    bf16: bool = True                 # autocast to bfloat16 on CUDA (batch norm stays fp32)
+    bf16: bool = True                 # autocast to bfloat16 where it is native (CUDA; CPUs with AMX or
+                                      # AVX512-BF16: hasten.nn.precision.native_bf16); float32 elsewhere
     channels_last: bool = True
     compile: bool = False             # torch.compile the model (CUDA; excluded from timing by warm-up)
 
@@ -122,6 +123,12 @@ PRESETS: dict[str, Recipe] = {
 
 # hasten 0.1's cpu preset, for the comparison in benchmarks/speedrun_command.py.
 CPU_0_1 = PRESETS["cpu"].replace(epochs=8, batch_size=512, whiten_sample="first")
+
+
+def precision(recipe: Recipe, device: torch.device) -> str:
+    """``bf16`` where the recipe asks for it and the device computes it natively
+    (``native_bf16``), else ``fp32``: what ``train_run`` trains in."""
+    return "bf16" if recipe.bf16 and native_bf16(device) else "fp32"
 
 
 def choose_preset(requested: str, device: torch.device) -> tuple[str, str]:
@@ -320,7 +327,7 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     run) set the progress line: ``run 0: epoch 2/7: 130/700 steps ..., about 0:04:10 left``."""
     r = recipe
     torch.manual_seed(seed)
-    use_bf16 = r.bf16 and device.type == "cuda"
+    use_bf16 = precision(r, device) == "bf16"
     dtype = torch.bfloat16 if use_bf16 else torch.float32
     memory_format = torch.channels_last if r.channels_last else torch.contiguous_format
     mean, std = mean_std
@@ -592,7 +599,11 @@ class JobCheckpoint:
             save_checkpoint(self.path, {"format": CHECKPOINT_FORMAT, "step": step, "identity": self.identity,
                                         "digest": config_digest(self.identity),
                                         "done": [dataclasses.asdict(r) for r in self.done],
-                                        "done_steps": self.done_steps, "current": current}, keep_previous=True)
+                                        "done_steps": self.done_steps, "current": current,
+                                        # a resumed run uses the same threads: float sums split over
+                                        # another count round in another order, and it would not end
+                                        # bit for bit as the run never stopped
+                                        "torch_threads": torch.get_num_threads()}, keep_previous=True)
 
 
 def describe_checkpoint(state: dict, config: SpeedrunConfig) -> str:
@@ -789,7 +800,7 @@ def _timed_runs(config, data, device, mean_std, run_dir, say, checkpoint: JobChe
         checkpoint.finish(result, steps)
         results.append(result)
     summary = summarize(results, preset=config.preset, device=device, flops=flops_per_run(config.recipe, data),
-                        data=data.name)
+                        data=data.name, precision=precision(config.recipe, device))
     if run_dir is not None:
         from hasten.plots import plot_curves
 

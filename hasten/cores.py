@@ -1,0 +1,101 @@
+"""The CPU cores a command shares: how many other processes leave free, how many
+threads to use, and how OpenMP threads wait.
+
+Why it matters on a shared machine: torch's CPU kernels split each operation over
+OpenMP threads that meet at a barrier. With the default wait policy a thread that
+reaches the barrier first spins; if the scheduler has lent its partner's core to
+another process, it spins for the partner's whole time slice. Measured on 2 cores
+beside 2 busy processes (the speedrun's network, batch 256): 1441 ms a step with
+spinning threads against 681 ms with ``OMP_WAIT_POLICY=PASSIVE``
+(benchmarks/speedrun_command.py and docs/results/speedrun-cpu.md have the
+whole-command figures). Neither changes any result: only how threads wait and
+how many there are (float reductions split over fewer threads may round in
+another order).
+
+Imports no torch: :func:`prefer_passive_wait` must run before torch loads
+OpenMP, which reads the policy once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+__all__ = ["CoreShare", "free_cores", "prefer_passive_wait", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one: a
+    container's limit, not the host's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def prefer_passive_wait() -> bool:
+    """Ask OpenMP threads to sleep rather than spin at barriers, unless the user
+    set a policy. Returns whether it took effect: False once torch is imported
+    (OpenMP has read its settings by then)."""
+    if "torch" in sys.modules:
+        return False
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return True
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat; None off Linux.
+    Time of processes at a lowered priority (nice > 0) counts as free: the
+    scheduler gives way to us there (at nice 19 they keep about 1.5%)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(v) for v in fields[1:]]
+    idle = values[1] + values[3] + (values[4] if len(values) > 4 else 0)  # nice + idle + iowait
+    total = sum(values[:8])  # guest time is already inside user time
+    return total - idle, total
+
+
+@dataclass(frozen=True)
+class CoreShare:
+    """What other processes left of this process's cores over a short sample."""
+
+    cores: int          # cores this process may use
+    busy: float         # cores' worth of time others spent running over the sample
+    threads: int        # the torch thread count to use
+
+    @property
+    def free(self) -> float:
+        return max(0.0, self.cores - self.busy)
+
+    def line(self) -> str:
+        """One line for the start of a command's output."""
+        if self.threads >= self.cores:
+            return f"threads: {self.threads} ({self.cores} cores, {self.free:.1f} free)"
+        return (f"threads: {self.threads} of {self.cores} cores: other processes keep {self.busy:.1f} of them busy "
+                f"(--threads N to choose)")
+
+
+def free_cores(sample_s: float = 0.5, *, cores: int | None = None) -> CoreShare:
+    """Measure how busy the machine is now (the share of all CPUs others used over
+    ``sample_s`` seconds, scaled to this process's cores), and pick threads: one per
+    core others leave free, at least 1; all of them when none are measured busy
+    (or off Linux). The process itself should be idle while it samples."""
+    cores = usable_cores() if cores is None else cores
+    before = _cpu_ticks()
+    time.sleep(sample_s)
+    after = _cpu_ticks()
+    if before is None or after is None or after[1] <= before[1]:
+        return CoreShare(cores, 0.0, cores)
+    busy_share = (after[0] - before[0]) / (after[1] - before[1])
+    busy = busy_share * cores
+    # A core counts as free when others use less than half of it: the scheduler shares
+    # the rest, and one thread too few costs more than one too many when it sleeps.
+    threads = max(1, min(cores, math.floor(cores - busy + 0.5)))
+    return CoreShare(cores, round(busy, 2), threads)

@@ -1,0 +1,64 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hasten import cores
+
+
+def _ticks(monkeypatch, samples):
+    """Make /proc/stat read as ``samples`` ((busy, total) jiffies), one per call."""
+    it = iter(samples)
+    monkeypatch.setattr(cores, "_cpu_ticks", lambda: next(it))
+
+
+@pytest.mark.parametrize("busy_share, threads", [(0.0, 2), (0.2, 2), (0.3, 1), (0.5, 1), (0.9, 1), (1.0, 1)])
+def test_threads_are_the_cores_others_leave_free(monkeypatch, busy_share, threads):
+    # 1,000 jiffies over both cores, busy_share of them used by other processes.
+    _ticks(monkeypatch, [(0, 0), (int(1000 * busy_share), 1000)])
+    share = cores.free_cores(0.0, cores=2)
+    assert share.threads == threads
+    assert share.busy == pytest.approx(2 * busy_share)
+    assert share.free == pytest.approx(2 - 2 * busy_share)
+
+
+def test_four_cores_half_busy_gives_two_threads(monkeypatch):
+    _ticks(monkeypatch, [(100, 1000), (600, 2000)])
+    assert cores.free_cores(0.0, cores=4).threads == 2
+
+
+def test_no_proc_stat_means_all_cores(monkeypatch):
+    _ticks(monkeypatch, [None, None])
+    share = cores.free_cores(0.0, cores=3)
+    assert share.threads == 3 and share.busy == 0
+
+
+def test_the_line_says_why_fewer_threads():
+    assert "other processes keep 1.5 of them busy" in cores.CoreShare(2, 1.5, 1).line()
+    assert cores.CoreShare(2, 0.1, 2).line().startswith("threads: 2 (2 cores")
+
+
+def test_proc_stat_counts_niced_time_as_free():
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat on this system")
+    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    busy, total = cores._cpu_ticks()
+    # busy = user + system + irq + softirq + steal: nice, idle and iowait excluded
+    assert busy <= total - fields[1] - fields[3]
+
+
+def _env_policy(code: str, **env) -> str:
+    full = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", code + "; import os; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                         capture_output=True, text=True, env=full, check=True)
+    return out.stdout.split()[-1]
+
+
+def test_speedrun_command_asks_for_passive_wait_before_torch_loads():
+    assert _env_policy("import hasten.commands.speedrun") == "PASSIVE"
+    # a policy the user set is theirs
+    assert _env_policy("import hasten.commands.speedrun", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
+    # too late once torch is loaded: OpenMP read its settings then, so nothing is set
+    assert _env_policy("import torch; from hasten.cores import prefer_passive_wait as p; print(p())") == "None"
