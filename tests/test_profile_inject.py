@@ -70,3 +70,37 @@ def test_a_dataloader_iterator_class_without_next_is_left_alone(monkeypatch, tmp
     loader.patch_dataloader(state.State(Settings.from_environment()))
     assert "DataLoader has no __next__; loader timing off" in capsys.readouterr().err
     assert "__next__" not in vars(Iter)
+
+
+def test_the_inject_modules_import_one_another_without_a_cycle():
+    # Each module named for its concern imports only those below it (function-level imports included):
+    # a cycle is a module that has grown two concerns (output.py mixed messages with the rank's report).
+    import ast
+    from pathlib import Path
+
+    import hasten.profile.inject as inject
+    root = Path(inject.__file__).parent
+    graph = {}
+    for path in root.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "hasten.profile.inject":
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hasten.profile.inject."):
+                deps.add(node.module.rsplit(".", 1)[1])
+        graph[path.stem] = deps - {path.stem}
+    done, active = set(), []
+
+    def visit(m):
+        assert m not in active, f"import cycle: {' -> '.join(active[active.index(m):] + [m])}"
+        if m in done:
+            return
+        active.append(m)
+        for d in sorted(graph.get(m, ())):
+            visit(d)
+        active.pop()
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m)
+    assert {"messages", "report", "user_code", "device_sync"} <= graph.keys() and "output" not in graph

@@ -21,7 +21,13 @@ of the user's unmodified command (every torchrun worker included):
 - :mod:`~hasten.profile.inject.fixes`: the fixes a verification run applies;
 - :mod:`~hasten.profile.inject.proc_times`: run-queue waits and CPU times from /proc;
 - :mod:`~hasten.profile.inject.sampler`: where the main thread is, and the status file;
-- :mod:`~hasten.profile.inject.output`: the rank's report, status, and how it exits.
+- :mod:`~hasten.profile.inject.batch_source`: the lines that make the batch (no DataLoader);
+- :mod:`~hasten.profile.inject.cpu_window`: the cores other processes left over the window;
+- :mod:`~hasten.profile.inject.messages`: one-line messages, error lines, the status file,
+  hasten's own failure;
+- :mod:`~hasten.profile.inject.report`: the rank's report, and how its process exits;
+- :mod:`~hasten.profile.inject.user_code`: which frames are the user's own code;
+- :mod:`~hasten.profile.inject.device_sync`: the device synchronised at step boundaries.
 
 Nothing here imports torch at import time: :mod:`hasten.profile.attach` runs in every
 Python the command starts.
@@ -82,7 +88,7 @@ def _install_failed(exc: Exception) -> None:
 def _install() -> None:
     import torch
 
-    from hasten.profile.inject import ddp, fixes, loader, output, sampler, state, steps, torch_patches
+    from hasten.profile.inject import ddp, fixes, loader, report, sampler, state, steps, torch_patches
     from hasten.profile.inject.settings import Settings
 
     st = state.current = state.State(Settings.from_environment())
@@ -100,6 +106,6 @@ def _install() -> None:
     ddp.patch_ddp()
     if torch.cuda.is_available():
         st.device = "cuda"
-    atexit.register(output.at_exit)
-    sys.excepthook = output.excepthook(sys.excepthook)
+    atexit.register(report.at_exit)
+    sys.excepthook = report.excepthook(sys.excepthook)
     sampler.start(st)

@@ -38,8 +38,9 @@ from __future__ import annotations
 import math
 import time
 
-from hasten.profile.inject import output
+from hasten.profile.inject import messages
 from hasten.profile.inject.batches import fresh_copy, tensors_in
+from hasten.profile.inject.device_sync import sync
 from hasten.profile.inject.state import State
 
 
@@ -76,7 +77,6 @@ def bf16_pays(st: State) -> str | None:
 
 def _best(st: State, fn, n: int = 5) -> float:
     """The fastest of ``n`` timed calls after one untimed (the first pays for setting up the kernel)."""
-    from hasten.profile.inject.steps import sync
     fn()
     best = math.inf
     for _ in range(n):
@@ -111,7 +111,7 @@ def trial(st: State) -> str | None:
             if loss is not None and loss.requires_grad and params:
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
     except Exception as exc:
-        return (f"{output.error_line(exc)}, in an isolated forward and backward of {type(module).__name__} "
+        return (f"{messages.error_line(exc)}, in an isolated forward and backward of {type(module).__name__} "
                 "under bf16 autocast")
     finally:
         st.in_probe = False

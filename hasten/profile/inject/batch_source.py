@@ -26,7 +26,7 @@ import ast
 import os
 from functools import lru_cache
 
-from hasten.profile.inject.sampler import is_users
+from hasten.profile.inject.user_code import is_users
 
 MAX_FRAMES = 3  # callers followed when the batch comes in as a parameter
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import time
 
-from hasten.profile.inject import state, steps
+from hasten.profile.inject import state
+from hasten.profile.inject.device_sync import sync
 from hasten.profile.inject.state import State
 
 
@@ -79,17 +80,17 @@ def calibrate_link(st: State) -> None:
             ar(t)
             best = math.inf
             for _ in range(3):
-                steps.sync(st)
+                sync(st)
                 t0 = time.perf_counter()
                 ar(t)
-                steps.sync(st)
+                sync(st)
                 best = min(best, time.perf_counter() - t0)
             out.append((t.numel() * t.element_size(), best))
     full = torch.ones(max(1, numel), device=dev)
     st.bf16_cast_s = math.inf
     for _ in range(3):
-        steps.sync(st)
+        sync(st)
         t0 = time.perf_counter()
         full.copy_(full.to(torch.bfloat16))
-        steps.sync(st)
+        sync(st)
         st.bf16_cast_s = min(st.bf16_cast_s, time.perf_counter() - t0)

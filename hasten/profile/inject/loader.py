@@ -26,15 +26,10 @@ from __future__ import annotations
 
 import time
 
-from hasten.profile.inject import fixes, output, state, steps
+from hasten.profile.inject import fixes, messages, state, steps
 from hasten.profile.inject.batches import batch_nbytes, fingerprint, fresh_copy
 from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
-from hasten.profile.inject.state import State
-
-
-def is_training_loader(st: State, lid: int) -> bool:
-    d = st.loaders.get(lid)
-    return d is not None and d["train_votes"] > d["eval_votes"]
+from hasten.profile.inject.state import State, is_training_loader
 
 
 def _is_iterable(dataset) -> bool:
@@ -52,13 +47,13 @@ def patch_dataloader(st: State) -> None:
     try:
         from torch.utils.data import dataloader as dl
     except ImportError:
-        output.say(st, "this torch has no torch.utils.data.dataloader; loader timing off")
+        messages.say(st, "this torch has no torch.utils.data.dataloader; loader timing off")
         return
     base = getattr(dl, "_BaseDataLoaderIter", None)
     missing = ("_BaseDataLoaderIter" if base is None else
                next((m for m in ("__init__", "__next__") if m not in vars(base)), None))
     if missing:
-        output.say(st, f"this torch's DataLoader has no {missing}; loader timing off")
+        messages.say(st, f"this torch's DataLoader has no {missing}; loader timing off")
         return
     orig_init = base.__init__
     from hasten.profile.inject.probes import Repeat
@@ -70,7 +65,7 @@ def patch_dataloader(st: State) -> None:
         try:
             _new_iterator(st, it, loader)
         except Exception as exc:
-            output.hasten_failed(st, "DataLoader iterator hook", exc)
+            messages.hasten_failed(st, "DataLoader iterator hook", exc)
 
     base.__init__ = __init__
     base.__next__ = _timed_next(base.__next__)
@@ -95,7 +90,7 @@ def _new_iterator(st: State, it, loader) -> None:
             d["worker_firsts"] = []  # _check_workers
         for attr in ("_num_yielded", "_num_workers") + (("_workers",) if d["workers"] else ()):
             if not hasattr(it, attr):
-                output.say(st, f"this torch's DataLoader iterator has no {attr}; "
+                messages.say(st, f"this torch's DataLoader iterator has no {attr}; "
                                f"{'worker CPU' if attr == '_workers' else 'worker start-up detection'} off")
     d["iters"] += 1
     d["pids"] = ([p for p in d["pids"] if pid_cpu_s(p) is not None]
@@ -114,7 +109,7 @@ def _timed_next(orig):
             t0, c0, rq0 = time.perf_counter(), time.process_time(), runqueue_s()
             replaying = st.phase == "replay" and training and st.cached is not None
         except Exception as exc:
-            output.hasten_failed(st, "DataLoader timing", exc)
+            messages.hasten_failed(st, "DataLoader timing", exc)
             return orig(it)
         if replaying:
             batch = fresh_copy(st.cached)  # a copy each time: the loop may change its batch in place
@@ -133,7 +128,7 @@ def _timed_next(orig):
             steps.sync(st)
             _account(st, it, d, lid, t0, c0, rq0, replaying)
         except Exception as exc:
-            output.hasten_failed(st, "DataLoader timing", exc)
+            messages.hasten_failed(st, "DataLoader timing", exc)
         return batch
     return __next__
 

@@ -17,9 +17,9 @@ import math
 import statistics
 import time
 
-from hasten.profile.inject import autocast_check, cpu_window, ddp, loader, probes
+from hasten.profile.inject import autocast_check, cpu_window, ddp, probes
 from hasten.profile.inject.proc_times import pid_cpu_s
-from hasten.profile.inject.state import State
+from hasten.profile.inject.state import State, is_training_loader
 from hasten.profile.shares import could_decide, product_interval, ratio_interval, wilson
 
 
@@ -82,7 +82,7 @@ def _enter(st: State) -> None:
         st.cpu_window = cpu_window.start(st)
     if st.phase == "replay":
         # Without a training DataLoader, the replayed steps hand the model its kept arguments.
-        st.replay_args = st.model_args is not None and not any(loader.is_training_loader(st, lid)
+        st.replay_args = st.model_args is not None and not any(is_training_loader(st, lid)
                                                                for lid in st.loaders)
         probes.guarded(st, "autocast", autocast_check.bf16_pays)  # milliseconds, before the trial's full step
         probes.guarded(st, "autocast", autocast_check.trial)
@@ -137,7 +137,7 @@ def data_share(st: State) -> tuple[float, float, float]:
     without one, the time outside compute, in the share sampled on the lines that make the batch)."""
     recs = [r for r in st.records["measure"] if not r.get("excluded")] or st.records["measure"]
     waits, spans = [r["wait_s"] for r in recs], [r["span_s"] for r in recs]
-    if any(loader.is_training_loader(st, lid) for lid in st.loaders):
+    if any(is_training_loader(st, lid) for lid in st.loaders):
         return ratio_interval(waits, spans)
     batch = st.outside_counts.get("batch", 0)
     split = wilson(batch, batch + st.outside_counts.get("other", 0)) if st.batch_lines else (0.0, 0.0, 0.0)
@@ -179,7 +179,7 @@ def _steps_for_seconds(st: State) -> None:
 
 
 def _training_batches(st: State) -> int:
-    return sum(d["batches"] for lid, d in st.loaders.items() if loader.is_training_loader(st, lid))
+    return sum(d["batches"] for lid, d in st.loaders.items() if is_training_loader(st, lid))
 
 
 def _training_worker_cpu(st: State) -> dict[int, float]:
@@ -187,7 +187,7 @@ def _training_worker_cpu(st: State) -> dict[int, float]:
 
     The latest training iterator's workers are read from it: an iterator's ``_workers`` are
     started after the base class's ``__init__``, so the pids noted there may miss them."""
-    pids = {p for lid, d in st.loaders.items() if loader.is_training_loader(st, lid) for p in d["pids"]}
+    pids = {p for lid, d in st.loaders.items() if is_training_loader(st, lid) for p in d["pids"]}
     if st.train_iter is not None:
         pids |= {getattr(w, "pid", None) for w in getattr(st.train_iter[0], "_workers", None) or []} - {None}
     times = {p: pid_cpu_s(p) for p in pids}

@@ -5,7 +5,7 @@ is dropped with one line saying which and why (:func:`drop`); the command's run 
 report of the measured steps go on. hasten's own probe code runs through
 :func:`guarded`, so that its exceptions never reach the user's loop; an exception that
 escapes a replayed step of the user's own loop ends the command, and drops the probe
-in flight (:func:`in_flight`, :func:`hasten.profile.inject.output.probe_failed`).
+in flight (:func:`in_flight`, :func:`hasten.profile.inject.report.probe_failed`).
 ``--no-probe`` turns any of them off beforehand (:mod:`hasten.profile.inject.settings`).
 
 Outside the loop's steps, once the replayed steps are done, right before the process
@@ -27,7 +27,7 @@ import math
 import statistics
 import time
 
-from hasten.profile.inject import output
+from hasten.profile.inject import messages
 from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
 from hasten.profile.inject.settings import NEEDS_REPLAY
 from hasten.profile.inject.state import State
@@ -56,7 +56,7 @@ def drop(st: State, probe: str, why: str, ended_run: bool = False) -> None:
             st.loader_probe = {}
         reason = why if name == probe else "it is compared with the replayed step, whose probe was dropped"
         st.dropped.append({"probe": name, "why": reason, "ended_run": ended_run and name == probe})
-        output.say(st, f"{name} probe dropped: {reason}")
+        messages.say(st, f"{name} probe dropped: {reason}")
     if st.step_kind in PROBE_OF_KIND and PROBE_OF_KIND[st.step_kind] not in st.probes:
         st.comm_mode = "real"
 
@@ -70,7 +70,7 @@ def guarded(st: State, probe: str, fn) -> None:
     try:
         why = fn(st)
     except Exception as exc:
-        why = output.error_line(exc)
+        why = messages.error_line(exc)
     finally:
         if torch.get_num_threads() != threads:  # the script's thread count is the script's: put it back
             torch.set_num_threads(threads)

@@ -18,31 +18,9 @@ import sys
 import threading
 import time
 
-from hasten.profile.inject import output
+from hasten.profile.inject import messages
 from hasten.profile.inject.state import State
-
-# Frames that are not the user's own code: torch, hasten's profile, the standard library.
-_SKIP = ("/torch/", "/hasten/profile/", "/threading.py", "/selectors.py", "/queue.py", "/multiprocessing/",
-         "/site-packages/", "/lib/python3", "<frozen")
-
-
-def is_users(filename: str) -> bool:
-    return not any(s in filename for s in _SKIP)
-
-
-def where(frame) -> str:
-    """The innermost frame of the user's own code (not torch, not the standard library)."""
-    innermost = None
-    f = frame
-    while f is not None:
-        name = f.f_code.co_filename
-        if innermost is None:
-            innermost = f
-        if is_users(name):
-            return f"{os.path.basename(name)}:{f.f_code.co_name}"
-        f = f.f_back
-    return f"{os.path.basename(innermost.f_code.co_filename)}:{innermost.f_code.co_name}" if innermost else "?"
-
+from hasten.profile.inject.user_code import is_users, where
 
 def attribute(st: State, frame) -> None:
     """Count a sample outside compute inside a measured step: in the loader, making the batch, or other."""
@@ -99,6 +77,6 @@ def _watch(st: State, main_ident: int) -> None:
         if now - last_write >= 1.0:
             last_write = now
             try:
-                output.write_json(path, output.status(st))
+                messages.write_json(path, messages.status(st))
             except Exception:
                 pass

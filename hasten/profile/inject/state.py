@@ -98,3 +98,9 @@ class State:
 
 
 current: State | None = None
+
+
+def is_training_loader(st: State, lid: int) -> bool:
+    """Whether loader ``lid``'s batches went into more training-mode forwards than eval-mode ones."""
+    d = st.loaders.get(lid)
+    return d is not None and d["train_votes"] > d["eval_votes"]

@@ -28,17 +28,10 @@ from __future__ import annotations
 import statistics
 import time
 
-from hasten.profile.inject import loader, output, phases, probes, state
+from hasten.profile.inject import messages, phases, probes, report, state
+from hasten.profile.inject.device_sync import sync
 from hasten.profile.inject.proc_times import runqueue_s
-from hasten.profile.inject.state import RECORDS, State
-
-
-def sync(st: State | None) -> None:
-    # GPU work is asynchronous: without this a step would look as long as its launches.
-    if st is not None and st.device == "cuda":
-        import torch
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize()
+from hasten.profile.inject.state import RECORDS, State, is_training_loader
 
 
 # ---- compute intervals: nested calls count once, at the outermost
@@ -91,7 +84,7 @@ def close_step(st: State, host_end: float) -> None:
         sp["compute_s"] += now - st.c_t0
         sp["compute_cpu_s"] += cpu - st.c_cpu0
     span_s = now - sp["t0"]
-    train_loaders = {lid for lid in sp["loader"] if loader.is_training_loader(st, lid)}
+    train_loaders = {lid for lid in sp["loader"] if is_training_loader(st, lid)}
     other = {st.loaders[lid]["name"]: st.loaders[lid]["batches_in_span"] for lid in sp["loader"]
              if lid not in train_loaders}
     loader_s = sum(sp["loader"][lid] for lid in train_loaders)
@@ -140,7 +133,7 @@ def end_step(st: State) -> None:
         probes.guarded(st, "loader", probes.handoff)
         st.phase = "done"
     if st.phase == "done":
-        output.finish(st)
+        report.finish(st)
     st.step_kind = st.phase
     if st.phase == "replay":
         kinds = phases.replay_kinds(st)
@@ -172,7 +165,7 @@ def optimizer_pre(opt, args, kwargs) -> None:
         begin_compute(st)
         st.opt_depth = st.cdepth
     except Exception as exc:
-        output.hasten_failed(st, "optimizer step pre-hook", exc)
+        messages.hasten_failed(st, "optimizer step pre-hook", exc)
 
 
 def optimizer_post(opt, args, kwargs) -> None:
@@ -194,4 +187,4 @@ def optimizer_post(opt, args, kwargs) -> None:
             return
         end_step(st)
     except Exception as exc:
-        output.hasten_failed(st, "optimizer step hook", exc)
+        messages.hasten_failed(st, "optimizer step hook", exc)

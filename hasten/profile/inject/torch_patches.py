@@ -13,7 +13,7 @@
 
 This module imports torch: :func:`hasten.profile.inject.install` imports it once torch is
 imported. hasten's own code here never raises into the user's call: it turns profiling
-off in the process instead (:func:`hasten.profile.inject.output.hasten_failed`).
+off in the process instead (:func:`hasten.profile.inject.messages.hasten_failed`).
 
 Changes the training math: no (in the replayed steps of a loop without a DataLoader,
 the model's arguments are the kept batch: see :mod:`hasten.profile.inject.phases`).
@@ -27,7 +27,7 @@ import weakref
 
 import torch
 
-from hasten.profile.inject import output, state, steps
+from hasten.profile.inject import device_sync, messages, state, steps
 from hasten.profile.inject.batches import batch_nbytes, fresh_copy, is_data, map_tensors, same_layout
 from hasten.profile.inject.state import State
 
@@ -42,7 +42,7 @@ def forward_pre(mod, args):
     try:
         return _forward_pre(st, mod, args)
     except Exception as exc:
-        output.hasten_failed(st, "module forward pre-hook", exc)
+        messages.hasten_failed(st, "module forward pre-hook", exc)
         return None
 
 
@@ -128,7 +128,7 @@ def forward_post(mod, args, out):
         steps.end_compute(st)
         return out
     except Exception as exc:
-        output.hasten_failed(st, "module forward hook", exc)
+        messages.hasten_failed(st, "module forward hook", exc)
     return None
 
 
@@ -157,7 +157,7 @@ def compute_interval(orig, what: str, on_return=None, comm: bool = False, sync: 
                 st.backwards += 1
             steps.begin_compute(st)
         except Exception as exc:
-            output.hasten_failed(st, f"{what} wrapper", exc)
+            messages.hasten_failed(st, f"{what} wrapper", exc)
             return orig(*args, **kwargs)
         try:
             result = orig(*args, **kwargs)
@@ -169,7 +169,7 @@ def compute_interval(orig, what: str, on_return=None, comm: bool = False, sync: 
             try:
                 on_return(st)
             except Exception as exc:
-                output.hasten_failed(st, f"{what} wrapper", exc)
+                messages.hasten_failed(st, f"{what} wrapper", exc)
         return result
 
     wrapper.__wrapped__ = orig
@@ -183,12 +183,12 @@ def _close(st: State, what: str, t0: float, comm: bool, sync: bool) -> None:
         return
     try:
         if sync:
-            steps.sync(st)
+            device_sync.sync(st)
         steps.end_compute(st)
         if comm and st.span is not None:
             st.span["comm_s"] += time.perf_counter() - t0
     except Exception as exc:
-        output.hasten_failed(st, f"{what} wrapper", exc)
+        messages.hasten_failed(st, f"{what} wrapper", exc)
 
 
 def patch_backward() -> None:

@@ -1,4 +1,4 @@
-"""What a process hands the launcher: ``rank<N>.json`` at the end, ``status-<pid>.json`` while it runs.
+"""What a rank hands the launcher at the end: ``rank<N>.json``, and how its process leaves.
 
 Once its probes are done, a rank writes its report and leaves with ``os._exit(0)``
 (:func:`finish`); every rank leaves at the same step, outside any collective, so that no
@@ -8,88 +8,34 @@ launcher can say which rank failed and where, under ``--quiet`` too.
 
 Whose failure it was is kept apart: an exception that escapes a replayed step (a probe
 in flight, after the measured window) drops that probe and the report of the measured
-steps is written all the same (:func:`probe_failed`); hasten's own code failing in a
-hook turns profiling off in the process and says so (:func:`hasten_failed`), and the
-launcher reports it as hasten's failure, never as the command's.
+steps is written all the same (:func:`probe_failed`); hasten's own failure is
+:func:`hasten.profile.inject.messages.hasten_failed`'s.
 
 Changes the training math: no.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import threading
 import time
 
-from hasten.profile.inject import loader, state
-from hasten.profile.inject.state import State
+from hasten.profile.inject import probes, state
+from hasten.profile.inject.messages import (error_line, raised_in_hasten, say, status, undo_probe_effects,
+                                            write_json, write_status)
+from hasten.profile.inject.state import State, is_training_loader
 
 
 def _loaders_report(st: State) -> list[dict]:
-    return [{"name": d["name"], "batches": d["batches"], "training": loader.is_training_loader(st, lid),
+    return [{"name": d["name"], "batches": d["batches"], "training": is_training_loader(st, lid),
              "workers": d["workers"], "iterators": d["iters"], "train_votes": d["train_votes"],
              "eval_votes": d["eval_votes"], "worker_duplicates": d.get("worker_duplicates"),
              "iterable": d.get("iterable", False)}
             for lid, d in st.loaders.items()]
 
 
-def say(st: State, message: str) -> None:
-    """One line on the command's stderr, naming the rank when there are several."""
-    who = f"rank {st.rank}: " if st.world_size > 1 else ""
-    sys.stderr.write(f"hasten profile: {who}{message}\n")
-    sys.stderr.flush()
-
-
-def error_line(exc: BaseException, tb=None) -> str:
-    """``Type: first line of the message (at file.py:line)``, the line in the user's own code where there is one."""
-    import traceback
-
-    from hasten.profile.inject.sampler import is_users
-    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    frames = traceback.extract_tb(tb if tb is not None else exc.__traceback__)
-    if not frames:
-        return text
-    # torch's and hasten's wrappers sit between the user's line and the error: name the user's line
-    f = next((f for f in reversed(frames) if is_users(f.filename)), frames[-1])
-    return f"{text} (at {os.path.basename(f.filename)}:{f.lineno})"
-
-
-def _raised_in_hasten(tb) -> bool:
-    import traceback
-    frames = traceback.extract_tb(tb)
-    return bool(frames) and "/hasten/profile/" in frames[-1].filename.replace(os.sep, "/")
-
-
-def hasten_failed(st: State | None, where: str, exc: BaseException) -> None:
-    """hasten's own code raised in a hook: profiling is off in this process, the command's step goes on."""
-    if st is None or st.finished:
-        return
-    st.finished = True
-    st.hasten_error = f"{where}: {error_line(exc)}"
-    try:
-        _undo_probe_effects(st)
-        say(st, f"hasten's own {where} failed ({error_line(exc)}); profiling is off in process {os.getpid()}")
-        try:
-            payload = status(st)
-        except Exception:  # the state itself may be what broke: the launcher needs only this much
-            payload = {"rank": st.rank, "pid": os.getpid(), "ranked": "RANK" in os.environ,
-                       "hasten_error": st.hasten_error}
-        write_json(os.path.join(st.dir, f"status-{os.getpid()}.json"), payload)
-    except Exception:
-        pass
-
-
-def _undo_probe_effects(st: State) -> None:
-    st.comm_mode = "real"
-    if st.autocast_ctx is not None:
-        st.autocast_ctx.__exit__(None, None, None)
-        st.autocast_ctx = None
-
-
 def report(st: State, complete: bool) -> dict:
-    train = [d for lid, d in st.loaders.items() if loader.is_training_loader(st, lid)]
+    train = [d for lid, d in st.loaders.items() if is_training_loader(st, lid)]
     first = train[0] if train else None
     return {"rank": st.rank, "world_size": st.world_size, "complete": complete,
             "pid": os.getpid(), "device": st.device, "num_workers": first["workers"] if first else 0,
@@ -120,27 +66,6 @@ def _outside_report(st: State) -> dict:
     return {"counts": dict(st.outside_counts), "lines": lines, "batch_found": bool(st.batch_lines)}
 
 
-def status(st: State) -> dict:
-    """What this process has seen so far: for the launcher's messages while the command runs."""
-    top = sorted(st.samples.items(), key=lambda kv: -kv[1])[:3]
-    return {"rank": st.rank, "pid": os.getpid(), "ranked": "RANK" in os.environ,
-            "elapsed_s": time.perf_counter() - st.t_start,
-            "steps": st.steps_seen, "phase": st.phase, "forwards": st.forwards, "train_forwards": st.train_forwards,
-            "backwards": st.backwards, "model_found": st.model_id is not None, "pace": st.pace,
-            "optimizers_built": st.optimizers_built,
-            "loaders": [{"name": d["name"], "batches": d["batches"], "training": loader.is_training_loader(st, lid)}
-                        for lid, d in list(st.loaders.items())],
-            "where": [{"at": k, "share": v / max(1, st.n_samples)} for k, v in top], "error": st.error,
-            "hasten_error": st.hasten_error}
-
-
-def write_json(path: str, payload: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
-    os.replace(tmp, path)
-
-
 def _write(st: State, complete: bool) -> None:
     write_json(os.path.join(st.dir, f"rank{st.rank}.json"), report(st, complete))
 
@@ -148,7 +73,6 @@ def _write(st: State, complete: bool) -> None:
 def finish(st: State) -> None:
     """The probes are done: write the report and leave, as every rank does at this same step."""
     st.finished = True
-    from hasten.profile.inject import probes
     probes.drop_unfinite(st)
     _write(st, complete=True)
     sys.stdout.flush()
@@ -159,20 +83,15 @@ def finish(st: State) -> None:
 def probe_failed(st: State, why: str) -> bool:
     """The process ends inside a replayed step: drop the probe in flight, and write the report of the
     measured steps as complete. False when no probe was in flight (the command's own failure)."""
-    from hasten.profile.inject import probes
     probe = probes.in_flight(st)
     if probe is None:
         return False
     probes.drop(st, probe, why, ended_run=True)
-    _undo_probe_effects(st)
+    undo_probe_effects(st)
     st.finished = True
     probes.drop_unfinite(st)
     _write(st, complete=True)
     return True
-
-
-def _write_status(st: State) -> None:
-    write_json(os.path.join(st.dir, f"status-{os.getpid()}.json"), status(st))
 
 
 def at_exit() -> None:
@@ -181,10 +100,10 @@ def at_exit() -> None:
         return
     try:
         if probe_failed(st, "the command exited during its replayed steps"):
-            _write_status(st)
+            write_status(st)
             return
         st.finished = True
-        _write_status(st)
+        write_status(st)
         if st.steps_seen:
             _write(st, complete=False)
     except Exception:
@@ -197,11 +116,11 @@ def excepthook(orig):
         if st is not None and not st.finished and exc_type is not KeyboardInterrupt:
             try:
                 line = st.error = error_line(exc, tb)
-                if _raised_in_hasten(tb):
+                if raised_in_hasten(tb):
                     st.hasten_error = f"uncaught: {line}"
                 elif probe_failed(st, f"its replayed step raised {line}"):
                     say(st, "the measured steps are reported")
-                    _write_status(st)
+                    write_status(st)
                     if st.world_size == 1:
                         # hasten stops the command after its probes anyway; the traceback would be
                         # the probe's, not the command's: the line above says what it was
