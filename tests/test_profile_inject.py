@@ -104,3 +104,59 @@ def test_the_inject_modules_import_one_another_without_a_cycle():
     for m in sorted(graph):
         visit(m)
     assert {"messages", "report", "user_code", "device_sync"} <= graph.keys() and "output" not in graph
+
+
+def _model(*args):
+    """Stands for the model's forward hook: the frame it is called from is the loop's."""
+    import sys
+
+    from hasten.profile.inject.batch_source import batch_lines
+    return batch_lines(sys._getframe(1))
+
+
+def _relative(found, fn):
+    (lines,) = [v for k, v in found.items() if k is fn.__code__]
+    return {n - fn.__code__.co_firstlineno for n in lines}
+
+
+def test_the_lines_that_make_the_batch_are_those_that_assign_the_models_inputs():
+    import time
+
+    def loop():
+        data = torch.randn(100, 4)
+        ix = torch.randint(100, (8,))
+        x = data[ix]
+        time.sleep(0)  # not the batch: a pause between steps
+        label = (x[:, 0] > 0).long()
+        return _model(x, label)
+
+    # data (1), ix (2), x (3) and label (5) make the inputs; the sleep (4) and the call (6) do not
+    assert _relative(loop(), loop) == {1, 2, 3, 5}
+
+
+def test_a_batch_made_inline_is_the_calling_line_and_a_parameter_is_followed_to_the_caller():
+    def inline():
+        n = 3
+        return _model(torch.randn(n, 2))
+
+    assert _relative(inline(), inline) == {2}
+
+    def step(batch):
+        return _model(batch)
+
+    def caller():
+        b = torch.ones(2)
+        return step(b)
+
+    found = caller()
+    assert _relative(found, caller) == {1}  # `b = torch.ones(2)`, in the caller: the batch came in as `batch`
+
+
+def test_a_probe_that_changes_torchs_threads_has_them_put_back(monkeypatch, tmp_path):
+    from hasten.profile.inject import probes
+
+    monkeypatch.setenv("HASTEN_PROFILE_DIR", str(tmp_path))
+    st = state.State(Settings.from_environment())
+    before = torch.get_num_threads()
+    probes.guarded(st, "loader", lambda st: torch.set_num_threads(before + 1))
+    assert torch.get_num_threads() == before and st.threads["restored_after"] == ["loader"]

@@ -36,3 +36,14 @@ def test_json_has_the_documented_fields():
 def test_timeline_png_is_written(tmp_path):
     path = plot_timeline(_analysis(), tmp_path / "t.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_names_the_rest_by_line_and_says_when_the_data_path_takes_the_cores():
+    from test_profile_verdict import _loopless, _workers_rank
+
+    text = format_report(analyse([_loopless(0.060, 0.030, batch=0, other=60)]))
+    assert "67% of the step in train.py:40 `time.sleep(0.03)` (neither data, compute nor communication)" in text
+    assert "INPUT-BOUND" not in text.splitlines()[0]
+    head = format_report(analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 1.0})).splitlines()[0]
+    assert head.startswith("hasten profile: INPUT-BOUND (CPU, high): its data path competes with the step for the cores")
+    assert "the step waits for data only 2% of the time" in head

@@ -162,3 +162,59 @@ def test_verification_reranks_demotes_and_promotes():
     assert [r.fix for r in a.recommendations] == ["D", "B", "C"]  # verified first, by what was measured
     assert a.recommendations[0].promoted and a.recommendations[0].prediction_error == pytest.approx(0.95 / 2.05 - 1)
     assert any(r["fix"] == "A" and "verified x0.92" in r["why"] for r in a.rejected)
+
+
+def _loopless(outside_s, compute_s, batch, other, found=True, n=20):
+    rank = _rank(wait=outside_s, work=compute_s, n=n)
+    rank["loader_driven"] = False
+    for r in rank["records"]["measure"]:
+        r.update(span_s=outside_s + compute_s, compute_s=compute_s)
+    rank["outside"] = {"counts": {"batch": batch, "other": other}, "batch_found": found,
+                       "lines": {"other": [{"at": "train.py:40", "code": "time.sleep(0.03)", "function": "main",
+                                            "samples": other}]}}
+    return rank
+
+
+def test_without_a_dataloader_only_the_time_on_the_batch_lines_is_data():
+    # 60 ms outside compute per 90 ms step; the sampler found a third of it making the batch
+    a = analyse([_loopless(0.060, 0.030, batch=20, other=40)])
+    assert a.data_wait_fraction == pytest.approx(0.060 / 0.090 / 3)
+    assert a.other_fraction == pytest.approx(0.060 / 0.090 * 2 / 3)
+    assert a.other_where[0]["at"] == "train.py:40" and a.other_where[0]["share"] == pytest.approx(a.other_fraction)
+    lo, hi = a.data_interval
+    assert lo < a.data_wait_fraction < hi  # a sampled split is known to an interval
+    # all of it elsewhere (a sleep between the step and the next forward): no data at all
+    b = analyse([_loopless(0.060, 0.030, batch=0, other=60)])
+    assert b.data_wait_fraction == 0 and b.verdict != "input-bound"
+    # no source to find the batch lines in: not data either, and said so
+    c = analyse([_loopless(0.060, 0.030, batch=0, other=0, found=False)])
+    assert c.data_wait_fraction == 0 and any("no line making the model's input" in n for n in c.notes)
+
+
+def _workers_rank(worker_cpu, main_cpu, alone, batches=40, in_flight=4):
+    rank = _rank(wait=0.002, work=0.098, alone=alone, workers=2)
+    for r in rank["records"]["measure"]:
+        r.update(cpu_s=main_cpu, data_cpu_s=0.0, compute_s=0.098)
+    rank["worker_cpu"] = {"cpu_s": worker_cpu * batches, "batches": batches, "in_flight": in_flight}
+    return rank
+
+
+def test_workers_that_take_the_steps_cores_make_it_input_bound_by_their_share_of_the_cpu():
+    # 30 ms of worker CPU and 60 ms of step CPU per batch; the step alone runs in 60 ms on its own core
+    a = analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 1.0})
+    assert a.cpu["contended"] and a.verdict == "input-bound" and a.input_kind == "cpu"
+    assert a.data_share == pytest.approx(1 / 3) and a.data_interval[0] < 1 / 3 < a.data_interval[1]
+    assert a.data_wait_fraction == pytest.approx(0.02)  # the wait alone would have said compute-bound
+    assert a.data_free_step_s == pytest.approx(0.060)
+    # the same loop with two free cores: the workers run beside the step, it waits 2%: no data share
+    b = analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 2.0})
+    assert not b.cpu["contended"] and b.input_kind == "wait" and b.verdict != "input-bound"
+
+
+def test_the_cores_are_the_probes_or_the_windows_if_more_capped_by_the_scripts_own_affinity():
+    from hasten.profile.cores import cores_for_run
+    before = {"affinity": 2, "quota": None, "probe": 0.9, "available": 0.9}
+    assert cores_for_run(before, {"cores": 2, "free": 1.6})["available"] == pytest.approx(1.6)
+    assert cores_for_run(before, {"cores": 2, "free": 0.2})["available"] == pytest.approx(0.9)  # a light job's window
+    assert cores_for_run(before, {"cores": 1, "free": 1.0})["available"] == pytest.approx(1.0)  # pinned by the script
+    assert cores_for_run(before, {})["available"] == pytest.approx(0.9)
