@@ -91,9 +91,9 @@ def format_report(a: Analysis) -> str:
             parts.append(f"main process {cpu['main_cpu_per_step_s'] * 1e3:.1f} ms CPU per step")
         if cpu.get("worker_cpu_per_batch_s") is not None:
             parts.append(f"workers {cpu['worker_cpu_per_batch_s'] * 1e3:.1f} ms CPU per batch")
-        if cpu.get("window_free") is not None:
-            parts.append(f"over the window other processes left {cpu['window_free']:.2f} of "
-                         f"{cpu['window_cores']} cores")
+        if cpu.get("window_others_s") is not None and cpu.get("window_wall_s"):
+            parts.append(f"other processes used {cpu['window_others_s'] / cpu['window_wall_s']:.2f} of its "
+                         f"{cpu['window_cores']} cores over the window")
         threads = a.threads or {}
         if threads.get("intra_op"):
             changed = (f" (the script set {threads['intra_op_end']} during the window)"
