@@ -65,6 +65,7 @@ class Mutant:
 
 
 VERDICT = "hasten/profile/verdict.py"
+ATTRIBUTION = "hasten/profile/attribution.py"
 MUTANTS = [
     Mutant("input threshold x10", VERDICT, "INPUT_MODERATE = 0.05", "INPUT_MODERATE = 0.5",
            "a step that waits 40% of the time for data called compute-bound or balanced"),
@@ -87,9 +88,9 @@ MUTANTS = [
            "shares that add up to more than the step"),
     Mutant("communication share halved", VERDICT, "comm_frac = min(comm / step, max(0.0, 1.0 - wait - other))",
            "comm_frac = min(comm / step / 2, max(0.0, 1.0 - wait - other))", "exposed communication under-reported"),
-    Mutant("the rest called data", VERDICT, '"data_s": wait * batch[0]', '"data_s": wait',
+    Mutant("the rest called data", ATTRIBUTION, '"data_s": wait * batch[0]', '"data_s": wait',
            "a sleep or checkpoint write between the step and the next forward called data (no DataLoader)"),
-    Mutant("contended CPU not counted", VERDICT, '"contended": demand > cores', '"contended": False',
+    Mutant("contended CPU not counted", ATTRIBUTION, '"contended": demand > cores', '"contended": False',
            "DataLoader workers that take the step's cores called compute-bound"),
     Mutant("R inverted", VERDICT, "r = produce / alone if", "r = alone / produce if",
            "upstream ratio R = consume / produce instead of produce / consume"),

@@ -39,9 +39,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from hasten.distributed.cost_model import fit_link
+from hasten.profile import attribution
 from hasten.profile.cores import cores_for_run, cpu_available
 from hasten.profile.inject.fixes import echo_apply, echo_code
-from hasten.profile.shares import product_interval, ratio_interval, undecided, widened, wilson
+from hasten.profile.shares import undecided, widened
 
 INPUT_MODERATE = 0.05  # data-wait share of the step: moderate input bottleneck
 INPUT_HIGH = 0.20  # ... high
@@ -229,7 +230,7 @@ def summarise_rank(d: dict) -> RankSummary:
         host = _probe_median(alone, "host_s") / _probe_median(alone, "span_s")
     cpu = [r["cpu_s"] for r in measured if r.get("cpu_s") is not None]
     dcpu = [r["data_cpu_s"] for r in measured if r.get("data_cpu_s") is not None]
-    split = _data_split(d, measured)
+    split = attribution.data_split(d, measured)
     if wc.get("cpu_s") is not None and wc.get("batches"):
         split.update(worker_batches=wc["batches"], in_flight=wc.get("in_flight") or 0)
     return RankSummary(**split,
@@ -248,31 +249,6 @@ def summarise_rank(d: dict) -> RankSummary:
         autocast_s=_probe_median(d["records"].get("autocast", [])),
         host_fraction=host, loader_batch_s=lp.get("batch_s"), worker_cpu_per_batch_s=per_batch,
         handoff_s=lp.get("handoff_s"), excluded=excluded)
-
-
-def _data_split(d: dict, measured: list[dict]) -> dict:
-    """The data wait per step and its share's interval; the rest of the step outside compute.
-
-    With a DataLoader, the data wait is the time in its ``__next__``, and the rest is the step's
-    time in neither the loader nor compute. Without one, the time outside compute is data only
-    in the share the stack sampler found on the lines that make the batch
-    (:mod:`hasten.profile.inject.batch_source`): a sleep, logging or ``loss.item()`` between
-    the optimizer's step and the next forward is the rest, not data."""
-    waits = [r["wait_s"] for r in measured]
-    spans = [_g(r, "span_s") for r in measured]
-    wait = _mean(waits)
-    outside = d.get("outside")
-    if d.get("loader_driven", True) or outside is None:
-        _, lo, hi = ratio_interval(waits, spans)
-        rest = [_g(r, "span_s") - r["wait_s"] - r["compute_s"] for r in measured if "compute_s" in r]
-        other = max(0.0, _mean(rest)) if len(rest) == len(measured) and rest else 0.0
-        return {"data_s": wait, "data_lo": lo, "data_hi": hi, "other_s": other}
-    counts = outside.get("counts", {})
-    found = bool(outside.get("batch_found"))
-    batch = wilson(counts.get("batch", 0), counts.get("batch", 0) + counts.get("other", 0)) if found else (0, 0, 0)
-    share, lo, hi = product_interval(ratio_interval(waits, spans), batch)
-    return {"data_s": wait * batch[0], "data_lo": lo, "data_hi": hi, "other_s": wait * (1 - batch[0]),
-            "batch_found": found}
 
 
 def classify(wait: float, comm: float, host_fraction: float | None = None,
@@ -555,7 +531,7 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
         produce = None
     r = produce / alone if produce is not None and alone > 0 else None
     cores = cores_for_run(cpus or cpu_available(probe_s=0), d0.get("cpu_window"))
-    cpu_use = _cpu_use(s0, alone, cores["available"], micro, loader_driven)
+    cpu_use = attribution.cpu_use(s0, alone, cores["available"], micro, loader_driven)
     share, lo, hi, kind = wait, w_lo, w_hi, "wait"
     if cpu_use.get("contended") and cpu_use["data_cpu_share"] > wait:
         share, (lo, hi) = cpu_use["data_cpu_share"], cpu_use["data_cpu_share_interval"]
@@ -574,15 +550,15 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
                  warmup=d0["warmup"], per_step=clean or d0["records"]["measure"], loader_driven=loader_driven,
                  micro_batches=micro, excluded=[{"reason": k, "steps": v} for k, v in excluded.items()],
                  loaders=d0.get("loaders", []), where=d0.get("where", []),
-                 where_data=_batch_where(d0) or d0.get("where_data", []), dropped=_dropped(ranks),
+                 where_data=attribution.batch_where(d0) or d0.get("where_data", []), dropped=_dropped(ranks),
                  steps_from="backward" if d0.get("pace") == "backward" else "optimizer",
                  data_share=share, data_interval=(lo, hi), input_kind=kind, other_fraction=other,
                  near=undecided(share, lo, hi, (INPUT_MODERATE, INPUT_HIGH), DEAD_BAND),
-                 other_where=_other_where(d0, other, loader_driven), threads=d0.get("threads") or {},
+                 other_where=attribution.other_where(d0, other, loader_driven), threads=d0.get("threads") or {},
                  extended=max(d.get("extended", 0) for d in ranks))
     a.cpu = cores
     a.cpu.update(main_cpu_per_step_s=s0.cpu_s, worker_cpu_per_batch_s=s0.worker_cpu_per_batch_s, **cpu_use)
-    a.data_free_step_s = _data_free_step(a, s0, cpu_use)
+    a.data_free_step_s = attribution.data_free_step(a, s0, cpu_use)
     if not loader_driven and not s0.batch_found:
         a.notes.append(f"no line making the model's input was found (no source to read): the "
                        f"{(wait + other):.0%} of the step outside compute is not counted as data")
@@ -617,71 +593,6 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
             a.rejected.append(_as_rejected(rec, f"predicted x{rec.predicted_speedup:.2f}: not worth it"))
     rerank(a)
     return a
-
-
-def _cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_driven: bool) -> dict:
-    """The CPU a step and its data path need, against the cores the job had.
-
-    The data path's CPU c is the training loader's workers' (/proc, per step's batches); the
-    step's own m is the main process's CPU per step outside its data wait (every thread). They
-    compete when running the step at its own pace (the step alone, data made free) with its
-    batches made alongside needs more cores than the job had: (c + m) / step alone > cores.
-    Then the step does not wait for data, the workers take its cores, and the data path's share
-    of the step is its share of that CPU, c / (c + m). Without workers, the data CPU is spent in
-    the loop's own thread, in turn with the step: it shows as the data wait."""
-    if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0:
-        return {}
-    c = s.worker_cpu_per_batch_s * max(1.0, micro)
-    m = max(0.0, (s.cpu_s or 0.0) - (s.data_cpu_s or 0.0))
-    if c + m <= 0:
-        return {}
-    demand = (c + m) / alone
-    # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
-    n, q = s.worker_batches, s.in_flight
-    c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
-    return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": m, "demand_cores": demand,
-            "contended": demand > cores, "data_cpu_share": c / (c + m),
-            "data_cpu_share_interval": (c_lo / (c_lo + m), c_hi / (c_hi + m))}
-
-
-def _data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:
-    """The step with its data made free: without its data wait, and, where the data path competes for the
-    cores, at the pace of the step alone (its replay, wall clock) or of its own CPU on the cores, if slower."""
-    without_wait = a.step_time_s * (1 - a.data_wait_fraction)
-    if not cpu_use.get("contended"):
-        return without_wait
-    alone = s.step_alone_wall_s if s.step_alone_wall_s is not None else a.step_alone_s
-    return min(without_wait, max(alone, cpu_use["step_cpu_per_step_s"] / max(a.cpu["available"], 0.05)))
-
-
-def _batch_where(d0: dict) -> list[dict]:
-    """Where the batch is made, by function (``{"at": "train.py:get_batch", "share"}``), from the samples on
-    the lines that make it (a loop without a DataLoader)."""
-    outside = d0.get("outside") or {}
-    rows = outside.get("lines", {}).get("batch", [])
-    total = outside.get("counts", {}).get("batch", 0)
-    if d0.get("loader_driven", True) or not rows or not total:
-        return []
-    return [{"at": f"{x['at'].rsplit(':', 1)[0]}:{x.get('function', '?')}", "share": x["samples"] / total}
-            for x in rows]
-
-
-def _other_where(d0: dict, other: float, loader_driven: bool) -> list[dict]:
-    """The lines the rest of the step (neither data, compute nor communication) was sampled in, with shares."""
-    lines = (d0.get("outside") or {}).get("lines", {})
-    kinds = ("other", "batch") if loader_driven else ("other",)  # with a DataLoader, data is its __next__ only
-    rows: dict[str, dict] = {}
-    for kind in kinds:
-        for x in lines.get(kind, []):
-            row = rows.setdefault(x["at"], {**x, "samples": 0})
-            row["samples"] += x["samples"]
-    counts = (d0.get("outside") or {}).get("counts", {})
-    total = max(sum(counts.get(k, 0) for k in kinds), sum(r["samples"] for r in rows.values()))
-    if not total or other <= 0:
-        return []
-    out = [{"at": r["at"], "code": r.get("code", ""), "function": r.get("function", ""),
-            "share": other * r["samples"] / total} for r in rows.values()]
-    return sorted(out, key=lambda r: -r["share"])[:3]
 
 
 def _dropped(ranks: list[dict]) -> list[dict]:

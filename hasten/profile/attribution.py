@@ -1,0 +1,123 @@
+"""Where a step's time goes besides compute: data (waited for, or made on the lines that make the batch),
+the CPU the data path takes from the step, and the rest, by line.
+
+- :func:`data_split`: the data wait per step and its share's interval. With a DataLoader,
+  the time in its ``__next__``; without one, the time outside compute in the share the
+  stack sampler found on the lines that make the batch
+  (:mod:`hasten.profile.inject.batch_source`), the rest being neither data nor compute;
+- :func:`cpu_use`: the workers' CPU and the step's against the cores: competing for them,
+  the data path's share of the step is its share of that CPU;
+- :func:`data_free_step`: the step with its data made free;
+- :func:`other_where`, :func:`batch_where`: the lines the rest and the batch were sampled in.
+
+Changes the training math: no (analysis only).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from hasten.profile.shares import product_interval, ratio_interval, wilson
+
+if TYPE_CHECKING:
+    from hasten.profile.verdict import Analysis, RankSummary
+
+
+def mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def _span(r: dict) -> float:
+    return r["span_s"] if "span_s" in r else r["wait_s"] + r["work_s"]
+
+
+def data_split(d: dict, measured: list[dict]) -> dict:
+    """The data wait per step and its share's interval; the rest of the step outside compute.
+
+    With a DataLoader, the data wait is the time in its ``__next__``, and the rest is the step's
+    time in neither the loader nor compute. Without one, the time outside compute is data only
+    in the share the stack sampler found on the lines that make the batch
+    (:mod:`hasten.profile.inject.batch_source`): a sleep, logging or ``loss.item()`` between
+    the optimizer's step and the next forward is the rest, not data."""
+    waits = [r["wait_s"] for r in measured]
+    spans = [_span(r) for r in measured]
+    wait = mean(waits)
+    outside = d.get("outside")
+    if d.get("loader_driven", True) or outside is None:
+        _, lo, hi = ratio_interval(waits, spans)
+        rest = [_span(r) - r["wait_s"] - r["compute_s"] for r in measured if "compute_s" in r]
+        other = max(0.0, mean(rest)) if len(rest) == len(measured) and rest else 0.0
+        return {"data_s": wait, "data_lo": lo, "data_hi": hi, "other_s": other}
+    counts = outside.get("counts", {})
+    found = bool(outside.get("batch_found"))
+    batch = wilson(counts.get("batch", 0), counts.get("batch", 0) + counts.get("other", 0)) if found else (0, 0, 0)
+    share, lo, hi = product_interval(ratio_interval(waits, spans), batch)
+    return {"data_s": wait * batch[0], "data_lo": lo, "data_hi": hi, "other_s": wait * (1 - batch[0]),
+            "batch_found": found}
+
+
+def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_driven: bool) -> dict:
+    """The CPU a step and its data path need, against the cores the job had.
+
+    The data path's CPU c is the training loader's workers' (/proc, per step's batches); the
+    step's own m is the main process's CPU per step outside its data wait (every thread). They
+    compete when running the step at its own pace (the step alone, data made free) with its
+    batches made alongside needs more cores than the job had: (c + m) / step alone > cores.
+    Then the step does not wait for data, the workers take its cores, and the data path's share
+    of the step is its share of that CPU, c / (c + m). Without workers, the data CPU is spent in
+    the loop's own thread, in turn with the step: it shows as the data wait."""
+    if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0:
+        return {}
+    c = s.worker_cpu_per_batch_s * max(1.0, micro)
+    m = max(0.0, (s.cpu_s or 0.0) - (s.data_cpu_s or 0.0))
+    if c + m <= 0:
+        return {}
+    demand = (c + m) / alone
+    # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
+    n, q = s.worker_batches, s.in_flight
+    c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
+    return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": m, "demand_cores": demand,
+            "contended": demand > cores, "data_cpu_share": c / (c + m),
+            "data_cpu_share_interval": (c_lo / (c_lo + m), c_hi / (c_hi + m))}
+
+
+def data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:
+    """The step with its data made free: without its data wait, and, where the data path competes for the
+    cores, at the pace of the step alone (its replay, wall clock) or of its own CPU on the cores, if slower."""
+    without_wait = a.step_time_s * (1 - a.data_wait_fraction)
+    if not cpu_use.get("contended"):
+        return without_wait
+    alone = s.step_alone_wall_s if s.step_alone_wall_s is not None else a.step_alone_s
+    return min(without_wait, max(alone, cpu_use["step_cpu_per_step_s"] / max(a.cpu["available"], 0.05)))
+
+
+def batch_where(d0: dict) -> list[dict]:
+    """Where the batch is made, by function (``{"at": "train.py:get_batch", "share"}``), from the samples on
+    the lines that make it (a loop without a DataLoader)."""
+    outside = d0.get("outside") or {}
+    rows = outside.get("lines", {}).get("batch", [])
+    total = outside.get("counts", {}).get("batch", 0)
+    if d0.get("loader_driven", True) or not rows or not total:
+        return []
+    return [{"at": f"{x['at'].rsplit(':', 1)[0]}:{x.get('function', '?')}", "share": x["samples"] / total}
+            for x in rows]
+
+
+def other_where(d0: dict, other: float, loader_driven: bool) -> list[dict]:
+    """The lines the rest of the step (neither data, compute nor communication) was sampled in, with shares."""
+    lines = (d0.get("outside") or {}).get("lines", {})
+    kinds = ("other", "batch") if loader_driven else ("other",)  # with a DataLoader, data is its __next__ only
+    rows: dict[str, dict] = {}
+    for kind in kinds:
+        for x in lines.get(kind, []):
+            row = rows.setdefault(x["at"], {**x, "samples": 0})
+            row["samples"] += x["samples"]
+    counts = (d0.get("outside") or {}).get("counts", {})
+    total = max(sum(counts.get(k, 0) for k in kinds), sum(r["samples"] for r in rows.values()))
+    if not total or other <= 0:
+        return []
+    out = [{"at": r["at"], "code": r.get("code", ""), "function": r.get("function", ""),
+            "share": other * r["samples"] / total} for r in rows.values()]
+    return sorted(out, key=lambda r: -r["share"])[:3]
