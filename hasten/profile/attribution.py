@@ -52,7 +52,8 @@ def data_split(d: dict, measured: list[dict]) -> dict:
         return {"data_s": wait, "data_lo": lo, "data_hi": hi, "other_s": other}
     counts = outside.get("counts", {})
     found = bool(outside.get("batch_found"))
-    batch = wilson(counts.get("batch", 0), counts.get("batch", 0) + counts.get("other", 0)) if found else (0, 0, 0)
+    n = counts.get("batch", 0) + counts.get("other", 0) + counts.get("hasten", 0)
+    batch = wilson(counts.get("batch", 0), n) if found else (0, 0, 0)
     share, lo, hi = product_interval(ratio_interval(waits, spans), batch)
     return {"data_s": wait * batch[0], "data_lo": lo, "data_hi": hi, "other_s": wait * (1 - batch[0]),
             "batch_found": found}
@@ -115,7 +116,9 @@ def other_where(d0: dict, other: float, loader_driven: bool) -> list[dict]:
             row = rows.setdefault(x["at"], {**x, "samples": 0})
             row["samples"] += x["samples"]
     counts = (d0.get("outside") or {}).get("counts", {})
-    total = max(sum(counts.get(k, 0) for k in kinds), sum(r["samples"] for r in rows.values()))
+    if counts.get("hasten"):  # hasten's own hooks, running in the step: said as such, not as a line of the loop
+        rows["hasten profile's own hooks"] = {"at": "hasten profile's own hooks", "samples": counts["hasten"]}
+    total = max(sum(counts.get(k, 0) for k in (*kinds, "hasten")), sum(r["samples"] for r in rows.values()))
     if not total or other <= 0:
         return []
     out = [{"at": r["at"], "code": r.get("code", ""), "function": r.get("function", ""),

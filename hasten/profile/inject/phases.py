@@ -139,8 +139,8 @@ def data_share(st: State) -> tuple[float, float, float]:
     waits, spans = [r["wait_s"] for r in recs], [r["span_s"] for r in recs]
     if any(is_training_loader(st, lid) for lid in st.loaders):
         return ratio_interval(waits, spans)
-    batch = st.outside_counts.get("batch", 0)
-    split = wilson(batch, batch + st.outside_counts.get("other", 0)) if st.batch_lines else (0.0, 0.0, 0.0)
+    n = sum(st.outside_counts.get(k, 0) for k in ("batch", "other", "hasten"))
+    split = wilson(st.outside_counts.get("batch", 0), n) if st.batch_lines else (0.0, 0.0, 0.0)
     return product_interval(ratio_interval(waits, spans), split)
 
 

@@ -23,7 +23,11 @@ from hasten.profile.inject.state import State
 from hasten.profile.inject.user_code import is_users, where
 
 def attribute(st: State, frame) -> None:
-    """Count a sample outside compute inside a measured step: in the loader, making the batch, or other."""
+    """Count a sample outside compute inside a measured step: in the loader, making the batch, or other
+    (``hasten`` when hasten's own hook code is running: its time is no line of the user's)."""
+    if "/hasten/profile/" in frame.f_code.co_filename.replace(os.sep, "/"):
+        st.outside_counts["hasten"] = st.outside_counts.get("hasten", 0) + 1
+        return
     kind, user = "other", None
     f = frame
     while f is not None:
