@@ -125,11 +125,10 @@ def test_a_stopped_speedrun_says_how_to_resume_and_resumes(tmp_path, capsys, mon
         [str(r), f"{e}/3"] for r in (0, 1) for e in (1, 2, 3)]
 
 
-def test_precision_and_threads_are_chosen_said_and_undone(tmp_path, capsys, monkeypatch):
+def test_threads_are_chosen_said_and_undone(tmp_path, capsys, monkeypatch):
     import torch
 
     from hasten import cores
-    from hasten.nn import precision
 
     data = _image_folder(tmp_path / "data")
     argv = ["speedrun", "--data", str(data), "--preset", "tiny", "--epochs", "1", "--batch-size", "12",
@@ -138,23 +137,15 @@ def test_precision_and_threads_are_chosen_said_and_undone(tmp_path, capsys, monk
     seen = []
     real_set = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real_set(n)))
-    # A CPU with native bf16 trains in bf16 unless --fp32 says otherwise.
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"amx_bf16"}))
     # Other processes keep 1.6 of 2 cores busy: one thread.
     monkeypatch.setattr(cores, "free_cores", lambda: cores.CoreShare(2, 1.6, 1))
     assert main([*argv, "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].endswith("; bf16")
+    assert out.splitlines()[0].endswith("; fp32")  # a CPU trains in float32
     assert "threads: 1 of 2 cores: other processes keep 1.6 of them busy" in out
-    assert json.loads((tmp_path / "a.json").read_text())["precision"] == "bf16"
+    assert json.loads((tmp_path / "a.json").read_text())["precision"] == "fp32"
     assert seen[0] == 1 and torch.get_num_threads() == before  # the caller's count is back
     seen.clear()
-    assert main([*argv, "--fp32", "--threads", "2", "--json", str(tmp_path / "b.json")]) == 0
-    out = capsys.readouterr().out
-    assert out.splitlines()[0].endswith("; fp32") and "threads: 2 (--threads)" in out
-    assert json.loads((tmp_path / "b.json").read_text())["precision"] == "fp32"
+    assert main([*argv, "--threads", "2"]) == 0
+    assert "threads: 2 (--threads)" in capsys.readouterr().out
     assert seen[0] == 2 and torch.get_num_threads() == before
-    # Without native bf16 the preset trains in float32.
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"avx2"}))
-    assert main([*argv, "--json", str(tmp_path / "c.json")]) == 0
-    assert json.loads((tmp_path / "c.json").read_text())["precision"] == "fp32"

@@ -88,17 +88,3 @@ def test_bf16_step_on_cuda():
     assert logits.dtype == torch.bfloat16 and set(seen.values()) == {torch.float32}
     cross_entropy(logits, torch.randint(0, 10, (16,), device="cuda")).backward()
     assert {p.grad.dtype for p in model.parameters()} == {torch.float32}
-
-
-def test_native_bf16_follows_the_cpu_flags(monkeypatch):
-    from hasten.nn import precision
-
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    assert not precision.native_bf16("cpu")
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"avx2", "amx_bf16"}))
-    assert precision.native_bf16("cpu")
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"avx512_bf16"}))
-    assert precision.native_bf16(torch.device("cpu"))
-    assert precision.native_bf16("cuda")
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset())
-    assert not precision.native_bf16("meta")

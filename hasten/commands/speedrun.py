@@ -35,8 +35,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override the preset's batch size (lr is per 1024 examples)")
     p.add_argument("--train-subset", type=t.nonneg_int, default=0,
                    help="train on a seeded random subset of this many training images (quick CPU runs; 0 = all)")
-    p.add_argument("--fp32", action="store_true",
-                   help="train in float32 even where bf16 is native (CUDA, CPUs with AMX or AVX512-BF16)")
     p.add_argument("--threads", type=t.positive_int,
                    help="torch threads (default: one per core that other processes leave free, measured at start)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA; compiled in the warm-up)")
@@ -104,8 +102,6 @@ def _run(args: argparse.Namespace) -> int:
     changes = {k: v for k, v in (("epochs", args.epochs), ("batch_size", args.batch_size)) if v is not None}
     if args.compile:
         changes["compile"] = True
-    if args.fp32:
-        changes["bf16"] = False
     config = speedrun.SpeedrunConfig(
         recipe=speedrun.build_recipe(preset, **changes), preset=preset, device=str(device), data=args.data,
         runs=args.runs, seed=args.seed, train_subset=args.train_subset, warmup=not args.no_warmup,

@@ -21,43 +21,13 @@ mantissa); accuracy is expected to match float32 within run-to-run noise.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["autocast", "batchnorm_in_float32", "cross_entropy", "native_bf16", "to_channels_last"]
+__all__ = ["autocast", "batchnorm_in_float32", "cross_entropy", "to_channels_last"]
 
-# CPU flags (Linux /proc/cpuinfo names) of units that multiply bfloat16 natively:
-# AMX tiles (Intel Sapphire Rapids and later) and AVX512-BF16 dot products (Cooper
-# Lake, AMD Zen 4 and later). Without them oneDNN converts bf16 to fp32 and back, so
-# bf16 is slower than fp32 itself.
-NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def native_bf16(device: torch.device | str) -> bool:
-    """Whether bf16 autocast makes ``device`` faster: every CUDA device hasten runs
-    its bf16 recipes on, and CPUs with one of ``NATIVE_BF16_CPU_FLAGS`` (read from
-    /proc/cpuinfo: elsewhere False, so the default stays float32). Measured on a
-    2-core AMX Xeon: the speedrun's training step 2.3x faster than in float32
-    (docs/results/speedrun-cpu.md)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return True
-    return dev.type == "cpu" and bool(_cpu_flags() & set(NATIVE_BF16_CPU_FLAGS))
 
 
 def autocast(device: torch.device | str, enabled: bool):

@@ -9,8 +9,9 @@ a smaller net and schedule that finishes in minutes on a 2-core machine.
 ``run(SpeedrunConfig(...))`` is the whole job: load the data, untimed warm-up
 runs, then N timed runs of the recipe (or the ablation ladder), a summary, a run
 directory and plots. ``train_run`` is one run. A job stopped part way resumes
-from its checkpoint (``JobCheckpoint``, ``plan_resume``): finished runs kept, the
-run in progress continued from its last epoch end with the same result.
+from its checkpoint (``hasten.recipes.speedrun_resume``): finished runs kept, the
+run in progress continued from its last epoch end with the same result. The recipe,
+presets and ladder are in ``hasten.recipes.speedrun_recipe`` (re-exported here).
 
 Timing follows the speedrun community (airbench): data already decoded (cached)
 and copied to the device, the networks built, warm-up runs excluded (``warm_up``:
@@ -28,202 +29,34 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
 from hasten import stats
-from hasten.checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint, newest_checkpoint, previous_path,
-                               rng_state, save_checkpoint, set_rng_state)
+from hasten.checkpoint import rng_state, set_rng_state
 from hasten.data import ImageDataset
-from hasten.data.device_loader import Augmentation, GpuLoader
+from hasten.data.device_loader import GpuLoader
 from hasten.data.host_loader import HostLoader
 from hasten.data.normalize import channel_stats, normalize
 from hasten.environment import describe_environment
 from hasten.errors import ConfigError
-from hasten.models.speedrun_net import NetConfig, SpeedrunNet
+from hasten.models.speedrun_net import SpeedrunNet
 from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule, warmup_decay
-from hasten.nn.precision import autocast, cross_entropy, native_bf16
-from hasten.nn.tta import TTA_LEVELS, evaluate
+from hasten.nn.precision import autocast, cross_entropy
+from hasten.nn.tta import evaluate
 from hasten.nn.whitening import init_whitening_conv
 from hasten.progress import progress
+from hasten.recipes.speedrun_recipe import (BASELINE_CHANGES, CPU_0_1, LADDER, PRESETS, Recipe, RunResult,  # noqa: F401
+                                            SpeedrunConfig, build_recipe, choose_preset, default_target,
+                                            ladder_recipes, precision)
+from hasten.recipes.speedrun_resume import (CHECKPOINT_FORMAT, RESUME_AUTO, JobCheckpoint, ResumePlan,  # noqa: F401
+                                            describe_checkpoint, plan_resume, run_identity)
 from hasten.recipes.step import TrainMeter, optimizer_step
 from hasten.recipes.training_data import load_training_data
-from hasten.rundir import config_digest, runs_root
+from hasten.rundir import config_digest
 from hasten.timing import Stopwatch, interleaved
-
-# ----------------------------------------------------------------------------
-# Hyperparameters
-# ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Recipe:
-    net: NetConfig = NetConfig()
-    epochs: float = 9.9               # fractional: the last epoch stops early
-    batch_size: int = 1024
-    lr: float = 11.5                  # learning rate per 1024 examples (loss summed, not averaged)
-    momentum: float = 0.85            # Nesterov
-    weight_decay: float = 0.0153      # per 1024 examples, decoupled from the learning rate
-    bias_scaler: float = 64.0         # lr multiplier for BN biases (their scales are frozen)
-    label_smoothing: float = 0.2
-    warmup_frac: float = 0.23         # lr: 0.2 -> 1.0 over this fraction of steps, then -> 0.07
-    whiten: bool = True               # whitening conv initialised from data and frozen
-    whiten_sample: str = "random"     # random: a seeded sample of 5,000 training images; first: airbench's
-                                      # first 5,000 (a fair sample only of pre-shuffled files such as
-                                      # CIFAR-10's; of class-ordered folders it is one class)
-    whiten_bias_epochs: int = 3       # the whitening bias trains this many epochs, then freezes
-    augment: Augmentation = Augmentation(translate=2, flip="alternating")
-    averaging: str = "lookahead"      # none | ema (evaluate the EMA) | lookahead (copy back)
-    ema_every: int = 5                # steps between weight-average updates
-    ema_decay: float = 0.99           # for averaging=ema (Page); lookahead uses airbench's schedule
-    tta: str = "flip_translate"       # none | flip | flip_translate
-    device_loader: bool = True        # False: per-batch preprocessing on the host (ladder rung 0)
-    bf16: bool = True                 # autocast to bfloat16 where it is native (CUDA; CPUs with AMX or
-                                      # AVX512-BF16: hasten.nn.precision.native_bf16); float32 elsewhere
-    channels_last: bool = True
-    compile: bool = False             # torch.compile the model (CUDA; excluded from timing by warm-up)
-
-    def __post_init__(self) -> None:
-        if self.averaging not in ("none", "ema", "lookahead"):
-            raise ValueError(f"Invalid averaging {self.averaging!r}; accepted: none, ema, lookahead")
-        if self.whiten_sample not in ("random", "first"):
-            raise ValueError(f"Invalid whiten_sample {self.whiten_sample!r}; accepted: random, first")
-        if self.tta not in TTA_LEVELS:
-            raise ValueError(f"Invalid tta {self.tta!r}; accepted: {', '.join(TTA_LEVELS)}")
-        if self.epochs <= 0 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError(f"epochs, batch_size and lr must be positive: {self.epochs}, {self.batch_size}, {self.lr}")
-        ghost = self.net.ghost_batch_size
-        if ghost and self.batch_size % ghost:
-            raise ValueError(f"the ghost batch norm size {ghost} must divide the batch size {self.batch_size}")
-
-    def replace(self, **changes) -> "Recipe":
-        """``dataclasses.replace``, where ``net.<field>`` keys change the network."""
-        net_changes = {k[4:]: changes.pop(k) for k in list(changes) if k.startswith("net.")}
-        return dataclasses.replace(self, net=dataclasses.replace(self.net, **net_changes), **changes)
-
-
-PRESETS: dict[str, Recipe] = {
-    # airbench94 (Keller Jordan): 94.0% on canonical CIFAR-10 in 3.83 s on an A100.
-    "airbench94": Recipe(),
-    # CPU: a quarter of the width, 6.5 epochs of batch 256: on a 2-core AVX2 EPYC an
-    # epoch of batch 256 took 57 s against 69 s at batch 512 (the bare network's step), and
-    # the smaller batch takes more steps per epoch. hasten 0.1 ran 8 epochs of batch 512
-    # (CPU_0_1 below). Measured: docs/results/speedrun-cpu.md.
-    "cpu": Recipe(net=NetConfig(widths=(32, 64, 128)), epochs=6.5, batch_size=256, lr=9.0),
-    # A seconds-long preset for tests and smoke runs.
-    "tiny": Recipe(net=NetConfig(widths=(16, 32, 32)), epochs=2, batch_size=256, lr=6.0,
-                   whiten_bias_epochs=1, tta="flip"),
-}
-
-
-# hasten 0.1's cpu preset, for the comparison in benchmarks/speedrun_command.py.
-CPU_0_1 = PRESETS["cpu"].replace(epochs=8, batch_size=512, whiten_sample="first")
-
-
-def precision(recipe: Recipe, device: torch.device) -> str:
-    """``bf16`` where the recipe asks for it and the device computes it natively
-    (``native_bf16``), else ``fp32``: what ``train_run`` trains in."""
-    return "bf16" if recipe.bf16 and native_bf16(device) else "fp32"
-
-
-def choose_preset(requested: str, device: torch.device) -> tuple[str, str]:
-    """The preset to run and why: ``requested`` unless it is ``auto``, which picks
-    by device."""
-    if requested != "auto":
-        return requested, "asked for with --preset"
-    if device.type == "cuda":
-        return "airbench94", "CUDA device present: the full recipe"
-    return "cpu", ("no CUDA device: the 'cpu' preset (narrower net, fewer epochs) finishes in minutes on "
-                   "2 cores, where the full 'airbench94' recipe would take hours")
-
-
-def build_recipe(preset: str, **changes) -> Recipe:
-    """``PRESETS[preset]`` with ``changes`` (see ``Recipe.replace``); a
-    ``ConfigError`` for an unknown preset or an invalid value."""
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; choose one of {list(PRESETS)}")
-    try:
-        return PRESETS[preset].replace(**changes)
-    except ValueError as exc:  # Recipe and NetConfig validate their own fields
-        raise ConfigError(str(exc)) from None
-
-
-def default_target(device: torch.device) -> float:
-    """The ablation's accuracy target: airbench's 94% on CUDA, 80% (within reach of
-    the ``cpu`` preset) elsewhere."""
-    return 0.94 if device.type == "cuda" else 0.80
-
-
-# Page's ladder (each rung adds one trick to the previous one), then airbench's
-# additions. Rung 0 is the plain net: host-side preprocessing, ReLU, pool after
-# activation, no label smoothing, trainable BN scales, no whitening, no weight
-# averaging, no TTA, random flips, default init.
-BASELINE_CHANGES = {
-    "device_loader": False, "net.pool_before_act": False, "label_smoothing": 0.0,
-    "net.activation": "relu", "net.ghost_batch_size": 0, "net.freeze_bn_scale": False,
-    "bias_scaler": 1.0, "whiten": False, "averaging": "none", "tta": "none",
-    "augment": Augmentation(translate=2, flip="random"), "net.dirac_init": False,
-}
-LADDER: list[tuple[str, dict]] = [
-    ("baseline", {}),
-    ("+ preprocessing on the device", {"device_loader": True}),
-    ("+ max-pool before activation", {"net.pool_before_act": True}),
-    ("+ label smoothing 0.2", {"label_smoothing": 0.2}),
-    ("+ CELU", {"net.activation": "celu"}),
-    ("+ ghost batch norm (32/chunk)", {"net.ghost_batch_size": 32}),
-    ("+ frozen BN scale, bias lr x64", {"net.freeze_bn_scale": True, "bias_scaler": 64.0}),
-    ("+ patch whitening", {"whiten": True}),
-    ("+ EMA of weights", {"averaging": "ema"}),
-    ("+ TTA: flip", {"tta": "flip"}),
-    ("+ alternating flip", {"augment": "alternating"}),
-    ("+ identity (dirac) init", {"net.dirac_init": True}),
-    ("+ GELU, Lookahead (airbench)", {"net.activation": "gelu", "net.ghost_batch_size": 0, "averaging": "lookahead"}),
-    ("+ TTA: flip + translate", {"tta": "flip_translate"}),
-]
-
-
-def ladder_recipes(top: Recipe) -> list[tuple[str, Recipe]]:
-    """The cumulative rungs, each a full Recipe, ending in ``top`` with all tricks on."""
-    recipe = top.replace(**BASELINE_CHANGES)
-    rungs = []
-    for name, changes in LADDER:
-        changes = dict(changes)
-        if changes.get("augment") == "alternating":
-            changes["augment"] = dataclasses.replace(recipe.augment, flip="alternating")
-        try:
-            recipe = recipe.replace(**changes)
-        except ValueError as exc:
-            raise ConfigError(f"ablation rung {name!r}: {exc}") from None
-        rungs.append((name, recipe))
-    return rungs
-
-
-@dataclass(frozen=True)
-class SpeedrunConfig:
-    """One ``run``: ``runs`` timed runs of ``recipe``, or its ablation ladder."""
-    recipe: Recipe
-    preset: str                       # the name ``recipe`` was built from, for the reports
-    device: str = "cpu"               # cpu | cuda | cuda:N
-    data: str | None = None           # folder, archive or CIFAR-10 binary (None: load_dataset's default)
-    runs: int = 1                     # run i uses seed + i
-    seed: int = 0
-    train_subset: int = 0             # train on a seeded random subset of this many images; 0 = all
-    warmup: bool = True               # an untimed warm-up run first (allocator, cuDNN autotune, compile)
-    ablate: bool = False              # the ablation ladder (tricks added one by one) instead
-    target: float = 0.94              # ablation: epochs and seconds to this accuracy are reported
-
-    def __post_init__(self) -> None:
-        if self.runs < 1:
-            raise ConfigError(f"--runs must be >= 1, got {self.runs}")
-        if not 0 < self.target <= 1:
-            raise ConfigError(f"--target is an accuracy in (0, 1], got {self.target}")
-        if self.train_subset < 0:
-            raise ConfigError(f"--train-subset must be >= 0, got {self.train_subset}")
 
 
 # ----------------------------------------------------------------------------
@@ -282,21 +115,6 @@ def lr_factor(step: int, total: int, warmup_frac: float) -> float:
     return 1.0 + (0.07 - 1.0) * (step - warmup) / max(total - warmup, 1)
 
 
-@dataclass
-class RunResult:
-    accuracy: float                  # final accuracy without TTA
-    tta_accuracy: float              # final accuracy with the recipe's TTA (the headline number)
-    time_s: float                    # timed span, see the module docstring
-    cpu_time_s: float = 0.0          # process CPU seconds over the same span (all threads)
-    epochs: list[dict] = field(default_factory=list)
-    epochs_to_target: float | None = None
-    time_to_target_s: float | None = None
-    time_parts_s: list[float] = field(default_factory=list)  # timed seconds per process: one part, or
-                                                             # before each stop and after the last resume
-
-    def __post_init__(self) -> None:
-        if not self.time_parts_s:  # a run never stopped: its time in one part
-            self.time_parts_s = [self.time_s]
 
 
 def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
@@ -532,146 +350,6 @@ def flops_per_run(recipe: Recipe, data: ImageDataset) -> int:
 def steps_per_run(recipe: Recipe, n_train: int) -> int:
     """Training steps of one run on ``n_train`` images (the loader drops the last partial batch)."""
     return math.ceil(n_train // recipe.batch_size * recipe.epochs)
-
-
-# ----------------------------------------------------------------------------
-# Checkpoints: a stopped job resumed
-# ----------------------------------------------------------------------------
-
-CHECKPOINT_FORMAT = "hasten speedrun 1"
-RESUME_AUTO = "auto"
-
-
-def run_identity(config: SpeedrunConfig, dataset: ImageDataset | None = None) -> dict:
-    """What a stopped job must share with a new one to be resumed by it: what its
-    results depend on (recipe, runs, seed, data, device type, ladder and target), not
-    how it is watched (warm-up, output files)."""
-    if dataset is not None:
-        data = f"{dataset.name} ({dataset.source})"
-    else:
-        data = config.data or "cifar10-download"
-        if Path(data).expanduser().exists():
-            data = str(Path(data).expanduser().resolve())
-    return {"preset": config.preset, "recipe": dataclasses.asdict(config.recipe), "runs": config.runs,
-            "seed": config.seed, "data": data, "train_subset": config.train_subset,
-            "device": torch.device(config.device).type, "ablate": config.ablate,
-            "target": config.target if config.ablate else None}
-
-
-class JobCheckpoint:
-    """A job's ``checkpoint.pt`` in its run directory (``hasten.checkpoint.save_checkpoint``:
-    atomic, the one before kept as ``checkpoint-previous.pt``): the results of the runs
-    finished and, at its last epoch end, the state of the run in progress. Its ``step``
-    counts the job's training steps. ``directory=None`` keeps the bookkeeping, writes nothing."""
-
-    def __init__(self, directory: str | os.PathLike | None, identity: dict, state: dict | None = None):
-        self.path = Path(directory) / CHECKPOINT_NAME if directory is not None else None
-        self.identity = identity
-        self.done: list[RunResult] = [RunResult(**r) for r in state["done"]] if state is not None else []
-        self.done_steps: int = state["done_steps"] if state is not None else 0
-        self.current: dict | None = state["current"] if state is not None else None
-
-    def resume_state(self, index: int) -> dict | None:
-        """The saved state of run ``index`` when the job stopped inside it, else None."""
-        current = self.current
-        return current["run"] if current is not None and current["index"] == index else None
-
-    def save_run(self, index: int, state: dict) -> None:
-        """At an epoch end of run ``index`` (``train_run``'s ``on_checkpoint``)."""
-        self.current = None  # the state holds the live tensors: saved, not kept
-        self._save(self.done_steps + state["step"], {"index": index, "run": state})
-
-    def finish(self, result: RunResult, steps: int) -> None:
-        """A run ended: its result joins the finished ones."""
-        self.done.append(result)
-        self.done_steps += steps
-        self.current = None
-        self._save(self.done_steps, None)
-
-    def remove(self) -> None:
-        """The job is complete: nothing left to resume."""
-        if self.path is not None:
-            for path in (self.path, previous_path(self.path)):
-                path.unlink(missing_ok=True)
-
-    def _save(self, step: int, current: dict | None) -> None:
-        if self.path is not None:
-            save_checkpoint(self.path, {"format": CHECKPOINT_FORMAT, "step": step, "identity": self.identity,
-                                        "digest": config_digest(self.identity),
-                                        "done": [dataclasses.asdict(r) for r in self.done],
-                                        "done_steps": self.done_steps, "current": current,
-                                        # a resumed run uses the same threads: float sums split over
-                                        # another count round in another order, and it would not end
-                                        # bit for bit as the run never stopped
-                                        "torch_threads": torch.get_num_threads()}, keep_previous=True)
-
-
-def describe_checkpoint(state: dict, config: SpeedrunConfig) -> str:
-    """How far a checkpointed job got, in words: "1 of 3 runs finished, run 1 to epoch 4 of 7"."""
-    jobs = config.runs * (len(LADDER) if config.ablate else 1)
-    text = f"{len(state['done'])} of {jobs} {'ladder runs' if config.ablate else 'runs'} finished"
-    current = state["current"]
-    if current is not None:
-        text += f", run {current['index']} to epoch {current['run']['epoch']} of {math.ceil(config.recipe.epochs)}"
-    return text
-
-
-@dataclass(frozen=True)
-class ResumePlan:
-    """Where a job starts: the run directory to continue (None: a new one), the
-    checkpoint state (None: fresh) and a line for the user (None: nothing to say)."""
-    run_path: Path | None
-    state: dict | None
-    note: str | None
-
-
-def plan_resume(config: SpeedrunConfig, resume: str | os.PathLike | None, root: str | os.PathLike | None = None,
-                dataset: ImageDataset | None = None) -> ResumePlan:
-    """Decide where a job starts.
-
-    - ``resume=None``: fresh, in a new run directory.
-    - ``resume="auto"``: the stopped job of the same settings (``run_identity``) whose
-      checkpoint is newest, among the ``speedrun-*`` run directories under ``root``
-      (default ``$HASTEN_RUNS``, else ``runs``); with none, fresh, said in the note.
-    - ``resume=PATH``: that run directory or checkpoint file; a ``ConfigError`` naming
-      the settings that differ when it was written with other ones.
-
-    ``dataset``: the in-memory data set ``run`` will be given, if any (part of the settings)."""
-    if resume is None:
-        return ResumePlan(None, None, None)
-    identity = run_identity(config, dataset)
-    digest = config_digest(identity)
-    if str(resume) == RESUME_AUTO:
-        root = Path(root) if root is not None else runs_root()
-        found, others = [], 0
-        for directory in sorted(root.glob("speedrun-*")):
-            newest = newest_checkpoint(directory)
-            if newest is None:
-                continue
-            state = load_checkpoint(newest.path)
-            if state.get("digest") == digest:
-                found.append((newest.path.stat().st_mtime, directory, state))
-            else:
-                others += 1
-        if not found:
-            other = f" ({others} stopped job(s) of other settings there)" if others else ""
-            return ResumePlan(None, None, f"no stopped speedrun of these settings under {root}{other}; starting fresh")
-        _, directory, state = max(found, key=lambda f: f[0])
-        return ResumePlan(directory, state, f"resuming {directory}: {describe_checkpoint(state, config)}")
-    path = Path(resume).expanduser()
-    newest = newest_checkpoint(path) if path.is_dir() else None
-    if path.is_dir() and newest is None:
-        raise ConfigError(f"{path} holds no complete speedrun checkpoint (finished jobs keep none)")
-    state = load_checkpoint(newest.path if newest is not None else path)
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a hasten speedrun checkpoint")
-    if state["digest"] != digest:
-        now, saved = identity, state["identity"]
-        diff = [f"{k}: checkpoint {saved.get(k)!r}, now {now[k]!r}" for k in now
-                if config_digest({k: saved.get(k)}) != config_digest({k: now[k]})]
-        raise ConfigError(f"cannot resume {path} with different settings: " + "; ".join(diff))
-    directory = path if path.is_dir() else path.parent
-    return ResumePlan(directory, state, f"resuming {directory}: {describe_checkpoint(state, config)}")
 
 
 # ----------------------------------------------------------------------------
