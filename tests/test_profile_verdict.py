@@ -218,3 +218,11 @@ def test_the_cores_are_the_probes_or_the_windows_if_more_capped_by_the_scripts_o
     assert cores_for_run(before, {"cores": 2, "free": 0.2})["available"] == pytest.approx(0.9)  # a light job's window
     assert cores_for_run(before, {"cores": 1, "free": 1.0})["available"] == pytest.approx(1.0)  # pinned by the script
     assert cores_for_run(before, {})["available"] == pytest.approx(0.9)
+
+
+def test_a_cpu_demand_about_the_cores_is_near_the_line_not_a_flip():
+    # (30 + 60) ms of CPU in a 60 ms step alone: 1.5 cores' worth, against 1.45 available (within 10%)
+    a = analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 1.45})
+    assert not a.cpu["contended"] and a.cpu["near_cores"]
+    assert a.verdict == "balanced" and a.data_interval[1] >= 1 / 3  # the interval holds the CPU share
+    assert any("about the 1.45 there are" in n for n in a.notes)

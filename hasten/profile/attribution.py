@@ -23,6 +23,8 @@ from hasten.profile.shares import product_interval, ratio_interval, wilson
 if TYPE_CHECKING:
     from hasten.profile.verdict import Analysis, RankSummary
 
+CORE_BAND = 0.10  # CPU demand within 10% of the cores: too close to call contended or not
+
 
 def mean(xs) -> float:
     xs = list(xs)
@@ -79,9 +81,11 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
     n, q = s.worker_batches, s.in_flight
     c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
+    # Within CORE_BAND of the cores, whether they compete is too close to call: the verdict's interval
+    # then holds both readings (the wait, and the CPU share), so that two runs do not flip between them.
     return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": m, "demand_cores": demand,
-            "contended": demand > cores, "data_cpu_share": c / (c + m),
-            "data_cpu_share_interval": (c_lo / (c_lo + m), c_hi / (c_hi + m))}
+            "contended": demand > cores * (1 + CORE_BAND), "near_cores": abs(demand / cores - 1) <= CORE_BAND,
+            "data_cpu_share": c / (c + m), "data_cpu_share_interval": (c_lo / (c_lo + m), c_hi / (c_hi + m))}
 
 
 def data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:
