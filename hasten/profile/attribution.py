@@ -23,8 +23,6 @@ from hasten.profile.shares import product_interval, ratio_interval, wilson
 if TYPE_CHECKING:
     from hasten.profile.verdict import Analysis, RankSummary
 
-CORE_BAND = 0.10  # CPU demand within 10% of the cores: too close to call contended or not
-
 
 def mean(xs) -> float:
     xs = list(xs)
@@ -68,9 +66,12 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     step's own m is the main process's CPU per step outside its data wait (every thread). They
     compete when running the step at its own pace (the step alone, data made free) with its
     batches made alongside needs more cores than the job had: (c + m) / step alone > cores.
-    Then the step does not wait for data, the workers take its cores, and the data path's share
-    of the step is its share of that CPU, c / (c + m). Without workers, the data CPU is spent in
-    the loop's own thread, in turn with the step: it shows as the data wait."""
+    Then the CPU sets the step, max(step alone, (c + m) / cores), and with the data made free
+    it would be max(step alone, m / cores): the data path's share of the step is what its CPU
+    adds, c / (c + m) where the step's own work is all CPU, less where the step sleeps or
+    waits on a device. It grows from zero as the demand passes the cores, so that a demand
+    about the cores does not flip the verdict. Without workers, the data CPU is spent in the
+    loop's own thread, in turn with the step: it shows as the data wait."""
     if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0:
         return {}
     c = s.worker_cpu_per_batch_s * max(1.0, micro)
@@ -81,11 +82,14 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
     n, q = s.worker_batches, s.in_flight
     c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
-    # Within CORE_BAND of the cores, whether they compete is too close to call: the verdict's interval
-    # then holds both readings (the wait, and the CPU share), so that two runs do not flip between them.
+
+
+    def share(c: float) -> float:  # of the step as the CPU sets it, what the data path's CPU adds
+        return 1 - max(alone, m / cores) / max(alone, (c + m) / cores)
+
     return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": m, "demand_cores": demand,
-            "contended": demand > cores * (1 + CORE_BAND), "near_cores": abs(demand / cores - 1) <= CORE_BAND,
-            "data_cpu_share": c / (c + m), "data_cpu_share_interval": (c_lo / (c_lo + m), c_hi / (c_hi + m))}
+            "contended": demand > cores, "data_cpu_share": share(c),
+            "data_cpu_share_interval": (share(c_lo), share(c_hi))}
 
 
 def data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:

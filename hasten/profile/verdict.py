@@ -536,8 +536,6 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     if cpu_use.get("contended") and cpu_use["data_cpu_share"] > wait:
         share, (lo, hi) = cpu_use["data_cpu_share"], cpu_use["data_cpu_share_interval"]
         kind = "cpu"
-    elif cpu_use.get("near_cores") and cpu_use["data_cpu_share"] > wait:
-        hi = max(hi, cpu_use["data_cpu_share_interval"][1])  # it may be the CPU share: the interval holds it
     verdict, severity = classify(share, comm_frac, s0.host_fraction, (lo, hi))
     excluded = {}
     for s in sums:
@@ -561,11 +559,6 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     a.cpu = cores
     a.cpu.update(main_cpu_per_step_s=s0.cpu_s, worker_cpu_per_batch_s=s0.worker_cpu_per_batch_s, **cpu_use)
     a.data_free_step_s = attribution.data_free_step(a, s0, cpu_use)
-    if cpu_use.get("near_cores") and not cpu_use.get("contended") and cpu_use["data_cpu_share"] > wait:
-        a.notes.append(f"the step and its loader's workers need {cpu_use['demand_cores']:.2f} cores at the step's "
-                       f"own pace, about the {a.cpu['available']:.2f} there are: if they compete for them, the "
-                       f"data path's share is its {cpu_use['data_cpu_share']:.0%} of the CPU, not its "
-                       f"{wait:.0%} wait (the interval holds both)")
     if not loader_driven and not s0.batch_found:
         a.notes.append(f"no line making the model's input was found (no source to read): the "
                        f"{(wait + other):.0%} of the step outside compute is not counted as data")
