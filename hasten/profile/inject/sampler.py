@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import random
 import sys
 import threading
 import time
@@ -21,6 +22,10 @@ import time
 from hasten.profile.inject import messages
 from hasten.profile.inject.state import State
 from hasten.profile.inject.user_code import is_users, where
+
+# The sampler's own random numbers: drawing from the module's global generator would change the
+# script's random sequence (its shuffles and augmentations) under the profile.
+_JITTER = random.Random()
 
 def attribute(st: State, frame) -> None:
     """Count a sample outside compute inside a measured step: in the loader, making the batch, or other
@@ -65,7 +70,9 @@ def _watch(st: State, main_ident: int) -> None:
         # 10 samples a second: each takes the GIL from the loop for a few microseconds, and on a
         # loaded machine a sampler descheduled while holding it stalls the loop; fewer wake-ups, fewer stalls.
         measuring = st.phase == "measure"
-        time.sleep(0.05 if measuring else 0.1)
+        # In the window, at random intervals (20 a second on average): a loop whose step lasts a
+        # multiple of a fixed interval would be sampled at the same point of its step every time.
+        time.sleep(_JITTER.uniform(0.025, 0.075) if measuring else 0.1)
         frame = sys._current_frames().get(main_ident)
         if frame is not None:
             key = where(frame)
