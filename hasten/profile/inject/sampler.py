@@ -27,6 +27,7 @@ from hasten.profile.inject.user_code import is_users, where
 # script's random sequence (its shuffles and augmentations) under the profile.
 _JITTER = random.Random()
 
+
 def attribute(st: State, frame) -> None:
     """Count a sample outside compute inside a measured step: in the loader, making the batch, or other
     (``hasten`` when hasten's own hook code is running: its time is no line of the user's)."""
