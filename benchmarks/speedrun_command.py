@@ -16,7 +16,10 @@ Configurations (``--configs``), all through the same command and code path:
 - ``cpu-e5.5``: 5.5 epochs instead of 6.5;
 - ``cpu-w24``: widths 24, 48, 96 instead of 32, 64, 128;
 - ``cpu-spin``: the preset with OpenMP's default spinning wait (``OMP_WAIT_POLICY=ACTIVE``)
-  instead of the passive wait ``hasten speedrun`` asks for (``hasten.cores``);
+  instead of the passive wait ``hasten speedrun`` asks for (``hasten.cores``); with
+  spinning threads the command uses one per core others leave free;
+- ``cpu-t1``: one thread (``--threads 1``), against which the busy-machine choice
+  of all cores (threads that sleep while they wait) is checked;
 - ``cpu-first5000``: whitening from the first 5,000 training images as airbench does
   (of a class-ordered archive such as CIFAR-10-JPEG that is one class);
 - ``cpu-0.1``: hasten 0.1's ``cpu`` preset (8 epochs of batch 512, first-5,000
@@ -64,6 +67,7 @@ CONFIGS: dict[str, dict] = {
     "cpu-e5.5": {"flags": ["--epochs", "5.5"]},
     "cpu-w24": {"recipe": {"net.widths": (24, 48, 96)}},
     "cpu-spin": {"env": {"OMP_WAIT_POLICY": "ACTIVE"}},
+    "cpu-t1": {"flags": ["--threads", "1"]},
     "cpu-first5000": {"recipe": {"whiten_sample": "first"}},
     "cpu-0.1": {"recipe": "CPU_0_1"},
 }

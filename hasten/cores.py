@@ -4,13 +4,13 @@ threads to use, and how OpenMP threads wait.
 Why it matters on a shared machine: torch's CPU kernels split each operation over
 OpenMP threads that meet at a barrier. With the default wait policy a thread that
 reaches the barrier first spins; if the scheduler has lent its partner's core to
-another process, it spins for the partner's whole time slice. Measured on 2 cores
-beside 2 busy processes (the speedrun's network, batch 256): 1441 ms a step with
-spinning threads against 681 ms with ``OMP_WAIT_POLICY=PASSIVE``
-(benchmarks/speedrun_command.py and docs/results/speedrun-cpu.md have the
-whole-command figures). Neither changes any result: only how threads wait and
-how many there are (float reductions split over fewer threads may round in
-another order).
+another process, it spins for the partner's whole time slice. Measured once on 2
+cores beside 2 busy processes (the speedrun's network, batch 256, 20 s each):
+1441 ms a step with 2 spinning threads, 1051 ms with 1, and 681 and 706 ms with
+``OMP_WAIT_POLICY=PASSIVE``; benchmarks/speedrun_command.py has the whole-command
+figures (docs/results/speedrun-cpu.md). Neither changes the training math: only
+how threads wait and how many there are (float sums split over another number of
+threads may round in another order).
 
 Imports no torch: :func:`prefer_passive_wait` must run before torch loads
 OpenMP, which reads the policy once.
@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["CoreShare", "free_cores", "prefer_passive_wait", "usable_cores"]
+__all__ = ["CoreShare", "free_cores", "prefer_passive_wait", "threads_sleep_while_waiting", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -62,6 +62,12 @@ def _cpu_ticks() -> tuple[int, int] | None:
     return total - idle, total
 
 
+def threads_sleep_while_waiting() -> bool:
+    """Whether OpenMP threads sleep at barriers in this process: the policy asked for
+    (``prefer_passive_wait``) or set by the user."""
+    return os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+
+
 @dataclass(frozen=True)
 class CoreShare:
     """What other processes left of this process's cores over a short sample."""
@@ -69,6 +75,7 @@ class CoreShare:
     cores: int          # cores this process may use
     busy: float         # cores' worth of time others spent running over the sample
     threads: int        # the torch thread count to use
+    passive: bool = True  # whether the threads sleep while they wait (the reason for the count)
 
     @property
     def free(self) -> float:
@@ -76,26 +83,34 @@ class CoreShare:
 
     def line(self) -> str:
         """One line for the start of a command's output."""
-        if self.threads >= self.cores:
+        if self.busy < 0.5:
             return f"threads: {self.threads} ({self.cores} cores, {self.free:.1f} free)"
-        return (f"threads: {self.threads} of {self.cores} cores: other processes keep {self.busy:.1f} of them busy "
-                f"(--threads N to choose)")
+        if self.threads >= self.cores:
+            return (f"threads: {self.threads} of {self.cores} cores, although other processes keep {self.busy:.1f} "
+                    "busy: the threads sleep while they wait, so the scheduler's share of every core is used "
+                    "(--threads N to choose)")
+        return (f"threads: {self.threads} of {self.cores} cores: other processes keep {self.busy:.1f} of them busy, "
+                "and these threads spin while they wait (OMP_WAIT_POLICY) (--threads N to choose)")
 
 
-def free_cores(sample_s: float = 0.5, *, cores: int | None = None) -> CoreShare:
+def free_cores(sample_s: float = 0.5, *, cores: int | None = None, passive: bool | None = None) -> CoreShare:
     """Measure how busy the machine is now (the share of all CPUs others used over
-    ``sample_s`` seconds, scaled to this process's cores), and pick threads: one per
-    core others leave free, at least 1; all of them when none are measured busy
-    (or off Linux). The process itself should be idle while it samples."""
+    ``sample_s`` seconds, scaled to this process's cores), and pick threads.
+
+    With threads that sleep while they wait (``passive``; default: as this process's
+    OpenMP is set), all cores: each thread gets the scheduler's share of its core, and
+    one that waits gives its core away instead of holding it. With spinning threads,
+    one per core others leave free (a core counts as free while others use less than
+    half of it), at least 1: a spinning thread holds a core its partner needs.
+    All cores when none are measured busy, or off Linux. The process itself should be
+    idle while it samples."""
     cores = usable_cores() if cores is None else cores
+    passive = threads_sleep_while_waiting() if passive is None else passive
     before = _cpu_ticks()
     time.sleep(sample_s)
     after = _cpu_ticks()
     if before is None or after is None or after[1] <= before[1]:
-        return CoreShare(cores, 0.0, cores)
-    busy_share = (after[0] - before[0]) / (after[1] - before[1])
-    busy = busy_share * cores
-    # A core counts as free when others use less than half of it: the scheduler shares
-    # the rest, and one thread too few costs more than one too many when it sleeps.
-    threads = max(1, min(cores, math.floor(cores - busy + 0.5)))
-    return CoreShare(cores, round(busy, 2), threads)
+        return CoreShare(cores, 0.0, cores, passive)
+    busy = (after[0] - before[0]) / (after[1] - before[1]) * cores
+    threads = cores if passive else max(1, min(cores, math.floor(cores - busy + 0.5)))
+    return CoreShare(cores, round(busy, 2), threads, passive)

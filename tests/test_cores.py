@@ -14,18 +14,32 @@ def _ticks(monkeypatch, samples):
 
 
 @pytest.mark.parametrize("busy_share, threads", [(0.0, 2), (0.2, 2), (0.3, 1), (0.5, 1), (0.9, 1), (1.0, 1)])
-def test_threads_are_the_cores_others_leave_free(monkeypatch, busy_share, threads):
+def test_spinning_threads_are_the_cores_others_leave_free(monkeypatch, busy_share, threads):
     # 1,000 jiffies over both cores, busy_share of them used by other processes.
     _ticks(monkeypatch, [(0, 0), (int(1000 * busy_share), 1000)])
-    share = cores.free_cores(0.0, cores=2)
+    share = cores.free_cores(0.0, cores=2, passive=False)
     assert share.threads == threads
     assert share.busy == pytest.approx(2 * busy_share)
     assert share.free == pytest.approx(2 - 2 * busy_share)
 
 
-def test_four_cores_half_busy_gives_two_threads(monkeypatch):
+def test_four_cores_half_busy_gives_two_spinning_threads(monkeypatch):
     _ticks(monkeypatch, [(100, 1000), (600, 2000)])
-    assert cores.free_cores(0.0, cores=4).threads == 2
+    assert cores.free_cores(0.0, cores=4, passive=False).threads == 2
+
+
+def test_sleeping_threads_use_every_core_and_say_why(monkeypatch):
+    _ticks(monkeypatch, [(0, 0), (900, 1000)])
+    share = cores.free_cores(0.0, cores=2, passive=True)
+    assert share.threads == 2 and share.busy == pytest.approx(1.8)
+    assert "although other processes keep 1.8 busy: the threads sleep while they wait" in share.line()
+    # the process's own policy decides by default
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    _ticks(monkeypatch, [(0, 0), (900, 1000)])
+    assert cores.free_cores(0.0, cores=2).threads == 1
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    _ticks(monkeypatch, [(0, 0), (900, 1000)])
+    assert cores.free_cores(0.0, cores=2).threads == 2
 
 
 def test_no_proc_stat_means_all_cores(monkeypatch):
@@ -35,7 +49,7 @@ def test_no_proc_stat_means_all_cores(monkeypatch):
 
 
 def test_the_line_says_why_fewer_threads():
-    assert "other processes keep 1.5 of them busy" in cores.CoreShare(2, 1.5, 1).line()
+    assert "other processes keep 1.5 of them busy, and these threads spin" in cores.CoreShare(2, 1.5, 1, False).line()
     assert cores.CoreShare(2, 0.1, 2).line().startswith("threads: 2 (2 cores")
 
 
