@@ -1,0 +1,290 @@
+"""Is ``hasten profile`` right on real training scripts from public repositories, run unchanged? (issue 32, item 8)
+
+The scripts (``real_script_cases.py``: repository, commit, licence, command line, the data
+made for each) are fetched at pinned commits into a cache outside this repository
+(``real_script_fetch.py``) and run unchanged on synthetic data. Per case and repeat, in this order:
+
+1. **as run**, without hasten: the script under ``real_script_truth.py``, which times its
+   optimizer steps (a global step hook; at ``backward()`` where it builds no optimizer) and
+   stops it after warm-up + measured steps. It also shows that the script works here.
+2. **data made free**, the same harness with each DataLoader handing out copies of its first
+   batch (or the script's batch function replaced by a replay of its first result). The true
+   data share is 1 - T(free) / T(as run), pooled over the repeats; the expected verdict is what
+   that share gives under the profile's own thresholds (``hasten.profile.verdict.classify``).
+   A script whose data path cannot be made free this way has no truth ("not measured").
+3. **``hasten profile --json``** on the same command line, in the same conditions (a case
+   pinned to a core runs all three under ``taskset``): its exit status, verdict, data share
+   and interval, step time, what it dropped, its #1 fix.
+
+Repeats are interleaved (every case once per repeat, in a shuffled order). Each finished
+(case, repeat) is written to ``benchmarks/results/profile_real_scripts.json`` at once and
+skipped on a rerun, so the benchmark resumes where it stopped (``--fresh`` starts over).
+
+Goals (issue 32): the right verdict on >= 90% of runs; 0 crashes (a script that runs without
+hasten must not fail under it); the same verdict on every repeat of >= 90% of cases (3 of 3
+with ``--repeats 3``); profiling overhead < 5% per step on the compute-bound cases.
+
+    nice -n 19 python benchmarks/profile_real_scripts.py [--repeats 2] [--only NAME] [--fresh]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hasten.profile.verdict import classify
+from hasten.rundir import write_json
+from hasten.timing import interleaved
+
+from _common import RESULTS, MeasuredConditions, hardware_label
+from real_script_cases import CASES, DATA, Case
+from real_script_fetch import checkout
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = RESULTS / "profile_real_scripts.json"
+PY = sys.executable
+
+
+def _fill(args, checkout_dir: Path, scratch: Path) -> list[str]:
+    return [a.format(checkout=checkout_dir, scratch=scratch) for a in args]
+
+
+def _portable(text: str, checkout_dir: Path, scratch: Path) -> str:
+    return (text.replace(str(checkout_dir), "<checkout>").replace(str(scratch), "<scratch>")
+            .replace(str(ROOT), "<hasten>"))
+
+
+def _env(case: Case, checkout_dir: Path) -> dict:
+    env = dict(os.environ)
+    if case.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout_dir), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _pin(case: Case) -> list[str]:
+    return ["taskset", "-c", case.taskset] if case.taskset else []
+
+
+def _tail(text: str, n: int = 6) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def truth_run(case: Case, mode: str, checkout_dir: Path, scratch: Path, cwd: Path) -> dict:
+    out = scratch / f"truth-{mode}.json"
+    env = {**_env(case, checkout_dir), "REAL_TRUTH_MODE": mode, "REAL_TRUTH_OUT": str(out),
+           "REAL_TRUTH_WARMUP": str(case.truth_warmup), "REAL_TRUTH_STEPS": str(case.truth_steps),
+           "REAL_TRUTH_DATA_FN": case.data_fn or ""}
+    cmd = [*_pin(case), PY, str(HERE / "real_script_truth.py"), str(checkout_dir / case.script),
+           *_fill(case.args, checkout_dir, scratch)]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
+        code, err = p.returncode, p.stderr
+    except subprocess.TimeoutExpired:
+        code, err = 124, "timed out after 400 s"
+    row = json.loads(out.read_text()) if out.exists() else {}
+    row.update(exit=code, wall_s=time.perf_counter() - t0)
+    if code != 0 or row.get("step_s") is None:
+        row["error"] = _portable(_tail(err), checkout_dir, scratch)
+    return row
+
+
+def profile_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path) -> dict:
+    js = scratch / "profile.json"
+    cmd = [*_pin(case), PY, "-m", "hasten", "profile", *case.profile_args, "--json", str(js), "--quiet",
+           "--timeout", "300", "--", "python", str(checkout_dir / case.script),
+           *_fill(case.args, checkout_dir, scratch)]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=_env(case, checkout_dir), capture_output=True, text=True,
+                           timeout=500)
+        code, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        code, out, err = 124, "", "timed out after 500 s"
+    row = {"exit": code, "wall_s": time.perf_counter() - t0}
+    if js.exists():
+        a = json.loads(js.read_text())
+        top = (a.get("recommendations") or [None])[0]
+        row.update({k: a.get(k) for k in ("verdict", "severity", "step_time_s", "data_share", "data_interval",
+                                          "input_kind", "data_wait_fraction", "compute_fraction",
+                                          "other_fraction", "data_free_step_s", "steps", "steps_from",
+                                          "num_workers", "dropped", "probes_off")})
+        row["cpu_available"] = (a.get("cpu") or {}).get("available")
+        row["top_fix"] = top and {"fix": top.get("fix"), "predicted": top.get("predicted_speedup"),
+                                  "verified": top.get("verified_speedup")}
+        row["other_where"] = (a.get("other_where") or [])[:2]
+    if code != 0:
+        row["error"] = _portable(_tail(err + "\n" + out, 8), checkout_dir, scratch)
+    return row
+
+
+def run_case(case: Case, repeat: int) -> dict:
+    if case.needs and importlib.util.find_spec(case.needs) is None:
+        return {"case": case.name, "repeat": repeat, "skipped": f"needs {case.needs} (pip install {case.needs})"}
+    src = case.source
+    checkout_dir, origin = checkout(src.name, src.commit)
+    scratch = Path(tempfile.mkdtemp(prefix="hasten-real-"))
+    try:
+        if case.data:
+            DATA[case.data](checkout_dir, scratch)
+        cwd = checkout_dir if case.cwd == "checkout" else scratch
+        row = {"case": case.name, "repeat": repeat, "fetched_from": origin}
+        row["asrun"] = truth_run(case, "asrun", checkout_dir, scratch, cwd)
+        if row["asrun"].get("error") is None and not case.in_memory:
+            row["datafree"] = truth_run(case, "datafree", checkout_dir, scratch, cwd)
+        row["profile"] = profile_run(case, checkout_dir, scratch, cwd)
+        return row
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# --- judging --------------------------------------------------------------------------------
+
+def truth(case: Case, runs: list[dict]) -> dict:
+    """The pooled truth of a case: mean step as run, with the data made free, the share, the verdict."""
+    asrun = [r["asrun"]["step_s"] for r in runs if r["asrun"].get("step_s")]
+    if not asrun:
+        return {"measured": False, "why": "the script failed without hasten"}
+    if case.in_memory:
+        return {"measured": True, "asrun_s": statistics.mean(asrun), "datafree_s": None, "data_share": 0.0,
+                "verdict": "compute-bound", "how": "by construction: the whole batch is in memory before the loop"}
+    free = [r["datafree"] for r in runs if r.get("datafree", {}).get("step_s")]
+    made_free = [f for f in free if f.get("loaders_replayed") or f.get("data_fn_replaced")]
+    if not made_free:
+        return {"measured": False, "asrun_s": statistics.mean(asrun),
+                "why": "no DataLoader and no batch function to replay: the data path could not be made free"}
+    a, f = statistics.mean(asrun), statistics.mean(x["step_s"] for x in made_free)
+    share = max(0.0, 1 - f / a)
+    per_repeat = [max(0.0, 1 - r["datafree"]["step_s"] / r["asrun"]["step_s"]) for r in runs
+                  if r["asrun"].get("step_s") and r.get("datafree", {}).get("step_s")]
+    return {"measured": True, "asrun_s": a, "datafree_s": f, "data_share": share,
+            "share_per_repeat": per_repeat, "verdict": classify(share, 0.0)[0], "how": "measured"}
+
+
+def judge(rows: list[dict]) -> dict:
+    by_case = {c.name: [r for r in rows if r["case"] == c.name and "skipped" not in r] for c in CASES}
+    cases, crashes, right, judged, same, repeated, overheads = [], [], 0, 0, 0, 0, []
+    for case in CASES:
+        runs = by_case[case.name]
+        if not runs:
+            continue
+        t = truth(case, runs)
+        verdicts = []
+        for r in runs:
+            p = r["profile"]
+            if r["asrun"].get("error") is None and p["exit"] != 0:
+                crashes.append({"case": case.name, "repeat": r["repeat"], "exit": p["exit"],
+                                "error": p.get("error")})
+            if p.get("verdict"):
+                verdicts.append(p["verdict"])
+                if t["measured"]:
+                    judged += 1
+                    right += p["verdict"] == t["verdict"]
+                if t.get("verdict") == "compute-bound" and t.get("asrun_s") and p.get("step_time_s"):
+                    overheads.append(p["step_time_s"] / t["asrun_s"] - 1)
+        if len(verdicts) >= 2:
+            repeated += 1
+            same += len(set(verdicts)) == 1
+        cases.append({"case": case.name, "truth": t, "verdicts": verdicts,
+                      "data_shares": [r["profile"].get("data_share") for r in runs],
+                      "exits": [r["profile"]["exit"] for r in runs]})
+    return {
+        "cases": cases,
+        "verdicts_right": f"{right}/{judged}", "verdicts_right_fraction": right / judged if judged else None,
+        "crashes": len(crashes), "crash_list": crashes,
+        "same_verdict_every_repeat": f"{same}/{repeated}", "same_verdict_fraction": same / repeated if repeated else None,
+        "overhead_compute_bound_median": statistics.median(overheads) if overheads else None,
+        "overhead_compute_bound": overheads,
+    }
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.0%}"
+
+
+def table(summary: dict) -> str:
+    lines = ["| case | truth: as run / data free (ms) | true data share | expected | verdicts | hasten data share | exits |",
+             "|---|---|---|---|---|---|---|"]
+    for c in summary["cases"]:
+        t = c["truth"]
+        steps = (f"{t['asrun_s'] * 1e3:.0f} / {t['datafree_s'] * 1e3:.0f}" if t.get("datafree_s")
+                 else f"{t['asrun_s'] * 1e3:.0f} / -" if t.get("asrun_s") else "-")
+        expected = t.get("verdict") or f"not measured ({t['why']})"
+        lines.append(f"| {c['case']} | {steps} | {_pct(t.get('data_share'))} | {expected} | "
+                     f"{', '.join(c['verdicts']) or '-'} | {', '.join(_pct(s) for s in c['data_shares'])} | "
+                     f"{', '.join(map(str, c['exits']))} |")
+    return "\n".join(lines)
+
+
+def _load() -> dict:
+    return json.loads(OUT.read_text()) if OUT.exists() else {"runs": []}
+
+
+def _hasten_commit() -> str:
+    p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "hasten"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return p.stdout.strip() + ("+uncommitted hasten/ changes" if dirty else "")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0, help="seeds the order of the cases in each repeat")
+    ap.add_argument("--only", default=None, help="run the cases whose name contains this")
+    ap.add_argument("--fresh", action="store_true", help="forget the runs already in the results file")
+    args = ap.parse_args()
+    result = {"runs": []} if args.fresh else _load()
+    done = {(r["case"], r["repeat"]) for r in result["runs"]}
+    todo = [(rep, c) for rep, c in interleaved([c for c in CASES if args.only is None or args.only in c.name],
+                                               args.repeats, args.seed) if (c.name, rep) not in done]
+    t_start, n_done = time.perf_counter(), 0
+    print(f"{len(todo)} runs to go ({len(done)} already in {OUT.relative_to(ROOT)})", flush=True)
+    with MeasuredConditions("cpu") as cond:
+        for rep, case in todo:
+            row = run_case(case, rep)
+            if "skipped" in row:
+                print(f"{case.name}: skipped, {row['skipped']}", flush=True)
+                continue
+            row["hasten"] = _hasten_commit()
+            row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            result["runs"].append(row)
+            result["summary"] = judge(result["runs"])
+            write_json(OUT, result)
+            n_done += 1
+            elapsed = time.perf_counter() - t_start
+            left = elapsed / n_done * (len(todo) - n_done)
+            p, a = row["profile"], row["asrun"]
+            print(f"[{n_done}/{len(todo)}] {case.name} (repeat {rep}): as run "
+                  f"{(a.get('step_s') or 0) * 1e3:.0f} ms, data free "
+                  f"{(row.get('datafree', {}).get('step_s') or 0) * 1e3:.0f} ms; hasten exit {p['exit']}, "
+                  f"{p.get('verdict') or p.get('error', '')[:200]} (data {_pct(p.get('data_share'))}); "
+                  f"{elapsed / 60:.1f} min in, about {left / 60:.1f} min left", flush=True)
+    result["conditions"] = cond.as_dict()
+    result["hardware"] = hardware_label(result["conditions"]["environment"])
+    result["cases"] = [{"case": c.name, "repo": c.source.name, "commit": c.source.commit, "licence": c.source.licence,
+                        "script": c.script, "args": list(c.args), "variant": c.variant, "cwd": c.cwd,
+                        "pythonpath": c.pythonpath, "taskset": c.taskset, "data": c.data, "data_fn": c.data_fn}
+                       for c in CASES]
+    result["summary"] = judge(result["runs"])
+    write_json(OUT, result)
+    s = result["summary"]
+    print(table(s))
+    print(f"right verdicts {s['verdicts_right']}, crashes {s['crashes']}, same verdict every repeat "
+          f"{s['same_verdict_every_repeat']}, overhead on compute-bound cases (median) "
+          f"{_pct(s['overhead_compute_bound_median'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The real training scripts ``profile_real_scripts.py`` runs: where each comes from, how it is run, its data.
+
+Each script is fetched at a pinned commit (``real_script_fetch.py``) and run unchanged: only
+its own command-line flags, its working directory, ``PYTHONPATH`` (for a repository whose
+scripts import its package, as its README's ``pip install -e .`` would give) and the data
+made for it here differ from what its README shows. A slow-data variant is made the way users
+meet it, through the script's flags (``num_workers=0``, a tiny context with a large batch) or
+the cores it gets (``taskset -c 0``), never by editing the script.
+
+Placeholders in ``args``: ``{checkout}`` (the script's repository at the commit) and
+``{scratch}`` (a fresh folder per run, the working directory unless ``cwd="checkout"``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Repo:
+    name: str        # owner/name on GitHub
+    commit: str      # the pinned commit
+    licence: str     # as the repository states it
+
+
+REPOS = {
+    "minGPT": Repo("karpathy/minGPT", "37baab71b9abea1b76ab957409a1cc2fbfba8a26", "MIT"),
+    "nanoGPT": Repo("karpathy/nanoGPT", "3adf61e154c3fe3fca428ad6bc3818b27a3b8291", "MIT"),
+    "examples": Repo("pytorch/examples", "77f55b912142e11fcfdf5b530231fb9c52f181e8", "BSD-3-Clause"),
+    "makemore": Repo("karpathy/makemore", "988aa59e4d8fefa526d06f3b453ad116258398d4", "MIT"),
+    "ng-video-lecture": Repo("karpathy/ng-video-lecture", "52201428ed7b46804849dea0b3ccf0de9df1a5c3",
+                             "none stated (all rights reserved): fetched, never copied"),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    repo: str                 # a key of REPOS
+    script: str               # path inside the repository
+    args: tuple[str, ...]
+    variant: str = "as shipped"   # or how its data was made slow
+    cwd: str = "scratch"      # "scratch" or "checkout" (scripts that open files relative to their repository)
+    pythonpath: bool = False  # the checkout on PYTHONPATH (the repository's package imported by the script)
+    data: str | None = None   # a maker in DATA, writing the files the script reads
+    data_fn: str | None = None    # no DataLoader: the script's function that makes a batch (truth: replayed)
+    in_memory: bool = False   # the whole batch is in memory before the loop: no data path to make free
+    taskset: str | None = None    # cores the whole run is pinned to (taskset -c)
+    needs: str | None = None  # a package the script imports beyond torch and numpy (skipped without it)
+    truth_warmup: int = 8     # more than 4 workers x 2 prefetched batches
+    truth_steps: int = 12
+    profile_args: tuple[str, ...] = field(default=("--warmup", "3", "--steps", "12"))
+
+    @property
+    def source(self) -> Repo:
+        return REPOS[self.repo]
+
+
+# --- synthetic data, in the format each script reads ---------------------------------------
+
+def _text(path: Path, chars: int = 1_000_000, seed: int = 0) -> None:
+    """Random words over 65 characters, as tiny Shakespeare has."""
+    rng = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?'-&$3\n"
+    words = ["".join(rng.choice(alphabet[:52]) for _ in range(rng.randint(1, 9))) for _ in range(5000)]
+    out, n = [], 0
+    while n < chars:
+        w = rng.choice(words) + rng.choice(" \n ,. ")
+        out.append(w)
+        n += len(w)
+    path.write_text(alphabet + "".join(out)[:chars])     # every character once: chargpt samples from "O God, O God!"
+
+
+def chargpt_text(checkout: Path, scratch: Path) -> None:
+    _text(scratch / "input.txt")
+
+
+def shakespeare_char_bins(checkout: Path, scratch: Path) -> None:
+    """nanoGPT's data/shakespeare_char/{train,val}.bin (uint16 tokens) and meta.pkl, as prepare.py writes them."""
+    d = checkout / "data" / "shakespeare_char"
+    rng = np.random.default_rng(0)
+    rng.integers(0, 65, 1_000_000, dtype=np.uint16).tofile(d / "train.bin")
+    rng.integers(0, 65, 100_000, dtype=np.uint16).tofile(d / "val.bin")
+    with open(d / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 65, "itos": {i: chr(32 + i) for i in range(65)},
+                     "stoi": {chr(32 + i): i for i in range(65)}}, f)
+
+
+def wikitext_like(checkout: Path, scratch: Path) -> None:
+    """word_language_model's --data folder: train.txt, valid.txt, test.txt of words, one sentence a line."""
+    rng = random.Random(0)
+    vocab = [f"w{i}" for i in range(2000)]
+    d = scratch / "wikitext"
+    d.mkdir()
+    for name, lines in (("train.txt", 4000), ("valid.txt", 300), ("test.txt", 300)):
+        (d / name).write_text("".join(" ".join(rng.choice(vocab) for _ in range(rng.randint(5, 25))) + "\n"
+                                      for _ in range(lines)))
+
+
+def sine_waves(checkout: Path, scratch: Path) -> None:
+    """time_sequence_prediction's traindata.pt, as its generate_sine_wave.py makes it but 200 long, not 1000."""
+    import torch
+
+    rng = np.random.RandomState(2)
+    T, L, N = 20, 200, 100
+    x = np.empty((N, L), "int64")
+    x[:] = np.array(range(L)) + rng.randint(-4 * T, 4 * T, N).reshape(N, 1)
+    torch.save(np.sin(x / 1.0 / T).astype("float64"), open(scratch / "traindata.pt", "wb"))
+
+
+DATA = {f.__name__: f for f in (chargpt_text, shakespeare_char_bins, wikitext_like, sine_waves)}
+
+
+# --- the cases -----------------------------------------------------------------------------
+
+NANOGPT_CPU = ("config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+               "--log_interval=1", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0")
+CHARGPT = ("--model.model_type=gpt-nano", "--trainer.batch_size=16", "--data.block_size=64")
+
+CASES = [
+    Case("minGPT chargpt, 4 workers", "minGPT", "projects/chargpt/chargpt.py", CHARGPT,
+         pythonpath=True, data="chargpt_text"),
+    Case("minGPT chargpt, num_workers=0, 1 core", "minGPT", "projects/chargpt/chargpt.py",
+         (*CHARGPT, "--trainer.num_workers=0"), variant="slow data: num_workers=0, taskset -c 0",
+         pythonpath=True, data="chargpt_text", taskset="0"),
+    Case("minGPT adder", "minGPT", "projects/adder/adder.py", (), pythonpath=True),
+    Case("nanoGPT shakespeare_char, README CPU run", "nanoGPT", "train.py",
+         (*NANOGPT_CPU, "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128"),
+         cwd="checkout", data="shakespeare_char_bins", data_fn="get_batch"),
+    Case("nanoGPT shakespeare_char, tiny context", "nanoGPT", "train.py",
+         (*NANOGPT_CPU, "--block_size=8", "--batch_size=512", "--n_layer=1", "--n_head=2", "--n_embd=32"),
+         variant="slow data: block 8, batch 512 (get_batch's per-row list)",
+         cwd="checkout", data="shakespeare_char_bins", data_fn="get_batch"),
+    Case("word_language_model LSTM (update by hand)", "examples", "word_language_model/main.py",
+         ("--data", "{scratch}/wikitext", "--model", "LSTM", "--emsize", "64", "--nhid", "64", "--epochs", "40",
+          "--save", "{scratch}/model.pt"), data="wikitext_like", data_fn="get_batch"),
+    Case("word_language_model Transformer, AdamW", "examples", "word_language_model/main.py",
+         ("--data", "{scratch}/wikitext", "--model", "Transformer", "--emsize", "64", "--nhid", "128",
+          "--epochs", "40", "--use-optimizer", "--lr", "0.001", "--save", "{scratch}/model.pt"),
+         data="wikitext_like", data_fn="get_batch"),
+    Case("regression (update by hand)", "examples", "regression/main.py", (), data_fn="get_batch"),
+    Case("time_sequence_prediction, LBFGS", "examples", "time_sequence_prediction/train.py",
+         ("--steps", "40"), data="sine_waves", in_memory=True, truth_warmup=2, truth_steps=4,
+         profile_args=("--warmup", "2", "--steps", "6")),
+    Case("makemore transformer, 4 workers", "makemore", "makemore.py",
+         ("-i", "{checkout}/names.txt", "-o", "{scratch}/out"), cwd="scratch"),
+    Case("makemore transformer, num_workers=0", "makemore", "makemore.py",
+         ("-i", "{checkout}/names.txt", "-o", "{scratch}/out", "--num-workers", "0"),
+         variant="slow data: num_workers=0"),
+    Case("REINFORCE on CartPole", "examples", "reinforcement_learning/reinforce.py", (), needs="gymnasium"),
+    Case("actor-critic on CartPole", "examples", "reinforcement_learning/actor_critic.py", (), needs="gymnasium"),
+    Case("ng-video-lecture bigram", "ng-video-lecture", "bigram.py", (), cwd="checkout", data_fn="get_batch"),
+]
