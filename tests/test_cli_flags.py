@@ -49,6 +49,7 @@ SPEC = {
     ("speedrun", "--seed"): ("seed", []),
     ("speedrun", "--epochs"): ("positive_float", []),
     ("speedrun", "--batch-size"): ("positive_int", []),
+    ("speedrun", "--threads"): ("positive_int", []),
     ("speedrun", "--train-subset"): ("nonneg_int", []),
     ("speedrun", "--target"): ("accuracy", []),
     ("speedrun", "--resume"): ("path", []),
