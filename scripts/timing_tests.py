@@ -45,6 +45,7 @@ UNIT_TESTS = ["tests/test_profile_verdict.py", "tests/test_profile_report.py"]
 TIMING_TESTS = [
     "tests/test_profile_loops.py",
     "tests/test_profile_shares.py",
+    "tests/test_profile_fixes.py",  # verified speedups are re-runs timed
     "tests/test_profile_launcher.py",
     "tests/test_profile_profiler.py",
     "tests/test_commands_profile.py",
