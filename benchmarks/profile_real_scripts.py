@@ -79,11 +79,10 @@ def _tail(text: str, n: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[-n:])
 
 
-def truth_run(case: Case, mode: str, checkout_dir: Path, scratch: Path, cwd: Path) -> dict:
-    out = scratch / f"truth-{mode}.json"
-    env = {**_env(case, checkout_dir), "REAL_TRUTH_MODE": mode, "REAL_TRUTH_OUT": str(out),
-           "REAL_TRUTH_WARMUP": str(case.truth_warmup), "REAL_TRUTH_STEPS": str(case.truth_steps),
-           "REAL_TRUTH_DATA_FN": case.data_fn or ""}
+def truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path) -> dict:
+    out = scratch / "truth.json"
+    env = {**_env(case, checkout_dir), "REAL_TRUTH_OUT": str(out), "REAL_TRUTH_WARMUP": str(case.truth_warmup),
+           "REAL_TRUTH_BLOCK": str(case.truth_block), "REAL_TRUTH_DATA_FN": case.data_fn or ""}
     cmd = [*_pin(case), PY, str(HERE / "real_script_truth.py"), str(checkout_dir / case.script),
            *_fill(case.args, checkout_dir, scratch)]
     t0 = time.perf_counter()
@@ -94,7 +93,7 @@ def truth_run(case: Case, mode: str, checkout_dir: Path, scratch: Path, cwd: Pat
         code, err = 124, "timed out after 400 s"
     row = json.loads(out.read_text()) if out.exists() else {}
     row.update(exit=code, wall_s=time.perf_counter() - t0)
-    if code != 0 or row.get("step_s") is None:
+    if code != 0 or row.get("asrun_s") is None:
         row["error"] = _portable(_tail(err), checkout_dir, scratch)
     return row
 
@@ -139,9 +138,7 @@ def run_case(case: Case, repeat: int) -> dict:
             DATA[case.data](checkout_dir, scratch)
         cwd = checkout_dir if case.cwd == "checkout" else scratch
         row = {"case": case.name, "repeat": repeat, "fetched_from": origin}
-        row["asrun"] = truth_run(case, "asrun", checkout_dir, scratch, cwd)
-        if row["asrun"].get("error") is None and not case.in_memory:
-            row["datafree"] = truth_run(case, "datafree", checkout_dir, scratch, cwd)
+        row["truth"] = truth_run(case, checkout_dir, scratch, cwd)
         row["profile"] = profile_run(case, checkout_dir, scratch, cwd)
         return row
     finally:
@@ -152,23 +149,23 @@ def run_case(case: Case, repeat: int) -> dict:
 
 def truth(case: Case, runs: list[dict]) -> dict:
     """The pooled truth of a case: mean step as run, with the data made free, the share, the verdict."""
-    asrun = [r["asrun"]["step_s"] for r in runs if r["asrun"].get("step_s")]
-    if not asrun:
+    ok = [r["truth"] for r in runs if r["truth"].get("asrun_s")]
+    if not ok:
         return {"measured": False, "why": "the script failed without hasten"}
+    asrun = statistics.mean(t["asrun_s"] for t in ok)
     if case.in_memory:
-        return {"measured": True, "asrun_s": statistics.mean(asrun), "datafree_s": None, "data_share": 0.0,
+        return {"measured": True, "asrun_s": asrun, "datafree_s": None, "data_share": 0.0,
                 "verdict": "compute-bound", "how": "by construction: the whole batch is in memory before the loop"}
-    free = [r["datafree"] for r in runs if r.get("datafree", {}).get("step_s")]
-    made_free = [f for f in free if f.get("loaders_replayed") or f.get("data_fn_replaced")]
+    made_free = [t for t in ok if t.get("datafree_s") and (t.get("loaders_replayed") or t.get("data_fn_replaced"))]
     if not made_free:
-        return {"measured": False, "asrun_s": statistics.mean(asrun),
+        return {"measured": False, "asrun_s": asrun,
                 "why": "no DataLoader and no batch function to replay: the data path could not be made free"}
-    a, f = statistics.mean(asrun), statistics.mean(x["step_s"] for x in made_free)
+    a = statistics.mean(t["asrun_s"] for t in made_free)
+    f = statistics.mean(t["datafree_s"] for t in made_free)
     share = max(0.0, 1 - f / a)
-    per_repeat = [max(0.0, 1 - r["datafree"]["step_s"] / r["asrun"]["step_s"]) for r in runs
-                  if r["asrun"].get("step_s") and r.get("datafree", {}).get("step_s")]
     return {"measured": True, "asrun_s": a, "datafree_s": f, "data_share": share,
-            "share_per_repeat": per_repeat, "verdict": classify(share, 0.0)[0], "how": "measured"}
+            "share_per_repeat": [max(0.0, 1 - t["datafree_s"] / t["asrun_s"]) for t in made_free],
+            "verdict": classify(share, 0.0)[0], "how": "measured"}
 
 
 def judge(rows: list[dict]) -> dict:
@@ -182,7 +179,7 @@ def judge(rows: list[dict]) -> dict:
         verdicts = []
         for r in runs:
             p = r["profile"]
-            if r["asrun"].get("error") is None and p["exit"] != 0:
+            if r["truth"].get("error") is None and p["exit"] != 0:
                 crashes.append({"case": case.name, "repeat": r["repeat"], "exit": p["exit"],
                                 "error": p.get("error")})
             if p.get("verdict"):
@@ -264,10 +261,11 @@ def main() -> int:
             n_done += 1
             elapsed = time.perf_counter() - t_start
             left = elapsed / n_done * (len(todo) - n_done)
-            p, a = row["profile"], row["asrun"]
+            p, t = row["profile"], row["truth"]
             print(f"[{n_done}/{len(todo)}] {case.name} (repeat {rep}): as run "
-                  f"{(a.get('step_s') or 0) * 1e3:.0f} ms, data free "
-                  f"{(row.get('datafree', {}).get('step_s') or 0) * 1e3:.0f} ms; hasten exit {p['exit']}, "
+                  f"{(t.get('asrun_s') or 0) * 1e3:.0f} ms, data free "
+                  f"{(t.get('datafree_s') or 0) * 1e3:.0f} ms{' ' + t['error'][-150:] if t.get('error') else ''}; "
+                  f"hasten exit {p['exit']}, "
                   f"{p.get('verdict') or p.get('error', '')[:200]} (data {_pct(p.get('data_share'))}); "
                   f"{elapsed / 60:.1f} min in, about {left / 60:.1f} min left", flush=True)
     result["conditions"] = cond.as_dict()

@@ -53,7 +53,7 @@ class Case:
     taskset: str | None = None    # cores the whole run is pinned to (taskset -c)
     needs: str | None = None  # a package the script imports beyond torch and numpy (skipped without it)
     truth_warmup: int = 8     # more than 4 workers x 2 prefetched batches
-    truth_steps: int = 12
+    truth_block: int = 6      # counted steps per block (as run, data free, as run, data free)
     profile_args: tuple[str, ...] = field(default=("--warmup", "3", "--steps", "12"))
 
     @property
@@ -145,13 +145,13 @@ CASES = [
          data="wikitext_like", data_fn="get_batch"),
     Case("regression (update by hand)", "examples", "regression/main.py", (), data_fn="get_batch"),
     Case("time_sequence_prediction, LBFGS", "examples", "time_sequence_prediction/train.py",
-         ("--steps", "40"), data="sine_waves", in_memory=True, truth_warmup=2, truth_steps=4,
+         ("--steps", "40"), data="sine_waves", in_memory=True, truth_warmup=2, truth_block=2,
          profile_args=("--warmup", "2", "--steps", "6")),
     Case("makemore transformer, 4 workers", "makemore", "makemore.py",
-         ("-i", "{checkout}/names.txt", "-o", "{scratch}/out"), cwd="scratch"),
+         ("-i", "{checkout}/names.txt", "-o", "{scratch}/out"), needs="tensorboard"),
     Case("makemore transformer, num_workers=0", "makemore", "makemore.py",
          ("-i", "{checkout}/names.txt", "-o", "{scratch}/out", "--num-workers", "0"),
-         variant="slow data: num_workers=0"),
+         variant="slow data: num_workers=0", needs="tensorboard"),
     Case("REINFORCE on CartPole", "examples", "reinforcement_learning/reinforce.py", (), needs="gymnasium"),
     Case("actor-critic on CartPole", "examples", "reinforcement_learning/actor_critic.py", (), needs="gymnasium"),
     Case("ng-video-lecture bigram", "ng-video-lecture", "bigram.py", (), cwd="checkout", data_fn="get_batch"),

@@ -1,30 +1,39 @@
-"""The truth for ``profile_real_scripts.py``: a script's optimizer steps timed as run, or with its data made free.
+"""The truth for ``profile_real_scripts.py``: a script's optimizer steps as run against the same with its data made free.
 
     python benchmarks/real_script_truth.py SCRIPT [ARGS...]
 
-with ``REAL_TRUTH_MODE`` (``asrun`` or ``datafree``), ``REAL_TRUTH_OUT`` (the JSON written),
-``REAL_TRUTH_WARMUP`` and ``REAL_TRUTH_STEPS``, and for a loop without a DataLoader
-``REAL_TRUTH_DATA_FN`` (the name of the script's function that makes a batch). It runs the
-script unchanged, as ``python SCRIPT ARGS`` would (``runpy``, ``__main__``, its folder first
-on ``sys.path``), with nothing of hasten imported.
+with ``REAL_TRUTH_OUT`` (the JSON written), ``REAL_TRUTH_WARMUP`` (steps), ``REAL_TRUTH_BLOCK``
+(measured steps per block), ``REAL_TRUTH_PAIRS`` (pairs of blocks) and, for a loop without a
+DataLoader, ``REAL_TRUTH_DATA_FN`` (the name of the script's function that makes a batch). It
+runs the script unchanged, as ``python SCRIPT ARGS`` would (``runpy``, ``__main__``, its folder
+first on ``sys.path``), with nothing of hasten imported.
 
-- **A step** ends when the first optimizer that steps (a global step post-hook: GANs' first
+**Alternating in one process.** On a shared machine the load drifts within seconds (two runs
+of the same script a few seconds apart differed by 2x here), so the two conditions are
+measured in alternating blocks of steps in the same process: as run, data free, as run, data
+free, ... Each block starts with ``P`` steps that are not counted, ``P`` the batches the
+DataLoader workers can hold made ahead (workers x prefetch factor; 0 without workers): in a
+data-free block the workers first fill their queues, and an as-run block first eats the
+batches made during the data-free one. The truth is the mean step of the counted as-run steps
+against that of the counted data-free steps.
+
+- **A step** ends when the first optimizer that steps (a global step post-hook: a GAN's first
   optimizer sets the pace) finishes ``step()``; a script that builds no ``torch.optim``
   optimizer (weights updated by hand) has its steps end at each ``torch.autograd.backward``.
-  After ``warmup + steps`` steps the mean of the last ``steps`` is written and the process
-  exits (``os._exit(0)``), so an endless script is fine; one that ends first writes what it had.
-- **Data made free**, ``datafree``: each ``DataLoader``'s iterator hands out copies of its
-  first batch, as many as the loader has (endless for an ``IterableDataset``), so neither the
-  workers nor the main process make any batch after the first. Without a DataLoader, the
-  function named by ``REAL_TRUTH_DATA_FN`` in the script's globals is replaced after its first
-  call by one returning a copy of its first result per argument kind (ints ignored, tensors by
-  shape; nanoGPT's ``get_batch('train')`` and ``get_batch('val')`` keep apart).
+  After the last block the JSON is written and the process exits (``os._exit(0)``), so an
+  endless script is fine; one that ends first writes what it had.
+- **Data made free**: in a data-free block, every DataLoader iterator hands out a copy of its
+  first batch instead of its next one (the real iterator is left where it was, so its workers
+  make nothing more once their queues are full); without a DataLoader, the function named by
+  ``REAL_TRUTH_DATA_FN`` in the script's globals, wrapped after its first call, returns a copy
+  of its first result per argument kind (ints ignored, tensors by shape: nanoGPT's
+  ``get_batch('train')`` and ``get_batch('val')`` keep apart).
 
 Limits: the replayed batch is the same every step, so a step whose cost depends on the batch
-(variable lengths, padding) is timed on the first; data made anywhere else (a batch built
-inline in the loop, a generator, a dataset's own cache) is not made free, and the case then
-has no truth (``profile_real_scripts.py`` marks it not measured); a loop that sleeps or logs
-between steps keeps that time in both modes, as it should (it is not data).
+(variable lengths) is timed on the first; data made anywhere else (a batch built inline in
+the loop, an environment stepped by the policy, a dataset's own cache) is not made free, and
+the case has no truth (``profile_real_scripts.py`` marks it not measured); time between steps
+that is not data (logging, a sleep) stays in both conditions, as it should.
 """
 
 from __future__ import annotations
@@ -40,37 +49,56 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader
 
-MODE = os.environ.get("REAL_TRUTH_MODE", "asrun")
 OUT = os.environ["REAL_TRUTH_OUT"]
 WARMUP = int(os.environ.get("REAL_TRUTH_WARMUP", "8"))
-STEPS = int(os.environ.get("REAL_TRUTH_STEPS", "12"))
+BLOCK = int(os.environ.get("REAL_TRUTH_BLOCK", "6"))
+PAIRS = int(os.environ.get("REAL_TRUTH_PAIRS", "2"))
 DATA_FN = os.environ.get("REAL_TRUTH_DATA_FN") or None
 
 _marks = {"optimizer": [], "backward": []}
-_state = {"pace": None, "optimizers": 0, "written": False, "replaced": None}
+_state = {"pace": None, "optimizers": 0, "written": False, "replaced": None, "free": False, "ahead": 0,
+          "block_start": None, "block": 0}
+_steps: list[dict] = []          # counted steps: {"free": bool, "s": seconds}
+_first_batches: dict[int, object] = {}
 
 
 def _write(complete: bool) -> None:
     if _state["written"]:
         return
     _state["written"] = True
-    kind = "optimizer" if _state["optimizers"] else "backward"
-    t = _marks[kind]
-    measured = t[WARMUP:WARMUP + STEPS + 1]
-    step_s = (measured[-1] - measured[0]) / (len(measured) - 1) if len(measured) > 1 else None
+    asrun = [s["s"] for s in _steps if not s["free"]]
+    free = [s["s"] for s in _steps if s["free"]]
+    mean = (lambda xs: sum(xs) / len(xs) if xs else None)
     with open(OUT, "w") as f:
-        json.dump({"mode": MODE, "steps_from": kind, "steps_seen": len(t), "complete": complete,
-                   "step_s": step_s, "per_step_s": [b - a for a, b in zip(measured, measured[1:])],
-                   "data_fn_replaced": _state["replaced"], "loaders_replayed": len(_first_batches),
-                   "threads": torch.get_num_threads()}, f)
+        json.dump({"steps_from": "optimizer" if _state["optimizers"] else "backward", "complete": complete,
+                   "asrun_s": mean(asrun), "datafree_s": mean(free), "asrun_steps": asrun, "datafree_steps": free,
+                   "skipped_per_block": _state["ahead"], "data_fn_replaced": _state["replaced"],
+                   "loaders_replayed": len(_first_batches), "threads": torch.get_num_threads()}, f)
 
 
 def _mark(kind: str) -> None:
-    _marks[kind].append(time.perf_counter())
-    if len(_marks[kind]) >= WARMUP + STEPS + 1 and (kind == "optimizer") == bool(_state["optimizers"]):
-        _write(True)
-        sys.stdout.flush()
-        os._exit(0)
+    if (kind == "optimizer") != bool(_state["optimizers"]):
+        return
+    t = time.perf_counter()
+    marks = _marks[kind]
+    marks.append(t)
+    n = len(marks)
+    if n < WARMUP:
+        return
+    if n == WARMUP:                                   # the first block starts (as run)
+        _state["block_start"] = n
+        return
+    in_block = n - _state["block_start"]              # steps done in this block
+    if in_block > _state["ahead"]:
+        _steps.append({"free": _state["free"], "s": t - marks[-2], "block": _state["block"]})
+    if in_block >= _state["ahead"] + BLOCK:           # the block is done: switch
+        _state["block"] += 1
+        if _state["block"] >= 2 * PAIRS:
+            _write(True)
+            sys.stdout.flush()
+            os._exit(0)
+        _state["free"] = not _state["free"]
+        _state["block_start"] = n
 
 
 def _step_hook(optimizer, args, kwargs) -> None:
@@ -93,8 +121,7 @@ _backward = torch.autograd.backward
 
 def _marking_backward(*args, **kwargs):
     out = _backward(*args, **kwargs)
-    if not _state["optimizers"]:
-        _mark("backward")
+    _mark("backward")
     return out
 
 
@@ -109,37 +136,35 @@ def _copy(batch):
 
 
 _loader_iter = DataLoader.__iter__
-_first_batches: dict[int, object] = {}
 
 
-class _Replay:
-    def __init__(self, batch, n):
-        self.batch, self.left = batch, n
+class _Alternating:
+    """A DataLoader iterator that hands out copies of the loader's first batch in data-free blocks."""
+
+    def __init__(self, loader, it):
+        self.loader, self.it = loader, it
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.left is not None:
-            if self.left <= 0:
-                raise StopIteration
-            self.left -= 1
-        return _copy(self.batch)
+        key = id(self.loader)
+        if key not in _first_batches:
+            _first_batches[key] = next(self.it)
+            return _copy(_first_batches[key])
+        return _copy(_first_batches[key]) if _state["free"] else next(self.it)
 
     def __len__(self):
-        return self.left
+        return len(self.it)
+
+    def __getattr__(self, name):
+        return getattr(self.it, name)
 
 
-def _replaying_iter(self):
-    if id(self) not in _first_batches:
-        it = _loader_iter(self)
-        _first_batches[id(self)] = next(it)
-        del it                                  # its workers stop: they make nothing more
-    try:
-        n = len(self)
-    except TypeError:
-        n = None
-    return _Replay(_first_batches[id(self)], n)
+def _alternating_iter(self):
+    if self.num_workers:
+        _state["ahead"] = max(_state["ahead"], self.num_workers * (self.prefetch_factor or 2))
+    return _Alternating(self, _loader_iter(self))
 
 
 def _key(args, kwargs):
@@ -153,22 +178,23 @@ def _key(args, kwargs):
 def _replayed(fn):
     first = {}
 
-    def replay(*args, **kwargs):
+    def maybe_replay(*args, **kwargs):
         key = _key(args, kwargs)
         if key not in first:
             first[key] = fn(*args, **kwargs)
-        return _copy(first[key])
-    return replay
+            return _copy(first[key])
+        return _copy(first[key]) if _state["free"] else fn(*args, **kwargs)
+    return maybe_replay
 
 
-def _swap_on_first_call(frame, event, arg):
-    # The script's function is replaced in its own globals once it has been defined and called,
-    # so the script's calls after that go to the replay; the profile hook then goes away.
+def _wrap_on_first_call(frame, event, arg):
+    # The script's function is wrapped in its own globals once it has been defined and called,
+    # so the script's calls after that go through the wrapper; the profile hook then goes away.
     if event == "call" and frame.f_code.co_name == DATA_FN and frame.f_globals.get("__name__") == "__main__":
         g = frame.f_globals
         if callable(g.get(DATA_FN)):
             g[DATA_FN] = _replayed(g[DATA_FN])
-            _state["replaced"] = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{DATA_FN}"
+            _state["replaced"] = f"{os.path.basename(frame.f_code.co_filename)}:{DATA_FN}"
             sys.setprofile(None)
 
 
@@ -177,10 +203,9 @@ def main() -> None:
     register_optimizer_step_post_hook(_step_hook)
     torch.optim.Optimizer.__init__ = _counting_init
     torch.autograd.backward = _marking_backward
-    if MODE == "datafree":
-        DataLoader.__iter__ = _replaying_iter
-        if DATA_FN:
-            sys.setprofile(_swap_on_first_call)
+    DataLoader.__iter__ = _alternating_iter
+    if DATA_FN:
+        sys.setprofile(_wrap_on_first_call)
     atexit.register(_write, False)
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))   # as `python SCRIPT` has it
