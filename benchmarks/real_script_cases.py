@@ -53,7 +53,8 @@ class Case:
     taskset: str | None = None    # cores the whole run is pinned to (taskset -c)
     needs: str | None = None  # a package the script imports beyond torch and numpy (skipped without it)
     truth_warmup: int = 8     # more than 4 workers x 2 prefetched batches
-    truth_block: int = 6      # counted steps per block (as run, data free, as run, data free)
+    truth_block: int = 4      # counted steps per block (as run, data free, as run, data free, ...)
+    truth_pairs: int = 5      # pairs of blocks
     profile_args: tuple[str, ...] = field(default=("--warmup", "3", "--steps", "12"))
 
     @property
@@ -145,7 +146,7 @@ CASES = [
          data="wikitext_like", data_fn="get_batch"),
     Case("regression (update by hand)", "examples", "regression/main.py", (), data_fn="get_batch"),
     Case("time_sequence_prediction, LBFGS", "examples", "time_sequence_prediction/train.py",
-         ("--steps", "40"), data="sine_waves", in_memory=True, truth_warmup=2, truth_block=2,
+         ("--steps", "40"), data="sine_waves", in_memory=True, truth_warmup=2, truth_block=2, truth_pairs=2,
          profile_args=("--warmup", "2", "--steps", "6")),
     Case("makemore transformer, 4 workers", "makemore", "makemore.py",
          ("-i", "{checkout}/names.txt", "-o", "{scratch}/out"), needs="tensorboard"),

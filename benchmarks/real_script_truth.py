@@ -51,8 +51,8 @@ from torch.utils.data import DataLoader
 
 OUT = os.environ["REAL_TRUTH_OUT"]
 WARMUP = int(os.environ.get("REAL_TRUTH_WARMUP", "8"))
-BLOCK = int(os.environ.get("REAL_TRUTH_BLOCK", "6"))
-PAIRS = int(os.environ.get("REAL_TRUTH_PAIRS", "2"))
+BLOCK = int(os.environ.get("REAL_TRUTH_BLOCK", "4"))
+PAIRS = int(os.environ.get("REAL_TRUTH_PAIRS", "5"))
 DATA_FN = os.environ.get("REAL_TRUTH_DATA_FN") or None
 
 _marks = {"optimizer": [], "backward": []}
