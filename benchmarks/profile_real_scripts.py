@@ -62,7 +62,7 @@ def _fill(args, checkout_dir: Path, scratch: Path) -> list[str]:
 
 def _portable(text: str, checkout_dir: Path, scratch: Path) -> str:
     return (text.replace(str(checkout_dir), "<checkout>").replace(str(scratch), "<scratch>")
-            .replace(str(ROOT), "<hasten>"))
+            .replace(str(ROOT), "<hasten>").replace(sys.prefix, "<python>"))
 
 
 def _env(case: Case, checkout_dir: Path) -> dict:
@@ -124,6 +124,10 @@ def profile_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path) -> dic
         row["top_fix"] = top and {"fix": top.get("fix"), "predicted": top.get("predicted_speedup"),
                                   "verified": top.get("verified_speedup")}
         row["other_where"] = (a.get("other_where") or [])[:2]
+        row["per_step"] = a.get("per_step")
+        row["notes"] = a.get("notes")
+        row["cpu"] = a.get("cpu")
+    row["report"] = _portable(_tail(out, 30), checkout_dir, scratch)
     if code != 0:
         row["error"] = _portable(_tail(err + "\n" + out, 8), checkout_dir, scratch)
     return row
@@ -208,9 +212,11 @@ def judge(rows: list[dict]) -> dict:
                 if t["measured"]:
                     judged += 1
                     right += p["verdict"] in t.get("admits", [t["verdict"]])
-                if t.get("verdict") == "compute-bound" and t.get("asrun_mean_s") and p.get("step_time_s"):
-                    # the profile's mean step against the truth's mean as-run step (separate processes)
-                    overheads.append(p["step_time_s"] / t["asrun_mean_s"] - 1)
+                if t.get("verdict") == "compute-bound" and t.get("asrun_s") and p.get("per_step"):
+                    # the median of the profile's measured steps against the truth's median as-run step
+                    # (separate processes; medians, as for the truth: contention stalls of seconds hit
+                    # either run at random here)
+                    overheads.append(statistics.median(s["span_s"] for s in p["per_step"]) / t["asrun_s"] - 1)
         if len(verdicts) >= 2:
             repeated += 1
             same += len(set(verdicts)) == 1
