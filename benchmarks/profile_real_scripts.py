@@ -4,7 +4,7 @@ The scripts (``real_script_cases.py``: repository, commit, licence, command line
 made for each) are fetched at pinned commits into a cache outside this repository
 (``real_script_fetch.py``) and run unchanged on synthetic data. Per case and repeat, in this order:
 
-1. **the truth**, without hasten: the script under ``real_script_truth.py``, which times its
+1. **the truth**, without hasten: the script under ``_real_script_truth.py``, which times its
    optimizer steps (a global step hook; at ``backward()`` where it builds no optimizer) in
    alternating blocks, as run and with its data made free (each DataLoader hands out copies of
    its first batch, or the script's batch function returns its first result), and stops it. It
@@ -88,7 +88,7 @@ def truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path) -> dict:
     env = {**_env(case, checkout_dir), "REAL_TRUTH_OUT": str(out), "REAL_TRUTH_WARMUP": str(case.truth_warmup),
            "REAL_TRUTH_BLOCK": str(case.truth_block), "REAL_TRUTH_PAIRS": str(case.truth_pairs),
            "REAL_TRUTH_DATA_FN": case.data_fn or ""}
-    cmd = [*_pin(case), PY, str(HERE / "real_script_truth.py"), str(checkout_dir / case.script),
+    cmd = [*_pin(case), PY, str(HERE / "_real_script_truth.py"), str(checkout_dir / case.script),
            *_fill(case.args, checkout_dir, scratch)]
     t0 = time.perf_counter()
     try:

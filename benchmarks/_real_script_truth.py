@@ -1,6 +1,6 @@
 """The truth for ``profile_real_scripts.py``: a script's optimizer steps as run against the same with its data made free.
 
-    python benchmarks/real_script_truth.py SCRIPT [ARGS...]
+    python benchmarks/_real_script_truth.py SCRIPT [ARGS...]
 
 with ``REAL_TRUTH_OUT`` (the JSON written), ``REAL_TRUTH_WARMUP`` (steps), ``REAL_TRUTH_BLOCK``
 (measured steps per block), ``REAL_TRUTH_PAIRS`` (pairs of blocks) and, for a loop without a
