@@ -43,6 +43,15 @@ a progress line gives the time left. Reports mean and 95% confidence interval
 
 from __future__ import annotations
 
+import sys
+
+if sys.argv[1:2] == ["--child"]:
+    # The child is `hasten speedrun`: like the command, it asks OpenMP for a passive wait
+    # before anything below loads torch (a configuration's own OMP_WAIT_POLICY stays).
+    from hasten.cores import prefer_passive_wait
+
+    prefer_passive_wait()
+
 import argparse
 import contextlib
 import fcntl
@@ -50,7 +59,6 @@ import json
 import os
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -76,11 +84,8 @@ GOAL_MATMUL_GFLOPS = 190.0  # the goal machine's float32 matmul rate (2 threads,
 
 def child_main(config: str, argv: list[str]) -> int:
     """The speedrun command itself, with the ``cpu`` preset changed as ``config`` says."""
-    from hasten.commands import speedrun as command  # first: it sets OpenMP's wait policy before torch loads
     from hasten.cli import main
     from hasten.recipes import speedrun
-
-    del command
     changes = CONFIGS[config].get("recipe", {})
     speedrun.PRESETS["cpu"] = (getattr(speedrun, changes) if isinstance(changes, str)
                                else speedrun.PRESETS["cpu"].replace(**changes))

@@ -84,7 +84,8 @@ class CoreShare:
     def line(self) -> str:
         """One line for the start of a command's output."""
         if self.busy < 0.5:
-            return f"threads: {self.threads} ({self.cores} cores, {self.free:.1f} free)"
+            return (f"threads: {self.threads} ({self.cores} cores, {self.free:.1f} free; waiting threads "
+                    f"{'sleep' if self.passive else 'spin'})")
         if self.threads >= self.cores:
             return (f"threads: {self.threads} of {self.cores} cores, although other processes keep {self.busy:.1f} "
                     "busy: the threads sleep while they wait, so the scheduler's share of every core is used "

@@ -50,7 +50,8 @@ def test_no_proc_stat_means_all_cores(monkeypatch):
 
 def test_the_line_says_why_fewer_threads():
     assert "other processes keep 1.5 of them busy, and these threads spin" in cores.CoreShare(2, 1.5, 1, False).line()
-    assert cores.CoreShare(2, 0.1, 2).line().startswith("threads: 2 (2 cores")
+    assert cores.CoreShare(2, 0.1, 2).line() == "threads: 2 (2 cores, 1.9 free; waiting threads sleep)"
+    assert cores.CoreShare(2, 0.1, 2, passive=False).line().endswith("waiting threads spin)")
 
 
 def test_proc_stat_counts_niced_time_as_free():
