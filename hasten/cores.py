@@ -35,13 +35,18 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def prefer_passive_wait() -> bool:
-    """Ask OpenMP threads to sleep rather than spin at barriers, unless the user
-    set a policy. Returns whether it took effect: False once torch is imported
-    (OpenMP has read its settings by then)."""
-    if "torch" in sys.modules:
+def prefer_passive_wait(sample_s: float = 0.5) -> bool:
+    """Ask OpenMP threads to sleep rather than spin at barriers when other processes
+    keep at least half a core busy now (sampled over ``sample_s`` seconds), unless the
+    user set a policy. On an idle machine spinning is faster (no wake-up per barrier):
+    a whole ``cpu`` speedrun took 354 s spinning against 412 s sleeping, one run each
+    (benchmarks/results/speedrun_command.json). Returns whether it asked: never once
+    torch is imported (OpenMP has read its settings by then)."""
+    if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
         return False
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if free_cores(sample_s, passive=True).busy < 0.5:
+        return False
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     return True
 
 

@@ -71,9 +71,29 @@ def _env_policy(code: str, **env) -> str:
     return out.stdout.split()[-1]
 
 
-def test_speedrun_command_asks_for_passive_wait_before_torch_loads():
-    assert _env_policy("import hasten.commands.speedrun") == "PASSIVE"
+def test_passive_wait_is_asked_for_on_a_busy_machine_only(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)  # restored after the test
+    del sys.modules["torch"]
+    _ticks(monkeypatch, [(0, 0), (100, 1000)])  # others keep 0.2 of 2 cores busy
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    assert not cores.prefer_passive_wait(0.0) and "OMP_WAIT_POLICY" not in os.environ
+    _ticks(monkeypatch, [(0, 0), (600, 1000)])  # 1.2 of 2
+    assert cores.prefer_passive_wait(0.0) and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's policy stays
+    _ticks(monkeypatch, [(0, 0), (600, 1000)])
+    assert not cores.prefer_passive_wait(0.0) and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_speedrun_command_keeps_the_users_policy_and_asks_before_torch_loads():
     # a policy the user set is theirs
     assert _env_policy("import hasten.commands.speedrun", OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
     # too late once torch is loaded: OpenMP read its settings then, so nothing is set
     assert _env_policy("import torch; from hasten.cores import prefer_passive_wait as p; print(p())") == "None"
+    # beside a process that keeps a core busy, the command asks for sleeping threads
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert _env_policy("import hasten.commands.speedrun") == "PASSIVE"
+    finally:
+        spinner.kill()
+        spinner.wait()
