@@ -105,10 +105,24 @@ def reference_matmul_gflops(seconds: float = 3.0) -> float:
     return float(out.stdout.strip())
 
 
+def _die_with_parent() -> None:
+    """In a spinner: SIGKILL when the benchmark dies, however it dies (Linux's
+    PR_SET_PDEATHSIG): a benchmark stopped by a signal runs no ``finally``, and spinners
+    it left behind once made the next "idle" run a busy one."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 @contextlib.contextmanager
 def spinners(k: int):
     """``k`` processes that keep a core busy each until the block ends."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_die_with_parent)
+             for _ in range(k)]
     try:
         yield
     finally:
