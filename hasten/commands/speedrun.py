@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-subset", type=t.nonneg_int, default=0,
                    help="train on a seeded random subset of this many training images (quick CPU runs; 0 = all)")
     p.add_argument("--threads", type=t.positive_int,
-                   help="torch threads (default: one per core that other processes leave free, measured at start)")
+                   help="torch threads (default: every core; one per core others leave free when waiting threads "
+                        "spin on a busy machine; see hasten.cores)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (CUDA; compiled in the warm-up)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up run")
     p.add_argument("--ablate", action="store_true",
@@ -51,8 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def set_threads(requested: int | None, resumed: int | None = None) -> str:
     """Set torch's CPU threads: ``requested``, else those of the run being resumed
-    (so that it ends bit for bit as if never stopped), else one per core that other
-    processes leave free (``hasten.cores.free_cores``). Returns the line saying so."""
+    (so that it ends bit for bit as if never stopped), else as ``hasten.cores.free_cores``
+    picks from the load now. Returns the line saying so."""
     import torch
 
     from hasten.cores import free_cores
