@@ -123,7 +123,8 @@ def profile_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, verify
         row.update({k: a.get(k) for k in ("verdict", "severity", "step_time_s", "data_share", "data_interval",
                                           "input_kind", "data_wait_fraction", "compute_fraction",
                                           "other_fraction", "data_free_step_s", "steps", "steps_from",
-                                          "num_workers", "dropped", "probes_off")})
+                                          "num_workers", "dropped", "probes_off", "ended_early", "extended",
+                                          "near")})
         row["cpu_available"] = (a.get("cpu") or {}).get("available")
         row["top_fix"] = top and {"fix": top.get("fix"), "predicted": top.get("predicted_speedup"),
                                   "verified": top.get("verified_speedup")}

@@ -356,6 +356,9 @@ def check_outcome(outcome: RunOutcome, config: ProfileConfig) -> list[dict]:
                             f"{describe_statuses(outcome.statuses)}{unseen}{tail}", 124)
     if complete and len(complete) == world:
         return complete
+    short = _ended_on_its_own(outcome)
+    if short:
+        return short
     failed_probes = [(d["rank"], x) for d in complete for x in d.get("dropped", []) if x.get("ended_run")]
     if failed_probes:  # one rank's probe ended its process, and the command with it
         rank, x = failed_probes[0]
@@ -377,6 +380,40 @@ def check_outcome(outcome: RunOutcome, config: ProfileConfig) -> list[dict]:
                             exit_code)
     raise ProfileFailed(f"the command ended after {seen} {unit}, before {need} and the probes "
                         f"(about {4 * config.probe_steps} more) were done: lower --warmup/--steps{tail}", exit_code)
+
+
+# The fewest measured steps a report is made from (the least --steps accepts).
+MIN_MEASURED = 3
+
+
+def _ended_on_its_own(outcome: RunOutcome) -> list[dict] | None:
+    """Every rank's steps measured so far, when the command ended by itself (exit 0) inside the
+    measured window with at least :data:`MIN_MEASURED` of them: a short script's run was fine, and
+    its steps are what there is to report (each rank marked ``ended_early``). None otherwise."""
+    if outcome.returncode != 0 or outcome.timed_out or outcome.hasten_error or not outcome.ranks:
+        return None
+    world = max(d["world_size"] for d in outcome.ranks)
+    ranks = [d for d in outcome.ranks if d.get("phase") == "measure" and len(d["records"]["measure"]) >= MIN_MEASURED]
+    if len(ranks) != len(outcome.ranks) or len({d["rank"] for d in ranks}) != world:
+        return None
+    return [{**d, "ended_early": True} for d in ranks]
+
+
+def ended_early_note(ranks: list[dict], analysis: Analysis) -> str:
+    """What a report from a command that ended inside the measured window rests on, and how to get more."""
+    d = ranks[0]
+    lo, hi = analysis.data_interval
+    why = ("while hasten measured on to decide its data share" if d.get("extended") else
+           f"before the {d['warmup']} warm-up + {d['steps']} measured steps asked for were done")
+    decided = ("too short to decide at the usual confidence" if analysis.near is not None
+               else "enough to decide the verdict")
+    more = "a longer run of the command itself (more iterations or epochs) gives more steps"
+    if d["warmup"]:
+        more = f"--warmup 0 measures {d['warmup']} more of its steps; {more}"
+    return (f"the command ended on its own (exit 0) after {d['steps_seen']} steps, {why}: this report is from the "
+            f"{len(d['records']['measure'])} steps measured, {decided} (data {analysis.data_share:.0%} of the step, "
+            f"95% interval {lo:.0%}-{hi:.0%}); hasten's probes did not run (no step alone, R or autocast "
+            f"estimate); {more}")
 
 
 def _measured_step_s(ranks: list[dict]) -> float:
@@ -412,6 +449,9 @@ def profile(config: ProfileConfig, log=None) -> Analysis:
     if outcome.returncode:
         analysis.notes.append(f"the command exited with code {outcome.returncode} during hasten's probes, after "
                               "the measured steps (see the dropped probe)")
+    if any(d.get("ended_early") for d in ranks):
+        analysis.ended_early = True
+        analysis.notes.insert(0, ended_early_note(ranks, analysis))
     analysis.notes += same_in_every_worker(ranks)
     if config.verify:
         verify(config, analysis, log)

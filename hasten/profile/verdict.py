@@ -128,6 +128,7 @@ class Analysis:
     data_free_step_s: float | None = None  # the step with data made free (the data-free counterfactual)
     threads: dict = field(default_factory=dict)  # torch's intra-op and inter-op threads as the script ran
     extended: int = 0  # times the measured window doubled because its shares could not decide yet
+    ended_early: bool = False  # the command ended on its own inside the measured window: its steps so far
 
     def as_dict(self) -> dict:
         d = asdict(self)

@@ -93,7 +93,16 @@ def _enter(st: State) -> None:
 
 def _leave(st: State) -> None:
     st.comm_mode = "real"
-    if st.phase == "measure" and st.worker_cpu:
+    if st.phase == "measure":
+        close_window(st)
+
+
+def close_window(st: State) -> None:
+    """The measured window ends: the workers' CPU over it, the cores other processes left, the threads.
+
+    At the window's planned end, or where the command ends on its own inside it
+    (:func:`hasten.profile.inject.report.at_exit`): the steps measured so far are then the report's."""
+    if st.worker_cpu and "batches" not in st.worker_cpu:
         end = _training_worker_cpu(st)
         st.worker_cpu.update(end=end, batches=_training_batches(st) - st.worker_cpu["batches0"],
                              cpu_s=_worker_cpu_delta(st.worker_cpu.get("start"), end), in_flight=_in_flight(st))

@@ -6,6 +6,10 @@ peer is left waiting. A process that ends before that writes what it has at exit
 uncaught exception's line goes into its status file (:func:`excepthook`), so that the
 launcher can say which rank failed and where, under ``--quiet`` too.
 
+A command that ends on its own inside the measured window (a short script) writes the
+steps measured so far, the window's CPU accounting closed at exit (:func:`at_exit`): the
+launcher reports from them when the command exited 0.
+
 Whose failure it was is kept apart: an exception that escapes a replayed step (a probe
 in flight, after the measured window) drops that probe and the report of the measured
 steps is written all the same (:func:`probe_failed`); hasten's own failure is
@@ -20,7 +24,7 @@ import os
 import sys
 import time
 
-from hasten.profile.inject import probes, state
+from hasten.profile.inject import phases, probes, state
 from hasten.profile.inject.messages import (error_line, raised_in_hasten, say, status, undo_probe_effects,
                                             write_json, write_status)
 from hasten.profile.inject.state import State, is_training_loader
@@ -104,6 +108,11 @@ def at_exit() -> None:
             return
         st.finished = True
         write_status(st)
+        if st.phase == "measure":  # the command ended on its own inside the window: its steps are reported
+            try:
+                phases.close_window(st)
+            except Exception:  # workers already gone at exit: the steps are reported without their CPU
+                pass
         if st.steps_seen:
             _write(st, complete=False)
     except Exception:
