@@ -74,7 +74,8 @@ from hasten.rundir import write_json
 from hasten.stream.fused_crop import random_resized_box
 from hasten.stream.pack import pack
 from hasten.stream.shard_cache import ShardCache
-from hasten.stream.shards import ShardFiles, ShardLoader, open_shards
+from hasten.stream.shard_loader import ShardLoader
+from hasten.stream.shard_store import ShardFiles, open_shards
 from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import interleaved
 
@@ -221,8 +222,8 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
     functions the loader calls, so the split follows the code; "other" is the rest of
     ``decode_chunk``."""
     from hasten.data import turbojpeg
+    from hasten.stream import chunk_decode, shared_buffers, tar_members
     from hasten.stream import fused_crop as fc
-    from hasten.stream import shards as sh
 
     spent: dict[str, float] = {}
 
@@ -236,14 +237,14 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
         return wrapper
 
     originals = [(turbojpeg, "decode_region"), (fc, "resize_whole"), (fc, "_finish"), (fc, "decode_scaled"),
-                 (fc, "resize_box"), (sh, "read_member")]
+                 (fc, "resize_box"), (tar_members, "read_member")]
     saved = [getattr(o, a) for o, a in originals]
     labels = ["decode (region, libturbojpeg)", "resize (into the batch)", "flip (in the batch)",
               "decode (simplejpeg/Pillow)", "resize", "read the image's bytes (pread)"]
     records, i, t_scan = [], 0, 0.0
     while len(records) < images and i < len(shards):
         t = time.process_time()
-        got = sh.scan_shard(shards.paths[i], shards.names[i])  # as the loader reads local shards
+        got = tar_members.scan_shard(shards.paths[i], shards.names[i])  # as the loader reads local shards
         t_scan += time.process_time() - t
         records += got
         i += 1
@@ -252,18 +253,18 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
     for k, r in enumerate(records):
         r.key = k
     chunks = [list(enumerate(records[j:j + 256], start=j)) for j in range(0, len(records), 256)]
-    pool = sh.BufferPool()  # as the loader packs: records only, images stay in the shard file
-    batches = sh.BatchPool((256, size, size, 3), cap=2)  # and decodes into reused batches
+    pool = shared_buffers.BufferPool()  # as the loader packs: records only, images stay in the shard file
+    batches = shared_buffers.BatchPool((256, size, size, 3), cap=2)  # and decodes into reused batches
     t_pack = t_total = 0.0
     try:
         for (o, a), label in zip(originals, labels):
             setattr(o, a, timed(label, getattr(o, a)))
         for c in chunks:
             t = time.process_time()
-            packed = sh.pack_chunk(c, pool, batches)
+            packed = chunk_decode.pack_chunk(c, pool, batches)
             t_pack += time.process_time() - t
             t = time.process_time()
-            sh.decode_chunk(packed, image_size=size, seed=seed, epoch=0, train=True)
+            chunk_decode.decode_chunk(packed, image_size=size, seed=seed, epoch=0, train=True)
             t_total += time.process_time() - t
             pool.release_oldest()  # the chunk is decoded: its buffers serve the next one
             batches.arrived(0)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hasten.cli import main
-from hasten.stream.shards import open_shards
+from hasten.stream.shard_store import open_shards
 
 
 def test_pack_writes_shards_and_index_and_prints_counts(photo_folder, tmp_path, capsys):

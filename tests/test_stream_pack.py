@@ -7,7 +7,8 @@ import pytest
 from hasten.data.layout import parse_layout
 from hasten.errors import DataError
 from hasten.stream.pack import pack
-from hasten.stream.shards import open_shards, read_shard
+from hasten.stream.shard_store import open_shards
+from hasten.stream.tar_members import read_shard
 
 
 def _source_examples(root, split):

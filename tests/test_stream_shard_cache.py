@@ -3,7 +3,8 @@ import pytest
 
 from hasten.stream.pack import pack
 from hasten.stream.shard_cache import ShardCache
-from hasten.stream.shards import ShardLoader, open_shards
+from hasten.stream.shard_loader import ShardLoader
+from hasten.stream.shard_store import open_shards
 from hasten.stream.slow_storage import SlowStorage
 
 

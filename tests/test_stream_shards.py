@@ -10,8 +10,10 @@ import torch
 
 from hasten.errors import DataError
 from hasten.stream.pack import pack
-from hasten.stream.shards import (ShardFiles, ShardLoader, epoch_plan, open_shards, plan_records, read_member,
-                                  read_shard, scan_shard)
+from hasten.stream.epoch_plan import epoch_plan, plan_records
+from hasten.stream.shard_loader import ShardLoader
+from hasten.stream.shard_store import ShardFiles, open_shards
+from hasten.stream.tar_members import read_member, read_shard, scan_shard
 
 
 @pytest.fixture(scope="module")
@@ -194,13 +196,13 @@ def test_a_shard_changed_after_it_was_scanned_costs_its_examples_not_the_run(tmp
                                                                              monkeypatch):
     """The file is cut (or copied over) between the scan and the workers' reads: its
     examples are skipped and counted by name, never decoded from other bytes."""
-    import hasten.stream.shards as sh
+    import hasten.stream.epoch_plan as ep
 
     rng = np.random.default_rng(1)
     _write_shard(tmp_path / "shard-000000.tar", [m for i in range(6) for m in
                                                  ((f"{i}.jpg", photo_jpeg(rng, 40, 50)), (f"{i}.cls", b"1"))])
     path = tmp_path / "shard-000000.tar"
-    real_scan = sh.scan_shard
+    real_scan = ep.scan_shard
 
     def scan_then_cut(*a, **kw):
         records = real_scan(*a, **kw)
@@ -209,7 +211,7 @@ def test_a_shard_changed_after_it_was_scanned_costs_its_examples_not_the_run(tmp
         os.utime(path, ns=(1, 1))  # (a clock too coarse to see the change must not matter)
         return records
 
-    monkeypatch.setattr(sh, "scan_shard", scan_then_cut)
+    monkeypatch.setattr(ep, "scan_shard", scan_then_cut)
     loader = ShardLoader(open_shards(tmp_path), batch_size=8, image_size=16, train=False, max_bad_fraction=1.0,
                          workers=workers)
     assert list(loader) == []
@@ -363,16 +365,16 @@ def test_pax_and_long_names_are_read_by_the_standard_library(tmp_path, photo_jpe
 
 
 def _batch_pools(monkeypatch):
-    import hasten.stream.shards as sh
+    import hasten.stream.shard_loader as sl
 
     made = []
 
-    class Spy(sh.BatchPool):
+    class Spy(sl.BatchPool):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             made.append(self)
 
-    monkeypatch.setattr(sh, "BatchPool", Spy)
+    monkeypatch.setattr(sl, "BatchPool", Spy)
     return made
 
 
@@ -403,7 +405,7 @@ def test_batches_the_consumer_lets_go_of_are_reused_with_the_same_pixels(packed,
 
 
 def test_a_buffer_handed_out_is_not_taken_again_until_its_views_are_gone():
-    from hasten.stream.shards import BatchPool
+    from hasten.stream.shared_buffers import BatchPool
 
     pool = BatchPool((4, 8, 8, 3), cap=1)
     first = pool.take()

@@ -7,7 +7,7 @@
 ``pack`` writes an image folder or archive (``train/<class>/*``, ``test/<class>/*``)
 as tar shards in the web-dataset layout plus ``index.json`` (``hasten.stream.pack``),
 which ``hasten train --loader stream --data OUTDIR`` streams with a bounded amount
-of memory (``hasten.stream.shards``). ``--max-side N`` stores JPEGs larger than N
+of memory (``hasten.stream.shard_loader``). ``--max-side N`` stores JPEGs larger than N
 re-encoded with their longer side N (``hasten.stream.presize``: changes the data).
 
 ``jpeg`` writes a data set (default: the canonical CIFAR-10, downloaded and

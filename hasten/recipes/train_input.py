@@ -105,7 +105,7 @@ def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
     (``hasten data pack``) goes to ``shard_input``."""
     from hasten.stream.records import open_records
     from hasten.stream.loader import StreamLoader
-    from hasten.stream.shards import is_shard_dir
+    from hasten.stream.shard_store import is_shard_dir
 
     if is_shard_dir(cfg.data):
         return shard_input(cfg, device, rank, world, local_batch)
@@ -140,12 +140,14 @@ def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
 
 
 def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
-    """Streamed from tar shards (``hasten.stream.shards.ShardLoader``): each rank reads
+    """Streamed from tar shards (``hasten.stream.shard_loader.ShardLoader``): each rank reads
     its own shards, never the whole set; fused JPEG decode + random-resized crop to
     ``cfg.image_size`` (default 224, or the images' own size when smaller) and flip
     in ``cfg.workers`` processes; evaluation on the centre crop. The loader is the ``position`` kept in checkpoints: after
     ``load_state_dict`` the next epoch's batches are the rest of the saved epoch."""
-    from hasten.stream.shards import ShardLoader, default_image_size, open_shards
+    from hasten.stream.chunk_decode import default_image_size
+    from hasten.stream.shard_loader import ShardLoader
+    from hasten.stream.shard_store import open_shards
 
     train_shards, test_shards = open_shards(cfg.data, "train"), open_shards(cfg.data, "test")
     # Without --image-size: 224, or the images' own size when smaller (32 px CIFAR-10 is not upsampled).

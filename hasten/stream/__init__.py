@@ -7,8 +7,11 @@ For data that is not decoded once and held on the device (``hasten.data``):
 which composes them with the host augmentation of ``hasten.data.host_augment``
 and the echo stages of ``hasten.echo``. For sets larger than memory: ``pack``
 (an image folder or archive to tar shards; with ``presize``, JPEGs stored at a
-bounded side), ``shards.ShardLoader`` (streams them,
-per rank, resumable mid-epoch), ``fused_crop`` (JPEG decode fused with the
-random-resized crop) and ``shard_cache`` (a local copy of shards read from slow
-storage). Import from the submodules.
+bounded side), ``shard_loader.ShardLoader`` (streams them, per rank, resumable
+mid-epoch) with its pieces ``shard_store`` (where the shards are), ``tar_members``
+(reading one shard), ``epoch_plan`` (each rank's examples per epoch),
+``chunk_decode`` and ``shared_buffers`` (decode in workers into reused batches),
+``fused_crop`` (JPEG decode fused with the random-resized crop) and ``shard_cache``
+(a local copy of shards read from slow storage); ``shards`` gathers the public
+names of all of these. Import from the submodules.
 """

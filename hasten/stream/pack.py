@@ -46,7 +46,7 @@ from hasten.data.sources import resolve_source
 from hasten.errors import DataError
 from hasten.progress import progress
 from hasten.stream import presize as ps
-from hasten.stream.shards import INDEX
+from hasten.stream.shard_store import INDEX
 
 log = logging.getLogger("hasten.stream")
 

@@ -10,7 +10,7 @@ run after a crash) never sees half a shard; a cached file whose size differs
 from the store's index is read from the store again.
 
 It wraps any store with ``store[i] -> bytes`` and ``store.names`` (for example
-``hasten.stream.shards.ShardFiles``, possibly behind ``SlowStorage``) and is one
+``hasten.stream.shard_store.ShardFiles``, possibly behind ``SlowStorage``) and is one
 itself, so ``ShardLoader`` takes it as is; other attributes (``examples``,
 ``classes``) pass through. With the cap smaller than the data, an epoch that
 reads shards in a new order still finds the most recently used ones locally.
