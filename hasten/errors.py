@@ -16,6 +16,11 @@ class DataError(HastenError, ValueError):
     """A dataset, archive or image that cannot be used as given."""
 
 
+class StoreError(DataError):
+    """Remote storage that cannot be read: refused, or still failing after every retry
+    (``hasten.stream.remote_store``). A run it stops names its newest checkpoint."""
+
+
 class ConfigError(HastenError, ValueError):
     """An invalid combination of options, caught before any work starts."""
 

@@ -9,7 +9,9 @@ and ``hasten.stream.shard_cache.ShardCache`` wrap any store and are one themselv
 ``open_shards`` reads a directory with the ``index.json`` that ``hasten data pack``
 (``hasten.stream.pack``) writes (each shard's example count and size, and the class
 names), a directory of ``shard-*.tar`` without an index (their counts from the tar
-headers, one pass), or a list of shard paths.
+headers, one pass), or a list of shard paths; given a URL (s3://, gs://, https://,
+...) it reads such a directory from object storage or a web server through a local
+cache (``hasten.stream.remote_store``).
 
 Changes the training math: no.
 """
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hasten.errors import DataError
+from hasten.stream.store_url import is_url
 from hasten.stream.tar_members import count_examples
 
 INDEX = "index.json"
@@ -81,10 +84,17 @@ class ShardFiles:
         return sum(self.examples)
 
 
-def open_shards(path: str | os.PathLike | Sequence[str | os.PathLike], split: str = "train") -> ShardFiles:
+def open_shards(path: str | os.PathLike | Sequence[str | os.PathLike], split: str = "train", *,
+                retry=None) -> ShardFiles:
     """The shards of ``split`` at ``path``: a directory with ``index.json`` (what
     ``hasten data pack`` writes), a directory of ``shard-*.tar`` (its ``split``
-    sub-folder when there is one), or a list of shard paths."""
+    sub-folder when there is one), a list of shard paths, or the URL of a directory
+    with an index (``hasten.stream.remote_store.open_remote_shards``; ``retry``: its
+    ``hasten.stream.retry.RetryPolicy``)."""
+    if is_url(path):
+        from hasten.stream.remote_store import open_remote_shards
+
+        return open_remote_shards(path, split, retry=retry)
     if isinstance(path, (str, os.PathLike)):
         root = Path(path).expanduser()
         if not root.is_dir():
@@ -105,7 +115,10 @@ def open_shards(path: str | os.PathLike | Sequence[str | os.PathLike], split: st
 
 
 def is_shard_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a directory of shards (an index, or ``shard-*.tar`` files)."""
+    """Whether ``path`` is a directory of shards (an index, or ``shard-*.tar`` files); a
+    URL is taken to be one (only shards are read from URLs; ``open_shards`` checks)."""
+    if is_url(path):
+        return True
     root = Path(path).expanduser()
     if not root.is_dir():
         return False
