@@ -80,7 +80,9 @@ SPEC = {
     ("allreduce", "--timeout"): ("positive_float", []),
     ("allreduce", "--json"): ("output_file", []),
     ("allreduce", "--plot"): ("output_file", []),
-    ("train", "--data"): ("path", []),
+    # URL mistakes too (tests/test_stream_store_url.py: what each says).
+    ("train", "--data"): ("path", ["ftp://host/shards/", "s3:///prefix/", "gs://", "https://user:pw@host/shards/",
+                                   "s3://bucket/prefix/?versionId=1", "file:///tmp/shards/"]),
     ("train", "--model"): ("choice", []),
     ("train", "--width"): ("positive_int", []),
     ("train", "--image-size"): ("positive_int", []),
@@ -103,6 +105,7 @@ SPEC = {
     ("train", "--ghost-batch"): ("nonneg_int", ["5"]),  # does not divide the batch of 512
     ("train", "--hook"): ("choice", []),
     ("train", "--compress"): ("choice", []),
+    ("train", "--retries"): (["-1", "1001", "1.5", "abc", ""], []),
     ("train", "--checkpoint-every"): ("nonneg_int", []),
     ("train", "--resume"): ("path", []),
     ("train", "--run-dir"): ("output_dir", []),

@@ -20,14 +20,16 @@ from hasten.distributed.hooks import HOOKS
 from hasten.models.resnet import MODELS
 from hasten.recipes.train import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, LOADERS, LR_SCALINGS, OPTIMIZERS,
                                   TrainConfig)
+from hasten.stream.store_url import data_argument
 
 _D = TrainConfig()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", type=t.existing_path, default=os.environ.get("HASTEN_DATA") or None,
+    p.add_argument("--data", type=data_argument, default=os.environ.get("HASTEN_DATA") or None,
                    help="dataset: image folder or archive (ImageNet layout too), CIFAR-10 binary, or with --loader "
-                   "stream a directory of tar shards (hasten data pack); default $HASTEN_DATA or the CIFAR-10 download")
+                   "stream a directory of tar shards (hasten data pack), also at a URL: s3://BUCKET/PREFIX/, "
+                   "gs://..., https://... (docs/remote.md); default $HASTEN_DATA or the CIFAR-10 download")
     p.add_argument("--model", default=_D.model, choices=sorted(MODELS))
     p.add_argument("--width", type=t.positive_int, default=_D.width, help="channels of the first stage")
     p.add_argument("--image-size", type=t.positive_int, default=None, help="resize image folders to SxS")
@@ -60,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--hook", choices=HOOKS, default=_D.hook, help="gradient all-reduce (hasten.distributed)")
     p.add_argument("--compress", choices=["bf16"], default=None, help="compress gradients on the wire")
+    p.add_argument("--retries", type=t.int_range(0, 1000), default=_D.retries,
+                   help="tries after the first of each request to shards at a URL, with backoff from 0.5 s doubling "
+                   "to 20 s (the default waits 36-72 s in all: a store restarting)")
     p.add_argument("--checkpoint-every", type=t.nonneg_int, default=0, help="steps between checkpoints (0: end)")
     p.add_argument("--resume", type=resume_type, help="checkpoint file, a run directory holding checkpoint.pt, or "
                    "'auto': the newest complete checkpoint in this run's directory (fresh if none); workers that "

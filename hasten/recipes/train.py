@@ -42,7 +42,7 @@ from hasten.checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from hasten.distributed.data_parallel import DEFAULT_TIMEOUT_S, init_distributed, seed_everything, shutdown, wrap_ddp
 from hasten.distributed.faults import PeerLostError, peer_failure, stop_on_sigterm, stop_signal
 from hasten.distributed.hooks import HOOKS
-from hasten.errors import ConfigError
+from hasten.errors import ConfigError, StoreError
 from hasten.models.resnet import MODELS, build_model
 from hasten.nn.ghost_bn import apply_ghost_batchnorm
 from hasten.nn.group_bn import convert_batchnorm
@@ -54,6 +54,7 @@ from hasten.progress import progress, progress_interval, progress_mode, status
 from hasten.recipes.step import TrainMeter, optimizer_step
 from hasten.recipes.train_input import device_input, stream_input
 from hasten.rundir import stable_run_path
+from hasten.stream.retry import DEFAULT_RETRIES
 from hasten.timing import Stopwatch
 
 # ----------------------------------------------------------------------------
@@ -107,6 +108,7 @@ class TrainConfig:
     deterministic: bool = False
     device: str = "auto"
     noise_scale: bool = False    # estimate the gradient noise scale (hasten.optim.noise_scale)
+    retries: int = DEFAULT_RETRIES  # per request to remote shards (--data URL; hasten.stream.retry)
 
     def validate(self, world_size: int) -> None:
         """Every check that does not need the data: fails before any work starts."""
@@ -121,6 +123,10 @@ class TrainConfig:
             bad(f"unknown --loader {self.loader!r}; choose one of {list(LOADERS)}")
         if self.loader == "stream" and not self.data:
             bad("--loader stream needs --data PATH (a folder or archive)")
+        if "://" in str(self.data or "") and self.loader != "stream":
+            bad(f"--data {self.data}: shards at a URL are streamed; add --loader stream")
+        if not 0 <= self.retries <= 1000:
+            bad(f"--retries must be in 0..1000, got {self.retries}")
         if self.loader == "stream" and self.train_subset:
             bad("--train-subset needs --loader device (the stream reads whole splits)")
         if self.lr_scaling not in LR_SCALINGS:
@@ -263,6 +269,10 @@ def _train_guarded(cfg: TrainConfig, run_dir, state, dataset, run_path, world_si
     lost = _lost_peer_message(failure, world, where.step, cfg, run_path)
     if lost is None:
         shutdown()
+        if isinstance(failure, StoreError):
+            # Remote shards that keep failing: the same line, with where to resume once the store is back.
+            raise StoreError(f"{failure}; stopped at step {where.step}; {_checkpoint_note(cfg, run_path)}; "
+                             "rerun with --resume auto when the store answers again") from None
         raise failure
     # No shutdown: tearing down a group whose peer is gone can block or log; the
     # process is about to exit, which frees it.
@@ -287,14 +297,7 @@ def _lost_peer_message(exc: BaseException, world: int, step: int, cfg: TrainConf
                 if world > 1 and sig == signal.SIGTERM else f"stopped by {sig.name} at step {step}")
     else:
         return None
-    newest = newest_checkpoint(run_path) if run_path is not None else None
-    if newest is not None:
-        where = f"newest checkpoint: {newest.path} (step {newest.step})"
-    elif run_path is None:
-        where = "no checkpoint (no run directory)"
-    else:
-        every = f"every {cfg.checkpoint_every} steps" if cfg.checkpoint_every else "only at the end"
-        where = f"no checkpoint in {run_path} yet (saved {every}; --checkpoint-every N)"
+    where = _checkpoint_note(cfg, run_path)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
     if restarts < max_restarts:
@@ -302,6 +305,17 @@ def _lost_peer_message(exc: BaseException, world: int, step: int, cfg: TrainConf
     else:
         how = "rerun with --resume auto"
     return f"{head}; {where}; {how}"
+
+
+def _checkpoint_note(cfg: TrainConfig, run_path) -> str:
+    """Where a stopped run can resume from: its newest checkpoint, or why there is none."""
+    newest = newest_checkpoint(run_path) if run_path is not None else None
+    if newest is not None:
+        return f"newest checkpoint: {newest.path} (step {newest.step})"
+    if run_path is None:
+        return "no checkpoint (no run directory)"
+    every = f"every {cfg.checkpoint_every} steps" if cfg.checkpoint_every else "only at the end"
+    return f"no checkpoint in {run_path} yet (saved {every}; --checkpoint-every N)"
 
 
 def run_identity(cfg: TrainConfig) -> dict:

@@ -149,7 +149,11 @@ def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
     from hasten.stream.shard_loader import ShardLoader
     from hasten.stream.shard_store import open_shards
 
-    train_shards, test_shards = open_shards(cfg.data, "train"), open_shards(cfg.data, "test")
+    from hasten.stream.retry import RetryPolicy
+
+    # A URL: each request retried --retries times (hasten.stream.remote_store); local files ignore it.
+    retry = RetryPolicy(retries=cfg.retries)
+    train_shards, test_shards = (open_shards(cfg.data, split, retry=retry) for split in ("train", "test"))
     # Without --image-size: 224, or the images' own size when smaller (32 px CIFAR-10 is not upsampled).
     size = cfg.image_size or default_image_size(train_shards)
     if not train_shards.classes:
@@ -176,15 +180,19 @@ def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
             yield norm(x), y
 
     return TrainInput(epoch_batches, steps_per_epoch, test_batches, len(train_shards.classes), size,
-                      packed_name(cfg.data), position=loader)
+                      packed_name(cfg.data, getattr(train_shards, "source", None)), position=loader)
 
 
-def packed_name(path) -> str:
+def packed_name(path, source: str | None = None) -> str:
     """The name results give a packed set: what ``hasten data pack`` packed it from (its
     index's ``source`` without the archive suffix: ``cifar10-jpeg``), not the folder the
-    shards were written to; that folder's name when no index says."""
-    try:
-        source = json.loads((Path(path) / "index.json").read_text()).get("source")
-    except (OSError, ValueError, AttributeError):
-        source = None
+    shards were written to; that folder's name when no index says. ``source``: the index's,
+    already read (a URL's store holds it)."""
+    if source is None and "://" in str(path):
+        return str(path).rstrip("/").rsplit("/", 1)[-1]
+    if source is None:
+        try:
+            source = json.loads((Path(path) / "index.json").read_text()).get("source")
+        except (OSError, ValueError, AttributeError):
+            source = None
     return archive_stem(source) if isinstance(source, str) and source else Path(path).resolve().name
