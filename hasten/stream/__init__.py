@@ -11,6 +11,7 @@ bounded side), ``shard_loader.ShardLoader`` (streams them, per rank, resumable
 mid-epoch) with its pieces ``shard_store`` (where the shards are), ``tar_members``
 (reading one shard), ``epoch_plan`` (each rank's examples per epoch),
 ``chunk_decode`` and ``shared_buffers`` (decode in workers into reused batches),
+``virtual_shards`` and ``sources`` (an image folder or archive streamed without packing),
 ``fused_crop`` (JPEG decode fused with the random-resized crop) and ``shard_cache``
 (a local copy of shards read from slow storage); ``shards`` gathers the public
 names of all of these. Import from the submodules.

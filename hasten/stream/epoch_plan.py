@@ -91,7 +91,11 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
     ``store`` only the shards that still hold examples due, ``prefetch`` at a time.
 
     ``lazy``: local shard files (``ShardFiles``) are scanned, not read (``scan_shard``):
-    the records carry where their images are (``Record.where``), for the decoder to read."""
+    the records carry where their images are (``Record.where``), for the decoder to read.
+    A store whose class defines ``shard_records(i, lazy=)`` (a source of examples rather
+    than of tar bytes: ``hasten.stream.virtual_shards``) hands over its records directly;
+    a wrapper that only forwards attributes (``SlowStorage``, ``ShardCache``) does not
+    define it on its class, so its reads still go through ``store[i]``."""
     counts = np.asarray(store.examples, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]) if len(counts) else np.zeros(0, np.int64)
     remaining = plan.order[position:]
@@ -110,6 +114,8 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
     # Local shard files are read into reused buffers (records are copied out when parsed);
     # other stores (slow or remote storage, caches) hand over new bytes.
     buffers: deque[bytearray] = deque()
+    # Looked up on the class: an attribute forwarded by a wrapper's __getattr__ would skip the wrapper.
+    direct = getattr(type(store), "shard_records", None)
 
     def read(s: int):
         if lazy and isinstance(store, ShardFiles) and hasattr(os, "pread"):  # (not on Windows)
@@ -117,6 +123,11 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
                                  size=sizes[s] if sizes is not None else None)
             if scanned is not None:
                 return None, None, scanned
+        if direct is not None:
+            records = direct(store, s, lazy=lazy)
+            if len(records) != counts[s]:
+                raise DataError(f"shard {store.names[s]} holds {len(records)} examples, the store says {counts[s]}")
+            return None, None, records
         if isinstance(store, ShardFiles):
             try:
                 buffer = buffers.popleft()  # (two reader threads may race for the last one)

@@ -59,7 +59,8 @@ def _member_bytes(n: int) -> int:
     return _BLOCK + -(-n // _BLOCK) * _BLOCK
 
 
-def _list_files(root: Path) -> tuple[list[str], list[str]]:
+def list_files(root: Path) -> tuple[list[str], list[str]]:
+    """(files, directories) under ``root`` as sorted relative POSIX paths, dot-files left out."""
     names, dirs = [], []
     for folder, subdirs, files in os.walk(root, onerror=walk_error):
         subdirs.sort()
@@ -136,7 +137,7 @@ def _remove_output(out: Path, made: Path | None) -> None:
 
 def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: bool, where: str,
                max_side: int | None, quality: int) -> dict:
-    names, dirs = _list_files(root)
+    names, dirs = list_files(root)
     layout = parse_layout(names, dirs, source=where)
     if layout.stray:
         log.warning("%s: %d file(s) outside any class folder left out: %s", where, len(layout.stray),

@@ -3,8 +3,12 @@
 A store is anything with ``len(store)``, ``store[i] -> bytes`` (shard i),
 ``names`` (shown in messages and used as cache keys), ``examples`` (examples per
 shard), ``sizes`` (bytes per shard, or None when unknown) and ``classes``.
-``ShardFiles`` is the store of local files; ``hasten.stream.slow_storage.SlowStorage``
-and ``hasten.stream.shard_cache.ShardCache`` wrap any store and are one themselves.
+A store whose class also defines ``shard_records(i, lazy=)`` hands the loader its
+examples as ``Record`` objects instead of tar bytes (``hasten.stream.virtual_shards``:
+an image folder or the record blob cut into virtual shards). ``ShardFiles`` is the store
+of local files; ``hasten.stream.slow_storage.SlowStorage`` and
+``hasten.stream.shard_cache.ShardCache`` wrap any store and are one themselves;
+``hasten.stream.sources.open_source`` opens whichever a path holds.
 
 ``open_shards`` reads a directory with the ``index.json`` that ``hasten data pack``
 (``hasten.stream.pack``) writes (each shard's example count and size, and the class

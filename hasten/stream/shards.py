@@ -14,7 +14,10 @@ a module named for what it holds:
   process and the decode workers (``shared_uint8``, ``BufferPool``, ``BatchPool``);
 - ``hasten.stream.chunk_decode``: fused decode + crop of chunks of records in the
   workers (``pack_chunk``, ``decode_chunk``, ``default_image_size``);
-- ``hasten.stream.shard_loader``: ``ShardLoader``, which composes them.
+- ``hasten.stream.shard_loader``: ``ShardLoader``, which composes them;
+- ``hasten.stream.virtual_shards`` and ``hasten.stream.sources``: an image folder or
+  archive streamed without packing (``FolderShards``, ``RecordShards``), and
+  ``open_source``, which opens whichever a path holds.
 
 Changes the training math: no (an order of the data, like any shuffling sampler).
 """
@@ -23,7 +26,10 @@ from hasten.stream.chunk_decode import default_image_size
 from hasten.stream.epoch_plan import EpochPlan, epoch_plan, plan_records
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.shard_store import INDEX, ShardFiles, is_shard_dir, open_shards
+from hasten.stream.sources import open_source
 from hasten.stream.tar_members import Record, read_shard, scan_shard
+from hasten.stream.virtual_shards import FolderShards, RecordShards
 
-__all__ = ["INDEX", "EpochPlan", "Record", "ShardFiles", "ShardLoader", "default_image_size", "epoch_plan",
-           "is_shard_dir", "open_shards", "plan_records", "read_shard", "scan_shard"]
+__all__ = ["INDEX", "EpochPlan", "FolderShards", "Record", "RecordShards", "ShardFiles", "ShardLoader",
+           "default_image_size", "epoch_plan", "is_shard_dir", "open_shards", "open_source", "plan_records",
+           "read_shard", "scan_shard"]
