@@ -10,20 +10,23 @@ from hasten.profile import Profiler
 
 
 class SleepyDataset(Dataset):
+    def __init__(self, item_s=0.005):
+        self.item_s = item_s
+
     def __len__(self):
         return 256
 
     def __getitem__(self, i):
-        time.sleep(0.005)
+        time.sleep(self.item_s)
         return torch.zeros(4)
 
 
-def _work():
-    time.sleep(0.01)
+def _work(seconds=0.01):
+    time.sleep(seconds)
 
 
 def test_wrap_and_step_give_an_input_bound_verdict_with_r():
-    loader = DataLoader(SleepyDataset(), batch_size=8)  # 40 ms to make a batch, 10 ms to use it: R = 4
+    loader = DataLoader(SleepyDataset(0.01), batch_size=4)  # 40 ms to make a batch, 10 ms to use it: R = 4
     prof = Profiler(warmup=2)
     for i, batch in enumerate(prof.wrap(loader)):
         _work()
@@ -39,10 +42,13 @@ def test_wrap_and_step_give_an_input_bound_verdict_with_r():
 
 
 def test_without_probes_r_is_estimated_from_the_loop_and_says_so():
-    loader = DataLoader(SleepyDataset(), batch_size=4)
+    # R = 2 by construction: a batch is two sleeps as long as the step's one, so a loaded machine's
+    # late wake-ups (a few ms each) lengthen both sides alike (4 sleeps of 5 ms against one of 10 ms
+    # read R = 2.6 beside other jobs).
+    loader = DataLoader(SleepyDataset(0.02), batch_size=2)
     prof = Profiler(warmup=1)
     for i, _ in enumerate(prof.wrap(loader)):
-        _work()
+        _work(0.02)
         if i == 8:
             break
     a = prof.analyse()

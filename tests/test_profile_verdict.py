@@ -52,7 +52,10 @@ def test_the_stopping_rule_goes_on_only_where_more_steps_can_decide():
     thresholds = (INPUT_MODERATE, INPUT_HIGH)
     assert undecided(0.12, 0.03, 0.21, thresholds, DEAD_BAND) == INPUT_MODERATE
     assert could_decide(0.12, 0.03, 0.21, thresholds, DEAD_BAND)  # 7 points off the line: more steps settle it
-    assert not could_decide(0.055, 0.01, 0.10, thresholds, DEAD_BAND)  # inside the dead band: no number will
+    assert not could_decide(0.055, 0.03, 0.08, thresholds, DEAD_BAND)  # on the line, and known to be: no number will
+    # on the line by a few samples: the interval still reaches far past it, so more steps may settle it
+    assert could_decide(0.049, 0.009, 0.206, thresholds, DEAD_BAND)
+    assert could_decide(0.055, 0.0, 0.08, thresholds, DEAD_BAND)
     assert not could_decide(0.12, 0.10, 0.14, thresholds, DEAD_BAND)  # decided already
     # the interval of a ratio of sums narrows with the steps, and holds the ratio
     r, lo, hi = ratio_interval([1.0, 3.0] * 5, [10.0] * 10)

@@ -79,6 +79,12 @@ def undecided(share: float, lo: float, hi: float, thresholds: tuple[float, ...],
 
 def could_decide(share: float, lo: float, hi: float, thresholds: tuple[float, ...], dead_band: float) -> bool:
     """Whether more steps could take the interval off the threshold it straddles: the estimate is
-    outside the dead band around it (inside, no number of steps decides)."""
+    outside the dead band around it, or the interval still reaches more than two dead bands past
+    the threshold on either side. An estimate inside the dead band is given up on (no number of
+    steps decides a share that sits on the line) only once the interval is that narrow: from a
+    few dozen stack samples one sample is 4 points, and a loop with no data time at all read
+    4.9% (0.9% to 21%) after 20 steps on a loaded machine, where 80 steps read 0.0% (0 to 4.1%)."""
     t = undecided(share, lo, hi, thresholds, dead_band)
-    return t is not None and abs(share - t) > dead_band
+    if t is None:
+        return False
+    return abs(share - t) > dead_band or lo < t - 2 * dead_band or hi > t + 2 * dead_band
