@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hasten.errors import DataError
+from hasten.stream.chunk_decode import default_image_size
 from hasten.stream.epoch_plan import epoch_plan, plan_records
 from hasten.stream.pack import pack
 from hasten.stream.records import open_records
@@ -164,3 +165,12 @@ def test_open_source_refuses_what_it_cannot_stream_in_one_line(tmp_path, given, 
     with pytest.raises(DataError, match=match) as e:
         open_source(path)
     assert "\n" not in str(e.value)
+
+
+def test_default_image_size_of_a_folder_reads_its_first_virtual_shard(photo_folder, tmp_path, photo_jpeg):
+    from PIL import Image
+
+    store = FolderShards(photo_folder, per_shard=8, seed=3)
+    sides = [min(Image.open(photo_folder / r.name.partition(":")[2]).size) for r in store.shard_records(0)]
+    assert default_image_size(store) == max(sides) < 224  # the photos are 90 to 200 px
+    assert default_image_size(store, largest=64) == 64

@@ -131,8 +131,10 @@ def default_image_size(store, *, largest: int = 224, samples: int = 64) -> int:
     more information."""
     if not len(store):
         return largest
+    direct = getattr(type(store), "shard_records", None)  # (a folder: its files, not a tar built of them)
+    records = direct(store, 0) if direct is not None else read_shard(store[0], store.names[0])
     sides = []
-    for r in read_shard(store[0], store.names[0])[:samples]:
+    for r in records[:samples]:
         if r.reason is None:
             try:
                 sides.append(min(image_size_of(r.data, r.name)))
