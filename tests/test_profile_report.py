@@ -46,4 +46,4 @@ def test_the_report_names_the_rest_by_line_and_says_when_the_data_path_takes_the
     assert "INPUT-BOUND" not in text.splitlines()[0]
     head = format_report(analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 1.0})).splitlines()[0]
     assert head.startswith("hasten profile: INPUT-BOUND (CPU, high): its data path competes with the step for the cores")
-    assert "the step waits for data only 2% of the time" in head
+    assert "costs the step 28%" in head and "the step waits for data 2% of the time: data 30% in all" in head

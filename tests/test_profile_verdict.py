@@ -194,24 +194,59 @@ def test_without_a_dataloader_only_the_time_on_the_batch_lines_is_data():
     assert c.data_wait_fraction == 0 and any("no line making the model's input" in n for n in c.notes)
 
 
-def _workers_rank(worker_cpu, main_cpu, alone, batches=40, in_flight=4):
-    rank = _rank(wait=0.002, work=0.098, alone=alone, workers=2)
+def _workers_rank(worker_cpu, main_cpu, alone, batches=40, in_flight=4, alone_cpu=None, wait=0.002, work=0.098,
+                  recv_cpu=0.0):
+    """A loop with 2 workers taking ``worker_cpu`` per batch; its steps wait ``wait`` (``recv_cpu`` of it the
+    loop's own CPU) and work ``work``; its replayed step takes ``alone`` wall and ``alone_cpu`` CPU."""
+    rank = _rank(wait=wait, work=work, alone=alone, workers=2)
     for r in rank["records"]["measure"]:
-        r.update(cpu_s=main_cpu, data_cpu_s=0.0, compute_s=0.098)
+        r.update(cpu_s=main_cpu, data_cpu_s=recv_cpu, compute_s=work)
+    if alone_cpu is not None:
+        for r in rank["records"]["step_alone"]:
+            r["cpu_s"] = alone_cpu
     rank["worker_cpu"] = {"cpu_s": worker_cpu * batches, "batches": batches, "in_flight": in_flight}
     return rank
 
 
-def test_workers_that_take_the_steps_cores_make_it_input_bound_by_their_share_of_the_cpu():
-    # 30 ms of worker CPU and 60 ms of step CPU per batch; the step alone runs in 60 ms on its own core
+def test_workers_that_take_the_steps_cores_make_it_input_bound_by_what_their_cpu_adds():
+    # 30 ms of worker CPU per batch beside a step that keeps its one core busy (60 ms alone): 2 ms of it
+    # run while the loop waits idle in the loader, the other 28 ms on the step's core, 28% of the 100 ms step
     a = analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 1.0})
     assert a.cpu["contended"] and a.verdict == "input-bound" and a.input_kind == "cpu"
-    assert a.data_share == pytest.approx(1 / 3) and a.data_interval[0] < 1 / 3 < a.data_interval[1]
+    assert a.cpu["data_cpu_delay_s"] == pytest.approx(0.028)
+    assert a.data_share == pytest.approx(0.02 + 0.28) and a.data_interval[0] < 0.30 < a.data_interval[1]
     assert a.data_wait_fraction == pytest.approx(0.02)  # the wait alone would have said compute-bound
-    assert a.data_free_step_s == pytest.approx(0.060)
+    assert a.data_free_step_s == pytest.approx(0.100 - 0.002 - 0.028)
     # the same loop with two free cores: the workers run beside the step, it waits 2%: no data share
     b = analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 2.0})
     assert not b.cpu["contended"] and b.input_kind == "wait" and b.verdict != "input-bound"
+
+
+def test_on_two_cores_a_step_on_both_pays_for_every_worker_second_and_the_wait_adds():
+    # torch's two threads keep both cores busy in the replayed step (120 ms CPU in 60 ms): no core is idle
+    # for the workers, and while the loop receives a batch (6 ms in the loader, all of it its own CPU) they
+    # have not been handed their next one yet. Their 4 ms a batch cost the step 4 ms, on top of the 6 ms wait.
+    rank = _workers_rank(0.004, 0.130, alone=0.060, alone_cpu=0.120, wait=0.006, work=0.064, recv_cpu=0.006)
+    a = analyse([rank], cpus={"available": 2.0})
+    assert a.cpu["step_cores"] == pytest.approx(2.0) and a.cpu["data_cpu_delay_s"] == pytest.approx(0.004)
+    assert a.data_share == pytest.approx((0.006 + 0.004) / 0.070)
+    assert a.verdict == "input-bound" and a.input_kind == "wait"  # the wait is the larger part
+    # the step on one thread leaves the other core to the workers: no cost beyond the wait
+    one = analyse([_workers_rank(0.004, 0.070, alone=0.060, alone_cpu=0.060, wait=0.006, work=0.064,
+                                 recv_cpu=0.006)], cpus={"available": 2.0})
+    assert not one.cpu["contended"] and one.data_share == pytest.approx(0.006 / 0.070)
+    # making the batches in the loop skips the 6 ms hand-off and the 4 ms on the step's cores for at most 4 ms
+    # of making them: a fix a verification run can apply (workers=0)
+    fix = next(r for r in a.recommendations + [_as_rec(x) for x in a.rejected]
+               if r.fix.startswith("make the batches in the loop"))
+    assert fix.apply == "workers=0" and fix.predicted_speedup == pytest.approx(0.070 / (0.070 - 0.010 + 0.004))
+    # more workers keep both: they cannot gain
+    assert not any(r.fix.endswith("DataLoader workers") for r in a.recommendations)
+
+
+def _as_rec(x):
+    from types import SimpleNamespace
+    return SimpleNamespace(**{k: x.get(k) for k in ("fix", "apply", "predicted_speedup")})
 
 
 def test_the_cores_are_the_probes_or_the_windows_if_more_capped_by_the_scripts_own_affinity():
@@ -224,13 +259,39 @@ def test_the_cores_are_the_probes_or_the_windows_if_more_capped_by_the_scripts_o
 
 
 def test_the_cpu_share_grows_from_zero_as_the_demand_passes_the_cores():
-    # (30 + 60) ms of CPU in a 60 ms step alone: 1.5 cores' worth. Just above 1.45 cores the CPU adds 3% to
-    # the step: near the line, no jump to a high CPU share that a run at 1.55 cores would flip back from.
+    # (30 + 60) ms of CPU in a 60 ms step alone on one thread: 1.5 cores' worth. With 1.45 cores, 0.45 of
+    # them are idle for 60 ms and all of them for the 2 ms wait: the workers' 30 ms overflow onto the step's
+    # core by 0.1 ms, a share near zero, no jump that a run at 1.55 cores would flip back from.
     a = analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 1.45})
-    assert a.cpu["contended"] and a.cpu["data_cpu_share"] == pytest.approx(1 - 0.060 / (0.090 / 1.45))
+    assert a.cpu["contended"] and a.cpu["data_cpu_share"] == pytest.approx((0.030 - 0.45 * 0.060 - 1.45 * 0.002) / 0.1)
     assert a.verdict != "input-bound"
     b = analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 1.55})
     assert not b.cpu["contended"] and b.verdict != "input-bound"
-    # a step that sleeps (a device) with CPU-heavy workers: the CPU share is what their CPU adds, not c / (c + m)
-    c = analyse([_workers_rank(0.032, 0.003, alone=0.006)], cpus={"available": 2.0})
-    assert c.cpu["data_cpu_share"] == pytest.approx(1 - 0.006 / (0.035 / 2))
+    # a step that sleeps (a device: 3 ms CPU in its 6 ms) leaves more of its cores to CPU-heavy workers
+    # than one that computes all along
+    sleeps = analyse([_workers_rank(0.032, 0.003, alone=0.006, alone_cpu=0.003)], cpus={"available": 2.0})
+    busy = analyse([_workers_rank(0.032, 0.006, alone=0.006, alone_cpu=0.006)], cpus={"available": 2.0})
+    assert sleeps.cpu["data_cpu_delay_s"] == pytest.approx(0.032 - 1.5 * 0.006 - 2 * 0.002)
+    assert busy.cpu["data_cpu_delay_s"] == pytest.approx(0.032 - 1.0 * 0.006 - 2 * 0.002)
+
+
+
+def _stalled_rank(long_steps: int, n: int = 12):
+    # every step waits 8 ms for data beside 72 ms of compute; `long_steps` of them had their compute
+    # stretched to 1.5 s (another job on the cores), their wait the same
+    rank = _rank(wait=0.008, work=0.072, n=n)
+    for i, r in enumerate(rank["records"]["measure"]):
+        r["compute_s"] = 1.5 if i % (n // long_steps if long_steps else n + 1) == 1 else 0.072
+        r["work_s"] = r["compute_s"]
+    return rank
+
+
+def test_steps_whose_compute_stalled_are_left_out_of_the_shares_and_named():
+    a = analyse([_stalled_rank(2)])
+    assert a.data_wait_fraction == pytest.approx(0.008 / 0.080)  # the calm steps' share: 10%, not 2%
+    assert a.verdict == "input-bound" and a.steps == 10
+    assert any(x["reason"].startswith("a stall: compute over 3x the median") and x["steps"] == 2 for x in a.excluded)
+    # long steps in half of them: that is how this loop runs, and every step counts
+    b = analyse([_stalled_rank(6)])
+    assert b.steps == 12 and not b.excluded
+    assert b.data_wait_fraction == pytest.approx(12 * 0.008 / (6 * 0.080 + 6 * 1.508))

@@ -5,8 +5,8 @@ the CPU the data path takes from the step, and the rest, by line.
   the time in its ``__next__``; without one, the time outside compute in the share the
   stack sampler found on the lines that make the batch
   (:mod:`hasten.profile.inject.batch_source`), the rest being neither data nor compute;
-- :func:`cpu_use`: the workers' CPU and the step's against the cores: competing for them,
-  the data path's share of the step is its share of that CPU;
+- :func:`cpu_use`: the workers' CPU against the cores the step leaves idle: what runs on
+  the step's own cores adds to the step, beside the wait;
 - :func:`data_free_step`: the step with its data made free;
 - :func:`other_where`, :func:`batch_where`: the lines the rest and the batch were sampled in.
 
@@ -60,46 +60,55 @@ def data_split(d: dict, measured: list[dict]) -> dict:
 
 
 def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_driven: bool) -> dict:
-    """The CPU a step and its data path need, against the cores the job had.
+    """The CPU the training loader's workers take from the step's cores, and what that costs the step.
 
-    The data path's CPU c is the training loader's workers' (/proc, per step's batches); the
-    step's own m is the main process's CPU per step outside its data wait (every thread). They
-    compete when running the step at its own pace (the step alone, data made free) with its
-    batches made alongside needs more cores than the job had: (c + m) / step alone > cores.
-    Then the CPU sets the step, max(step alone, (c + m) / cores), and with the data made free
-    it would be max(step alone, m / cores): the data path's share of the step is what its CPU
-    adds, c / (c + m) where the step's own work is all CPU, less where the step sleeps or
-    waits on a device. It grows from zero as the demand passes the cores, so that a demand
-    about the cores does not flip the verdict. Without workers, the data CPU is spent in the
-    loop's own thread, in turn with the step: it shows as the data wait."""
-    if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0:
+    The workers' CPU per step c is read from /proc (per step's batches). The step alone (its
+    replay: data made free, the workers idle with their queues full) keeps k = its CPU / its
+    wall time of the C cores the job has busy; the cores it leaves idle, and all C while the
+    loop waits in the loader for a batch not made yet, are where the workers run without
+    taking anything from the step:
+
+        idle = (C - k) x step alone + C x (data wait - the loop's CPU in it)   (core-seconds per step)
+
+    (Where the batches are ready, the loop's time in the loader is its own CPU receiving them,
+    and a worker is handed its next batch's indices at the end of it: it runs during the step.)
+
+    The rest of c, ``max(0, c - idle)``, runs on the step's own cores, and each second of it
+    costs the step a second: torch's intra-op work is split evenly over its threads, which
+    meet at a barrier after each op, so one thread off its core holds up the others (work that
+    divided freely over k cores would lose a k-th of it: this is the upper end). That delay, as
+    a share of the step as measured (``data_cpu_share``), adds to the data wait's share in the
+    verdict. The step's own CPU is the replay's, not the measured steps': there, threads that
+    spin at a barrier while another is off its core count as CPU the step needs. Without
+    workers, the data CPU is spent in the loop's own thread, in turn with the step: it shows
+    as the data wait."""
+    if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0 or s.step_s <= 0:
         return {}
     c = s.worker_cpu_per_batch_s * max(1.0, micro)
-    m = max(0.0, (s.cpu_s or 0.0) - (s.data_cpu_s or 0.0))
-    if c + m <= 0:
-        return {}
-    demand = (c + m) / alone
+    wait = s.wait_s
+    if s.step_alone_wall_s and s.step_alone_cpu_s is not None:
+        wall, own_cpu = s.step_alone_wall_s, s.step_alone_cpu_s
+    else:  # no replay (dropped, or the command ended first): the measured steps outside their wait
+        wall = max(s.step_s - wait, 1e-9)
+        own_cpu = max(0.0, (s.cpu_s or 0.0) - (s.data_cpu_s or 0.0))
+    k = min(cores, own_cpu / wall)
+    idle = (cores - k) * wall + cores * max(0.0, wait - (s.data_cpu_s or 0.0))
     # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
     n, q = s.worker_batches, s.in_flight
     c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
 
+    def share(c: float) -> float:  # of the step as measured, what the workers' CPU on its cores adds
+        return min(1.0 - wait / s.step_s, max(0.0, c - idle) / s.step_s)
 
-    def share(c: float) -> float:  # of the step as the CPU sets it, what the data path's CPU adds
-        return 1 - max(alone, m / cores) / max(alone, (c + m) / cores)
-
-    return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": m, "demand_cores": demand,
-            "contended": demand > cores, "data_cpu_share": share(c),
-            "data_cpu_share_interval": (share(c_lo), share(c_hi))}
+    return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": own_cpu, "step_cores": k, "idle_core_s": idle,
+            "demand_cores": (c + own_cpu) / wall, "contended": c > idle, "data_cpu_delay_s": max(0.0, c - idle),
+            "data_cpu_share": share(c), "data_cpu_share_interval": (share(c_lo), share(c_hi))}
 
 
 def data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:
-    """The step with its data made free: without its data wait, and, where the data path competes for the
-    cores, at the pace of the step alone (its replay, wall clock) or of its own CPU on the cores, if slower."""
-    without_wait = a.step_time_s * (1 - a.data_wait_fraction)
-    if not cpu_use.get("contended"):
-        return without_wait
-    alone = s.step_alone_wall_s if s.step_alone_wall_s is not None else a.step_alone_s
-    return min(without_wait, max(alone, cpu_use["step_cpu_per_step_s"] / max(a.cpu["available"], 0.05)))
+    """The step with its data made free: without its data wait, and without what the workers' CPU on the
+    step's own cores costs it (:func:`cpu_use`)."""
+    return max(1e-9, a.step_time_s * (1 - a.data_wait_fraction) - cpu_use.get("data_cpu_delay_s", 0.0))
 
 
 def batch_where(d0: dict) -> list[dict]:

@@ -28,10 +28,12 @@ def _why(a: Analysis) -> str:
     """The headline's reason: which kind of input-bound, how near the line, where the rest went."""
     cpu = a.cpu or {}
     if a.verdict == "input-bound" and a.input_kind == "cpu":
-        return (f"its data path competes with the step for the cores: the loader's workers' CPU takes "
-                f"{a.data_share:.0%} of the step ({cpu['data_cpu_per_step_s'] * 1e3:.0f} ms a step beside the "
-                f"step's own {cpu['step_cpu_per_step_s'] * 1e3:.0f} ms, on {cpu['available']:.2f} cores available); "
-                f"the step waits for data only {a.data_wait_fraction:.0%} of the time")
+        return (f"its data path competes with the step for the cores: the loader's workers' CPU costs the step "
+                f"{cpu['data_cpu_share']:.0%} ({cpu['data_cpu_delay_s'] * 1e3:.0f} of their "
+                f"{cpu['data_cpu_per_step_s'] * 1e3:.0f} ms a step run on the step's own cores: it keeps "
+                f"{cpu['step_cores']:.1f} of {cpu['available']:.2f} cores busy), and the step waits for data "
+                f"{a.data_wait_fraction:.0%} of the time: data {a.data_share:.0%} in all "
+                f"(95% interval {_interval(a)})")
     if a.verdict == "input-bound":
         making = "waits for data" if a.loader_driven else "makes its batch"
         return f"the step {making} {a.data_wait_fraction:.0%} of the time (95% interval {_interval(a)})"

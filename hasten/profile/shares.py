@@ -6,6 +6,12 @@ that of the residuals D_i - r T_i, over the mean step; Student's t for few steps
 known from samples (how much of the time outside compute the stack sampler found making
 the batch) has Wilson's interval for a binomial proportion. Both are about 95%.
 
+Steps whose compute took over :data:`STALL` times the median step's (:func:`stalled`) are
+left out of the shares: on a shared machine, a spell in which other jobs hold the cores
+stretches a step's compute tenfold (torch's threads wait at every barrier for the one that
+is off its core) while its data wait stays what it was, and a ratio of sums is then the
+machine's state, not the loop's.
+
 A share decides a verdict when its interval, widened to at least the dead band either side
 of its estimate, is clear of every threshold: :func:`undecided` names the threshold it
 straddles. The measured window goes on while that is so and the time bound allows
@@ -20,6 +26,7 @@ Changes the training math: no.
 from __future__ import annotations
 
 import math
+import statistics
 
 # Student's t, two-sided 95%, by degrees of freedom (1.96 beyond the table)
 _T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
@@ -88,3 +95,23 @@ def could_decide(share: float, lo: float, hi: float, thresholds: tuple[float, ..
     if t is None:
         return False
     return abs(share - t) > dead_band or lo < t - 2 * dead_band or hi > t + 2 * dead_band
+
+
+STALL = 3.0  # a step whose compute took more than this many times the median step's stalled
+STALL_MOST = 1 / 3  # ... unless more steps than this do: then the loop runs that way, and every step counts
+
+
+def stalled(records: list[dict]) -> list[bool]:
+    """Which measured steps stalled: their compute over ``STALL`` times the median step's.
+
+    Another job holding the cores stretches compute (both measured conditions of issue 32's
+    benchmark saw steps of 100 ms take 1.5 s in spells), not the data wait: counting those
+    steps in a ratio of sums makes the data share of one run a fifth of another's. A loop
+    whose own steps vary that much in more than a third of them (a long step every other
+    one) keeps them all: that is how it runs."""
+    comp = [r.get("compute_s") for r in records]
+    if len(comp) < 4 or any(c is None for c in comp):
+        return [False] * len(comp)
+    line = STALL * statistics.median(comp)
+    out = [c > line for c in comp]
+    return out if 0 < sum(out) <= STALL_MOST * len(out) else [False] * len(out)

@@ -42,7 +42,7 @@ from hasten.distributed.cost_model import fit_link
 from hasten.profile import attribution
 from hasten.profile.cores import cores_for_run, cpu_available
 from hasten.profile.inject.fixes import echo_apply, echo_code
-from hasten.profile.shares import undecided, widened
+from hasten.profile.shares import STALL, stalled, undecided, widened
 
 INPUT_MODERATE = 0.05  # data-wait share of the step: moderate input bottleneck
 INPUT_HIGH = 0.20  # ... high
@@ -164,9 +164,9 @@ def clean_steps(records: list[dict]) -> tuple[list[dict], dict[str, int]]:
     """The measured steps that count, and how many were left out for what.
 
     Left out: steps that drew batches from another loader or ran an evaluation
-    (named by the injector), and steps holding the first batch of a loader with
-    workers (start-up is not steady state), unless most steps do (a new iterator
-    per step is how this loop runs)."""
+    (named by the injector), steps whose compute stalled (:func:`hasten.profile.shares.stalled`),
+    and steps holding the first batch of a loader with workers (start-up is not steady state),
+    unless most steps do (a new iterator per step is how this loop runs)."""
     excluded: dict[str, int] = {}
     keep = []
     for r in records:
@@ -175,6 +175,10 @@ def clean_steps(records: list[dict]) -> tuple[list[dict], dict[str, int]]:
             excluded[reason] = excluded.get(reason, 0) + 1
         else:
             keep.append(r)
+    stall = stalled(keep)
+    if any(stall):
+        excluded[f"a stall: compute over {STALL:g}x the median step's (other jobs held the cores)"] = sum(stall)
+        keep = [r for r, s in zip(keep, stall) if not s]
     starts = [r for r in keep if r.get("epoch_start")]
     if starts and len(starts) < len(keep) / 2:
         keep = [r for r in keep if not r.get("epoch_start")]
@@ -315,18 +319,28 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         data_cpu = min((s.data_cpu_s or 0.0) * d / max(d + a.other_fraction * t, 1e-12), d)
     data_cpu = min(data_cpu, producer)
     main_cpu = max(0.0, (s.cpu_s or 0.0) - (0.0 if w0 else data_cpu))
+    # With workers: the loop's CPU taking each batch from them (its time in the loader, where they are
+    # ahead), and what their CPU on the step's own cores costs it (attribution.cpu_use). Both go with
+    # the batches: more workers keep them, fewer batches (echoing) divide them, none removes them.
+    receive = min(s.data_cpu_s or 0.0, d) if w0 else 0.0
+    delay = a.cpu.get("data_cpu_delay_s", 0.0) if w0 else 0.0
+    if w0 and a.cpu.get("step_cpu_per_step_s") is not None:
+        # the step's own CPU from its replay: the measured steps' counts threads spinning at barriers
+        main_cpu = a.cpu["step_cpu_per_step_s"] + receive
     handoff = (s.handoff_s or 0.0) * k if not w0 else 0.0
     a.cpu.update(producer_s=producer, data_cpu_s=data_cpu, main_cpu_s=main_cpu)
 
     def step_with(w: int, e: float = 1.0) -> tuple[float, str]:
-        parts = {"rest of the step": rest + handoff, "producers": producer / e / w,
+        if w == 0:  # made in the loop: its making (at most the workers' CPU for it), no hand-off
+            return rest + data_cpu / e, "making the batches in the loop"
+        parts = {"rest of the step": rest + handoff + (receive + delay) / e, "producers": producer / e / w,
                  "CPU": (data_cpu / e + main_cpu) / cores}
         key = max(parts, key=parts.get)
         return parts[key], key
 
-    # Where the data path competes for the cores, the model's step as run (set by the CPU) is the
+    # Where the CPU the model adds up is more than the step took, the model's step as run is the
     # reference: a fix gains what it changes in the model, not the gap between the model and the clock.
-    now = step_with(w0)[0] if contended and w0 else t
+    now = max(t, step_with(w0)[0]) if contended and w0 else t
 
     def speedup(step: float) -> float:
         return min(now / max(step, 1e-12), bound)
@@ -346,7 +360,7 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         w = next(w for w, st in options if st <= best * 1.02)
         pred = speedup(step_with(w)[0])
         train = [ld for ld in a.loaders if ld.get("training")]
-        per_step_iter = bool(train) and train[0].get("iterators", 0) >= 0.5 * max(1, d0.get("steps_seen", 0))
+        per_step_iter = per_step_iter_of(a, d0)
         # An IterableDataset yields every item in every worker unless it splits them by worker,
         # which its workers' first batches showed when it had workers (loader._check_workers).
         dup = train[0].get("worker_duplicates") if train else None
@@ -374,6 +388,18 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
                      "persistent_workers=True))\n"
                      "     # in the loop: x, y = next(batches)   (seed each worker: torch.utils.data.get_worker_info())"),
                 predicted_speedup=pred, changes_math=False, apply=None, basis=basis(w), bound=bound))
+
+    if a.loader_driven and w0 and data_cpu > 0 and not per_step_iter_of(a, d0):
+        # Receiving a batch from a worker costs the loop CPU, and the workers' CPU may take the
+        # step's cores: where making a batch costs less than that, the loop is faster making it.
+        recs.append(Recommendation(
+            fix="make the batches in the loop (num_workers=0)", how="DataLoader(..., num_workers=0)",
+            predicted_speedup=speedup(step_with(0)[0]), changes_math=False, apply="workers=0",
+            basis=f"the loop takes {receive * 1e3:.1f} ms a step receiving batches from {w0} workers, and their CPU "
+                  f"on the step's cores costs it {delay * 1e3:.1f} ms; making a step's batches costs at most "
+                  f"their {data_cpu * 1e3:.1f} ms of CPU: step {step_with(0)[0] * 1e3:.1f} ms against "
+                  f"{now * 1e3:.1f} ms as run",
+            bound=bound))
 
     r = a.upstream_ratio
     if r is not None and r > 1.2:
@@ -427,6 +453,12 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
             basis=f"{data_cpu * 1e3:.1f} ms of the {d * 1e3:.1f} ms spent making the batch is CPU in the loop; "
                   f"at best the step with data made free, {rest * 1e3:.1f} ms"))
     return recs
+
+
+def per_step_iter_of(a: Analysis, d0: dict) -> bool:
+    """Whether the loop starts a new pass of its training loader every step (``next(iter(loader))``)."""
+    train = [ld for ld in a.loaders if ld.get("training")]
+    return bool(train) and train[0].get("iterators", 0) >= 0.5 * max(1, d0.get("steps_seen", 0))
 
 
 def _batch_function(a: Analysis) -> str:
@@ -534,9 +566,10 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     cores = cores_for_run(cpus or cpu_available(probe_s=0), d0.get("cpu_window"))
     cpu_use = attribution.cpu_use(s0, alone, cores["available"], micro, loader_driven)
     share, lo, hi, kind = wait, w_lo, w_hi, "wait"
-    if cpu_use.get("contended") and cpu_use["data_cpu_share"] > wait:
-        share, (lo, hi) = cpu_use["data_cpu_share"], cpu_use["data_cpu_share_interval"]
-        kind = "cpu"
+    if cpu_use.get("contended"):  # the workers' CPU on the step's cores adds to the step, beside its wait
+        c_lo, c_hi = cpu_use["data_cpu_share_interval"]
+        share, lo, hi = wait + cpu_use["data_cpu_share"], w_lo + c_lo, min(1.0, w_hi + c_hi)
+        kind = "cpu" if cpu_use["data_cpu_share"] > wait else "wait"
     verdict, severity = classify(share, comm_frac, s0.host_fraction, (lo, hi))
     excluded = {}
     for s in sums:
@@ -585,7 +618,7 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
                            "why": "not measured: they need the model object, which a zero-code run cannot reach"})
     if verdict in ("compute-bound", "communication-bound"):
         a.notes.append(f"no input fix: the step waits for data only {wait:.0%} of the time" +
-                       (f", and its data path takes {cpu_use['data_cpu_share']:.0%} of the CPU it needs"
+                       (f", and its workers' CPU on the step's cores adds {cpu_use['data_cpu_share']:.0%}"
                         if cpu_use.get("data_cpu_share") else ""))
     for rec in recs:
         if rec.predicted_speedup >= WORTH_IT:

@@ -90,8 +90,9 @@ def override_workers(loader_cls, workers: int) -> None:
     def __init__(self, *args, **kwargs):
         bound = sig.bind(self, *args, **kwargs)
         bound.arguments["num_workers"] = workers
-        if workers == 0:
+        if workers == 0:  # both are refused without workers
             bound.arguments.pop("prefetch_factor", None)
+            bound.arguments.pop("persistent_workers", None)
         elif "persistent_workers" in sig.parameters:
             bound.arguments["persistent_workers"] = True
         orig_init(*bound.args, **bound.kwargs)

@@ -20,7 +20,7 @@ import time
 from hasten.profile.inject import autocast_check, cpu_window, ddp, probes
 from hasten.profile.inject.proc_times import pid_cpu_s
 from hasten.profile.inject.state import State, is_training_loader
-from hasten.profile.shares import could_decide, product_interval, ratio_interval, wilson
+from hasten.profile.shares import could_decide, product_interval, ratio_interval, stalled, wilson
 
 
 def plan(st: State) -> list[tuple[str, int]]:
@@ -145,6 +145,7 @@ def data_share(st: State) -> tuple[float, float, float]:
     """The measured steps' data share and its interval, as the verdict will weigh it (a DataLoader's wait;
     without one, the time outside compute, in the share sampled on the lines that make the batch)."""
     recs = [r for r in st.records["measure"] if not r.get("excluded")] or st.records["measure"]
+    recs = [r for r, s in zip(recs, stalled(recs)) if not s]  # as the verdict will (verdict.clean_steps)
     waits, spans = [r["wait_s"] for r in recs], [r["span_s"] for r in recs]
     if any(is_training_loader(st, lid) for lid in st.loaders):
         return ratio_interval(waits, spans)
