@@ -155,9 +155,10 @@ def test_a_file_name_with_dots_keeps_one_key(tmp_path, photo_jpeg):
     assert as_tar == [(r.name, r.label, r.data) for _, r in plan_records(store, plan)]
 
 
-@pytest.mark.parametrize("given, match", [("missing", "does not exist"), ("cifar", "binary format")])
+@pytest.mark.parametrize("given, match", [("missing", "does not exist"), ("cifar", "binary format"),
+                                          ("url", "unknown URL scheme ftp://")])
 def test_open_source_refuses_what_it_cannot_stream_in_one_line(tmp_path, given, match):
-    path = tmp_path / "nothing"
+    path = "ftp://host/shards" if given == "url" else tmp_path / "nothing"  # (a URL goes to open_shards)
     if given == "cifar":
         path.mkdir()
         for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
