@@ -84,7 +84,7 @@ def _client(url: StoreURL, timeout_s: float):
             kwargs["credential_provider"] = provider
     try:
         # Retries are ours (``retry``): one bound, one count, and faults the library does not retry.
-        return obstore.store.from_url(url.text, client_options=options, retry_config={"max_retries": 0}, **kwargs)
+        return obstore.store.from_url(url.text.rstrip("/"), client_options=options, retry_config={"max_retries": 0}, **kwargs)
     except Exception as e:  # noqa: BLE001 - the library's configuration errors, as one line
         raise DataError(f"cannot open {url}: {_one_line(e)}") from None
 
@@ -106,10 +106,25 @@ def _boto3_credentials():
     return Boto3CredentialProvider(session)
 
 
+# What the library's debug dump says beneath "error sending request", in words.
+_CAUSES = (("ConnectionRefused", "connection refused"), ("ConnectionReset", "connection reset"),
+           ("UnexpectedEof", "body cut short"), ("IncompleteBody", "body cut short"),
+           ("kind: Timeout", "timed out"), ("dns error", "host name not found"), ("BrokenPipe", "connection broken"))
+
+
+def _cause(e: BaseException) -> str | None:
+    text = str(e)
+    return next((words for marker, words in _CAUSES if marker in text), None)
+
+
 def _one_line(e: BaseException) -> str:
-    """An error as one short line with no secrets (the library's messages add a long debug dump)."""
-    text = str(e).split("\n\nDebug source", 1)[0]
-    text = " ".join(text.split()) or type(e).__name__
+    """An error as one short line with no secrets (the library's messages add a long debug dump,
+    of which the cause is kept)."""
+    full = str(e)
+    text = " ".join(full.split("\n\nDebug source", 1)[0].split()) or type(e).__name__
+    cause = _cause(e)
+    if cause is not None and cause not in text:
+        text = f"{text} ({cause})"
     for name in _SECRETS:
         value = os.environ.get(name)
         if value and len(value) >= 4:
@@ -140,15 +155,17 @@ def transient(e: BaseException) -> str | None:
     if _no_credentials(text):
         return None
     if isinstance(e, OSError) or name in ("GenericError", "BaseError", "JoinError"):
-        return text[:120]  # connection refused or reset, timeout, a body that stopped: worth retrying
+        # Connection refused or reset, a timeout, a body that stopped: worth retrying.
+        return _cause(e) or "connection error"
     return None
 
 
 def _no_credentials(text: str) -> bool:
     # Without credentials in the environment the client asks the cloud's metadata service
-    # (169.254.169.254, metadata.google.internal), which is not there off the cloud.
+    # (169.254.169.254 at /latest/api/token, metadata.google.internal), absent off the cloud.
     low = text.lower()
-    return "169.254.169.254" in low or "metadata.google.internal" in low or "credential" in low
+    return any(m in low for m in ("169.254.169.254", "/latest/api/token", "/latest/meta-data",
+                                  "metadata.google.internal", "credential"))
 
 
 class RemoteShards:
@@ -235,13 +252,13 @@ class RemoteShards:
 
         return self._call(get, name, f"shard {name}")
 
-    def _call(self, request, name: str, what: str):
+    def _call(self, request, name: str, what: str, policy: retries.RetryPolicy | None = None):
         try:
-            return retries.call(request, policy=self.policy, transient=transient,
+            return retries.call(request, policy=policy or self.policy, transient=transient,
                                 on_retry=lambda k, reason: self._count(name, reason))
         except retries.RetriesExhausted as e:
-            raise StoreError(f"{what} of {self.url}: {e.tries} tries failed ({e.tries - 1} retries; the last on "
-                             f"{e.reason}); last error: {_one_line(e.last)}") from None
+            raise StoreError(f"{what} of {self.url}: {e.tries} tries failed ({e.reason}); last error: "
+                             f"{_one_line(e.last)}") from None
         except Exception as e:  # noqa: BLE001 - an answer no retry changes, as one line
             raise self._refused(e, name, what) from None
 
@@ -253,7 +270,7 @@ class RemoteShards:
 
     def _refused(self, e: BaseException, name: str, what: str) -> StoreError:
         text = _one_line(e)
-        if "NoSuchBucket" in text:
+        if self.url.kind == "s3" and "NoSuchBucket" in text:
             return StoreError(f"{self.url}: the bucket {self.url.bucket!r} does not exist ({text[:160]})")
         if isinstance(e, FileNotFoundError) or "status code: 404" in text:
             if name == INDEX:
@@ -277,7 +294,10 @@ class RemoteShards:
                 self.requests += 1
             return bytes(obstore.get(self._client, INDEX).bytes())
 
-        return self._call(get, INDEX, INDEX)
+        # At most 2 retries: a store that does not answer at the start is most often a wrong
+        # URL or endpoint, to be said at once; mid-run, the full policy rides out a restart.
+        first = retries.RetryPolicy(min(self.policy.retries, 2), self.policy.first_s, self.policy.max_s)
+        return self._call(get, INDEX, INDEX, first)
 
     def _parse_index(self, raw: bytes, split: str) -> None:
         where = self.url.join(INDEX)

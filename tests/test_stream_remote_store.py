@@ -1,0 +1,209 @@
+"""Shards read from a real S3-API server (moto) and a real web server with Range support
+(RangeHTTPServer), through a proxy that injects faults: the same bytes as the local
+shards, every fault retried, a shard that never succeeds named in one line, each
+example once per epoch through faults, a resume and a restart of the store."""
+
+import numpy as np
+import pytest
+from store_servers import FaultProxy, moto_s3, range_http, s3_env, upload
+
+from hasten.errors import StoreError
+from hasten.stream.pack import pack
+from hasten.stream.remote_store import RemoteShards, open_remote_shards
+from hasten.stream.retry import RetryPolicy
+from hasten.stream.shard_loader import ShardLoader
+from hasten.stream.shard_store import open_shards
+
+FAST = RetryPolicy(retries=4, first_s=0.01, max_s=0.05)
+KINDS = ("s3", "http")
+
+
+@pytest.fixture(scope="module")
+def packed(photo_folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("remote") / "set"
+    pack(photo_folder, out, shard_bytes=40_000)  # 54 training images in about a dozen shards
+    return out
+
+
+@pytest.fixture(scope="module")
+def servers(packed, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("logs")
+    moto = moto_s3(logs)
+    upload(moto.url, "shards", "set/", packed)
+    web = range_http(packed.parent, logs)  # serves the folder holding set/
+    yield {"s3": moto, "http": web}
+    moto.kill()
+    web.kill()
+
+
+@pytest.fixture(params=KINDS)
+def remote(request, servers, monkeypatch):
+    """(URL, proxy, server) of the packed set behind a fault proxy, S3 or HTTP."""
+    server = servers[request.param]
+    proxy = FaultProxy(server.port)
+    for name, value in s3_env(proxy.url).items():
+        monkeypatch.setenv(name, value)
+    url = "s3://shards/set/" if request.param == "s3" else f"{proxy.url}/set/"
+    yield url, proxy, server
+    proxy.close()
+
+
+def shard_gets(proxy) -> int:
+    return proxy.count(match=".tar")
+
+
+def test_the_index_and_every_shard_are_the_local_ones(remote, packed):
+    url, proxy, _ = remote
+    local = open_shards(packed, "train")
+    store = RemoteShards(url, "train", retry=FAST, part_bytes=16_384, connections=3)
+    assert (store.names, store.examples, store.sizes, store.classes) == (
+        local.names, local.examples, local.sizes, local.classes)
+    assert len(store) == len(local) >= 8 and store.total == 54
+    for i in range(len(store)):
+        assert store[i] == local[i]
+    parts = sum(-(-size // 16_384) for size in store.sizes)
+    assert shard_gets(proxy) == parts == store.requests - 1  # one GET per part; one for the index
+    assert store.retries == 0
+
+
+@pytest.mark.parametrize("fault", ["reset", "500", "503", "429", "truncate", "stall"])
+def test_each_fault_is_retried_and_the_bytes_are_right(remote, packed, fault):
+    url, proxy, _ = remote
+    local = open_shards(packed, "train")
+    # A stall costs one timeout per try; every other fault is answered at once.
+    store = RemoteShards(url, "train", retry=FAST, timeout_s=1.0 if fault == "stall" else 30.0)
+    times = 1 if fault == "stall" else 2
+    proxy.inject(fault, store.names[1], times=times)
+    assert store[1] == local[1]
+    assert proxy.count(fault) == times and store.retries >= times
+    assert all(name == store.names[1] for name, _ in store.retried)
+
+
+def test_a_shard_that_never_succeeds_is_one_line_naming_it_the_store_and_the_error(remote):
+    url, proxy, _ = remote
+    store = RemoteShards(url, "train", retry=RetryPolicy(retries=2, first_s=0.01, max_s=0.01))
+    proxy.inject("503", store.names[2], times=10**6)
+    with pytest.raises(StoreError) as e:
+        store[2]
+    text = str(e.value)
+    assert "\n" not in text and store.names[2] in text and url in text and "503" in text
+    assert "3 tries failed" in text and proxy.count("503") == 3
+
+
+def test_mistakes_at_open_are_one_line_each(servers, monkeypatch, tmp_path):
+    from store_servers import free_port
+
+    moto = servers["s3"]
+    for name, value in s3_env(moto.url).items():
+        monkeypatch.setenv(name, value)
+
+    def refused(url):
+        with pytest.raises(StoreError) as e:
+            RemoteShards(url, retry=FAST)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    assert "the bucket 'missing-bucket' does not exist" in refused("s3://missing-bucket/set/")
+    assert "no index.json at s3://shards/elsewhere/" in refused("s3://shards/elsewhere/")
+    assert "no index.json at" in refused(f"{servers['http'].url}/elsewhere/")
+    closed = f"http://127.0.0.1:{free_port()}"
+    assert "3 tries failed (connection refused)" in refused(f"{closed}/set/")  # the index: 2 retries at most
+    monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
+    assert "connection refused" in refused("s3://shards/set/")
+    # No credentials anywhere: not in the environment, no ~/.aws, no metadata service.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", closed)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    text = refused("s3://shards/set/")
+    assert "no credentials" in text and "AWS_ACCESS_KEY_ID" in text
+
+
+# --- the loader over remote shards ---------------------------------------------------------------
+
+def epoch_keys(loader) -> list[int]:
+    return [int(k) for _, _, keys in loader for k in keys]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_each_example_once_per_epoch_through_faults_and_epoch_two_from_the_cache(remote, tmp_path, workers):
+    url, proxy, _ = remote
+    cache = open_remote_shards(url, "train", retry=FAST, cache_dir=tmp_path / "cache", timeout_s=1.0)
+    store = cache.store
+    for fault, shard in zip(["reset", "503", "truncate", "500", "429", "stall"], store.names[::2]):
+        proxy.inject(fault, shard)
+    loader = ShardLoader(cache, batch_size=8, image_size=16, workers=workers, with_keys=True, prefetch=2)
+    first = epoch_keys(loader)
+    assert sorted(first) == list(range(54))  # each example exactly once, whatever was retried
+    assert store.retries >= 6 and cache.misses == len(store)
+    gets = shard_gets(proxy)
+    second = epoch_keys(loader)
+    assert sorted(second) == list(range(54)) and second != first  # a new order ...
+    assert shard_gets(proxy) == gets and cache.hits == len(store)  # ... from the cache: no request
+    # Memory: reads in progress never held more than the shards read ahead.
+    assert 0 < store.peak_bytes <= loader.prefetch * max(store.sizes)
+
+
+def test_resume_mid_epoch_over_the_store_delivers_exactly_the_rest(remote, tmp_path):
+    url, proxy, _ = remote
+    a = ShardLoader(open_remote_shards(url, retry=FAST, cache_dir=tmp_path / "a"), batch_size=6, image_size=16,
+                    with_keys=True, seed=3)
+    a.set_epoch(1)
+    batches = iter(a)
+    done = [int(k) for _ in range(4) for k in next(batches)[2]]
+    state = a.state_dict()
+    assert state == {"epoch": 1, "position": 24}
+    # Another process (a fresh cache: every shard from the store) with faults on the way.
+    b = ShardLoader(open_remote_shards(url, retry=FAST, cache_dir=tmp_path / "b"), batch_size=6, image_size=16,
+                    with_keys=True, seed=3)
+    proxy.inject("reset", ".tar", times=3)
+    proxy.inject("truncate", ".tar", times=2)
+    b.load_state_dict(state)
+    rest = epoch_keys(b)
+    assert sorted(done + rest) == list(range(54)) and not set(done) & set(rest)
+    assert proxy.count("reset") == 3 and proxy.count("truncate") == 2
+
+
+def test_the_store_killed_and_restarted_mid_epoch_costs_nothing(remote, packed, tmp_path):
+    """The server process is SIGKILLed after the first batch and started again once the
+    reader has seen it fail: the reader waits, retries and delivers every example once.
+    (S3: moto keeps its objects in memory, so the new process is filled and the proxy
+    sent to it, as a load balancer does; the web server reads the same files again.)"""
+    url, proxy, server = remote
+    patient = RetryPolicy(retries=200, first_s=0.01, max_s=0.1)  # 10 s at least: ample for a restart
+    store = RemoteShards(url, retry=patient)
+    loader = ShardLoader(store, batch_size=6, image_size=16, with_keys=True, shuffle_buffer=6, prefetch=1)
+    batches = iter(loader)
+    keys = [int(k) for k in next(batches)[2]]
+    assert len(store.retried) == 0
+    gets = shard_gets(proxy)
+    server.kill()
+    import threading
+
+    def restart():
+        proxy.wait_for(lambda log: any(e.done == "down" for e in log))  # the reader hit the dead store
+        if "s3" in url:
+            from store_servers import moto_s3
+
+            fresh = moto_s3(server.log.parent)
+            upload(fresh.url, "shards", "set/", packed)
+            server.proc, server.port = fresh.proc, fresh.port
+            proxy.upstream_port = fresh.port
+        else:
+            server.start()
+
+    restarter = threading.Thread(target=restart)
+    restarter.start()
+    try:
+        keys += [int(k) for _, _, batch in batches for k in batch]
+    finally:
+        restarter.join()
+    assert sorted(keys) == list(range(54))
+    assert proxy.count("down") >= 1 and store.retries >= proxy.count("down")
+    assert shard_gets(proxy) > gets  # shards were read after the restart
+    assert all(reason in ("connection reset", "body cut short", "connection error")
+               for _, reason in store.retried), store.retried
