@@ -9,8 +9,9 @@ from hasten.cli import main
 
 def test_cli_single_run_writes_json(colours, tmp_path, capsys, one_thread):
     out = tmp_path / "echo.json"
-    # 1 ms per image read, 64 ms per batch of 64: several times a step on 16x16 images.
-    rc = main(["echo", "--data", str(colours), "--echo", "2", "--variant", "batch", "--upstream-delay", "0.001",
+    # 3 ms per image read, 192 ms per batch of 64: several times a step on 16x16 images, and still
+    # twice a step that other jobs make three times slower (at 1 ms it read 1.9 under a load of 6).
+    rc = main(["echo", "--data", str(colours), "--echo", "2", "--variant", "batch", "--upstream-delay", "0.003",
                "--target", "0.9", "--json", str(out)])
     assert rc == 0
     data = json.loads(out.read_text())

@@ -4,6 +4,7 @@ warning for DataLoader workers that all yield the same items (hasten.profile.inj
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -38,7 +39,10 @@ def test_the_echo_fix_under_accumulation_is_the_code_its_verification_ran(tmp_pa
     monkeypatch.setenv("ACCUM_LOG", str(tmp_path / "steps"))
     a = profile(_config("accum_echo.py", verify=True), log=lambda m: None)
     assert a.micro_batches == 2
-    echo = next(r for r in a.recommendations if r.apply and r.apply.startswith("echo="))
+    # Its verified gain is small (x1.1 to x1.15 here): on a loaded machine it can verify below x1.05 and be
+    # moved to the rejected fixes, which keep the code and the verification; this test is about those.
+    fixes = [*(vars(r) for r in a.recommendations), *a.rejected]
+    echo = SimpleNamespace(**next(f for f in fixes if (f.get("apply") or "").startswith("echo=")))
     factor, group = echo_arguments(echo.apply)
     assert group == 2 and f"group={group}" in echo.how and echo.verified_speedup is not None
 
