@@ -124,7 +124,8 @@ def format_report(a: Analysis) -> str:
             err = r.prediction_error
             err_s = "-" if err is None else f"{err:+.0%}"
             note = f"  [{'; '.join(notes)}]" if notes else ""
-            lines.append(f"  {i}. {r.fix[:48]:48s} {_x(r.predicted_speedup):>9s} {_x(r.verified_speedup):>9s} "
+            # the name in full, however long (the columns after it move, nothing is cut)
+            lines.append(f"  {i}. {r.fix:48s} {_x(r.predicted_speedup):>9s} {_x(r.verified_speedup):>9s} "
                          f"{err_s:>6s}{note}")
             lines.append(f"     {r.how}")
     else:

@@ -439,20 +439,59 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         if data_bytes < 0.25 * memory_bytes:
             loader = "device_loader.GpuLoader" if a.device == "cuda" else "host_loader.HostLoader"
             recs.append(Recommendation(
-                fix="device-resident loader", how=f"hasten.data.{loader}(images, labels, batch_size)"
-                                                  " with the dataset decoded once into memory",
+                fix="device-resident loader", how=f"loader = hasten.data.{loader}(images, labels, batch_size)"
+                                                  "   # images, labels: the dataset decoded once into memory",
                 predicted_speedup=bound, changes_math=False, bound=bound,
                 basis=f"dataset {data_bytes / 2**20:.0f} MiB fits; the step with data made free "
                       f"{rest * 1e3:.1f} ms"))
-    elif not a.loader_driven and data_cpu > 0.5 * d:
-        recs.append(Recommendation(
-            fix="prepare the data once (pre-tokenize / decode into a memmap)",
-            how="np.memmap('train.bin', dtype=np.uint16, mode='w+', shape=(n,))[:] = encoded tokens; "
-                "then get_batch() only slices it",
-            predicted_speedup=bound, changes_math=False, bound=bound,
-            basis=f"{data_cpu * 1e3:.1f} ms of the {d * 1e3:.1f} ms spent making the batch is CPU in the loop; "
-                  f"at best the step with data made free, {rest * 1e3:.1f} ms"))
+    elif not a.loader_driven:
+        lines = ((d0.get("outside") or {}).get("lines") or {}).get("batch", [])
+        per_row = _per_row_fix(a, lines, d, t, bound)
+        if per_row is not None:
+            recs.append(per_row)
+        # Advice to do what the script does already is no advice: a batch function that reads a
+        # memmap has prepared its data once; its cost is elsewhere (a loop per row, above).
+        prepared = any(x.get("prepared") for x in lines)
+        if data_cpu > 0.5 * d and not prepared and per_row is None:
+            recs.append(Recommendation(
+                fix="prepare the data once (pre-tokenize / decode into a memmap)",
+                how="np.memmap('train.bin', dtype=np.uint16, mode='w+', shape=(len(tokens),))[:] = tokens   "
+                    f"# once, before training; then {_batch_function(a)} only slices it",
+                predicted_speedup=bound, changes_math=False, bound=bound,
+                basis=f"{data_cpu * 1e3:.1f} ms of the {d * 1e3:.1f} ms spent making the batch is CPU in the "
+                      f"loop; at best the step with data made free, {rest * 1e3:.1f} ms"))
     return recs
+
+
+PER_ROW_MOST = 0.5  # the per-row lines hold at least this share of the batch's samples to be its cost
+
+
+def _per_row_fix(a: Analysis, lines: list[dict], d: float, t: float, bound: float) -> Recommendation | None:
+    """Where the batch is made row by row in a Python comprehension (sampled on the lines that make it,
+    :func:`hasten.profile.inject.batch_source.line_shape`), one operation over every row at once: the
+    statements rewritten where they stack windows of one array (nanoGPT's ``get_batch()``), else named.
+
+    Predicted from the samples: the share of the batch's time on those lines, at best all of it saved
+    (one index of every row costs a small part of a loop over them); never above the bound."""
+    total = sum(x["samples"] for x in lines)
+    rows = [x for x in lines if x.get("per_row")]
+    share = sum(x["samples"] for x in rows) / total if total else 0.0
+    if not rows or share < PER_ROW_MOST:
+        return None
+    saved = d * share
+    pred = min(t / max(t - saved, 1e-12), bound)
+    rewritten = [x["rows_at_once"] for x in rows if x.get("rows_at_once")]
+    where = ", ".join(f"{x['at']} ({x.get('function', '?')})" for x in rows[:2])
+    if rewritten:
+        how = "\n     ".join(rewritten) + "   # every row in one index, as the comprehension made them"
+    else:
+        how = (f"# {rows[0]['at']} makes the batch one row at a time in Python: `{rows[0].get('code', '')}`;"
+               "\n     # make every row in one tensor operation (an index of all rows, a batched transform)")
+    return Recommendation(
+        fix=f"make the batch's rows at once, not in a Python loop per row ({where})", how=how,
+        predicted_speedup=pred, changes_math=False, bound=bound,
+        basis=f"{share:.0%} of the samples making the batch are on lines that loop over its rows in Python "
+              f"({saved * 1e3:.1f} of its {d * 1e3:.1f} ms a step); at best all of that saved")
 
 
 def per_step_iter_of(a: Analysis, d0: dict) -> bool:

@@ -23,10 +23,11 @@ Changes the training math: no (the source is read, nothing is changed).
 from __future__ import annotations
 
 import ast
+import copy
 import os
 from functools import lru_cache
 
-from hasten.profile.inject.user_code import is_users
+from hasten.profile.inject.user_code import is_users, named
 
 MAX_FRAMES = 3  # callers followed when the batch comes in as a parameter
 
@@ -215,3 +216,100 @@ def _assignments(fn, names: set[str], frame) -> tuple[set[int], set[str]]:
 def _parameters(code) -> set[str]:
     n = code.co_argcount + code.co_kwonlyargcount
     return set(code.co_varnames[:n])
+
+
+# ---- what a line that makes the batch does (the fixes must fit it: issue 32, item 5)
+
+def line_shape(frame) -> dict:
+    """What the statement at a sampled frame's line does, for the fixes to fit the script:
+
+    - ``per_row``: it builds the batch row by row in a comprehension (``torch.stack([... for i
+      in ix])``), a Python loop over the rows;
+    - ``rows_at_once``: where that comprehension stacks slices of one array at offsets
+      (nanoGPT's ``data[i:i+block_size]`` windows), the statement rewritten to index every
+      row at once (:func:`rows_at_once`);
+    - ``prepared``: its function reads prepared data already (``np.memmap``, ``mmap_mode``):
+      "prepare the data once" would be advice to do what it does.
+
+    Empty where the source cannot be read."""
+    f = named(frame)
+    fn = _function_node(f.f_code.co_filename, f.f_code.co_firstlineno, f.f_code.co_name)
+    if fn is None:
+        return {}
+    stmt = _statement_at(fn, frame.f_lineno)
+    if stmt is None:
+        return {}
+    comps = (ast.ListComp, ast.GeneratorExp)
+    out = {"per_row": frame is not f or any(isinstance(n, comps) for n in ast.walk(stmt)),
+           "prepared": any((isinstance(n, ast.Attribute) and n.attr == "memmap") or
+                           (isinstance(n, ast.Name) and n.id == "memmap") or
+                           (isinstance(n, ast.keyword) and n.arg == "mmap_mode") for n in ast.walk(fn))}
+    vectorised = rows_at_once(stmt)
+    if vectorised:
+        out["rows_at_once"] = vectorised
+    return out
+
+
+def _is_name(node, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _offset(lower, i: str):
+    """``A`` where ``lower`` is ``i + A`` (or ``A + i``), ``0`` where it is ``i``; None otherwise."""
+    if _is_name(lower, i):
+        return 0
+    if isinstance(lower, ast.BinOp) and isinstance(lower.op, ast.Add):
+        if _is_name(lower.left, i):
+            return lower.right
+        if _is_name(lower.right, i):
+            return lower.left
+    return None
+
+
+def rows_at_once(stmt) -> str | None:
+    """``x = torch.stack([f(data[i + a:i + a + w]) for i in ix])`` rewritten as one index of every row:
+    ``x = f(data[(ix[:, None] + a + torch.arange(w)).numpy()])``, or None where the statement is not
+    that shape (one comprehension over one name, stacking one window of one array per row, ``f``
+    anything that works on a whole array as on a row, as ``.astype`` and ``torch.from_numpy`` do).
+
+    The rows are the same, in the same order: one numpy fancy index gathers them all in C,
+    where the comprehension makes a slice, an array and a tensor per row in Python."""
+    if not (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)):
+        return None
+    call = stmt.value
+    func = call.func
+    if not ((isinstance(func, ast.Attribute) and func.attr == "stack") or _is_name(func, "stack")):
+        return None
+    if len(call.args) != 1 or call.keywords or not isinstance(call.args[0], (ast.ListComp, ast.GeneratorExp)):
+        return None
+    comp = call.args[0]
+    if len(comp.generators) != 1 or comp.generators[0].ifs or not isinstance(comp.generators[0].target, ast.Name):
+        return None
+    i, ix = comp.generators[0].target.id, comp.generators[0].iter
+    windows = []
+
+    class Gather(ast.NodeTransformer):
+        def visit_Subscript(self, node):
+            node = self.generic_visit(node)
+            s = node.slice
+            if not (isinstance(s, ast.Slice) and s.step is None and s.lower is not None and s.upper is not None):
+                return node
+            off = _offset(s.lower, i)
+            up = s.upper
+            if off is None or not (isinstance(up, ast.BinOp) and isinstance(up.op, ast.Add)
+                                   and ast.dump(up.left) == ast.dump(s.lower)):
+                return node
+            rows = ast.Subscript(value=ix, slice=ast.Tuple(elts=[ast.Slice(), ast.Constant(None)], ctx=ast.Load()),
+                                 ctx=ast.Load())
+            arange = ast.Call(func=ast.Attribute(value=ast.Name("torch", ast.Load()), attr="arange", ctx=ast.Load()),
+                              args=[up.right], keywords=[])
+            index = rows if off == 0 else ast.BinOp(rows, ast.Add(), off)
+            index = ast.BinOp(index, ast.Add(), arange)
+            windows.append(node)
+            return ast.Subscript(value=node.value, ctx=ast.Load(), slice=ast.Call(
+                func=ast.Attribute(value=index, attr="numpy", ctx=ast.Load()), args=[], keywords=[]))
+
+    elt = Gather().visit(copy.deepcopy(comp.elt))
+    if len(windows) != 1 or any(_is_name(n, i) for n in ast.walk(elt)):
+        return None
+    return ast.unparse(ast.fix_missing_locations(ast.Assign(targets=stmt.targets, value=elt, lineno=stmt.lineno)))

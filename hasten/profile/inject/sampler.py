@@ -19,9 +19,9 @@ import sys
 import threading
 import time
 
-from hasten.profile.inject import messages
+from hasten.profile.inject import batch_source, messages
 from hasten.profile.inject.state import State
-from hasten.profile.inject.user_code import is_users, where
+from hasten.profile.inject.user_code import is_users, named, where
 
 # The sampler's own random numbers: drawing from the module's global generator would change the
 # script's random sequence (its shuffles and augmentations) under the profile.
@@ -54,7 +54,11 @@ def attribute(st: State, frame) -> None:
     at = f"{os.path.basename(user.f_code.co_filename)}:{user.f_lineno}"
     if at not in st.line_info:
         code = linecache.getline(user.f_code.co_filename, user.f_lineno).strip()
-        st.line_info[at] = {"function": user.f_code.co_name, "code": code[:80]}
+        try:  # what the line does, for the fixes to fit it (a comprehension's frame: the function around it)
+            shape = batch_source.line_shape(user) if kind == "batch" else {}
+        except Exception:  # an unreadable source is no reason to stop sampling
+            shape = {}
+        st.line_info[at] = {"function": named(user).f_code.co_name, "code": code[:80], **shape}
     counts = st.line_samples.setdefault(kind, {})
     counts[at] = counts.get(at, 0) + 1
 
