@@ -295,3 +295,13 @@ def test_steps_whose_compute_stalled_are_left_out_of_the_shares_and_named():
     b = analyse([_stalled_rank(6)])
     assert b.steps == 12 and not b.excluded
     assert b.data_wait_fraction == pytest.approx(12 * 0.008 / (6 * 0.080 + 6 * 1.508))
+
+
+def test_a_step_with_more_forwards_is_no_stall():
+    # a reinforcement-learning loop: an episode a step, some three times longer than most, each forward alike
+    rank = _rank(wait=0.004, work=0.040, n=12)
+    for i, r in enumerate(rank["records"]["measure"]):
+        r["micro"] = 40 if i in (2, 7) else 10
+        r["compute_s"] = r["work_s"] = 0.004 * r["micro"]
+    a = analyse([rank])
+    assert a.steps == 12 and not a.excluded

@@ -102,16 +102,20 @@ STALL_MOST = 1 / 3  # ... unless more steps than this do: then the loop runs tha
 
 
 def stalled(records: list[dict]) -> list[bool]:
-    """Which measured steps stalled: their compute over ``STALL`` times the median step's.
+    """Which measured steps stalled: their compute per training forward over ``STALL`` times the
+    median step's.
 
     Another job holding the cores stretches compute (both measured conditions of issue 32's
     benchmark saw steps of 100 ms take 1.5 s in spells), not the data wait: counting those
-    steps in a ratio of sums makes the data share of one run a fifth of another's. A loop
-    whose own steps vary that much in more than a third of them (a long step every other
-    one) keeps them all: that is how it runs."""
+    steps in a ratio of sums makes the data share of one run a fifth of another's. Per forward
+    (``micro``: a step's batches, or without a DataLoader its training forwards), so that an
+    episode of a reinforcement-learning loop that runs longer than most is not taken for one.
+    A loop whose own steps vary that much in more than a third of them (a long step every
+    other one) keeps them all: that is how it runs."""
     comp = [r.get("compute_s") for r in records]
     if len(comp) < 4 or any(c is None for c in comp):
         return [False] * len(comp)
+    comp = [c / max(1, r.get("micro") or 1) for c, r in zip(comp, records)]
     line = STALL * statistics.median(comp)
     out = [c > line for c in comp]
     return out if 0 < sum(out) <= STALL_MOST * len(out) else [False] * len(out)

@@ -177,7 +177,8 @@ def clean_steps(records: list[dict]) -> tuple[list[dict], dict[str, int]]:
             keep.append(r)
     stall = stalled(keep)
     if any(stall):
-        excluded[f"a stall: compute over {STALL:g}x the median step's (other jobs held the cores)"] = sum(stall)
+        excluded[f"a stall: compute over {STALL:g}x the median step's (the cores held by other jobs, most "
+                 "likely)"] = sum(stall)
         keep = [r for r, s in zip(keep, stall) if not s]
     starts = [r for r in keep if r.get("epoch_start")]
     if starts and len(starts) < len(keep) / 2:
