@@ -2,7 +2,8 @@
 (moto) through a fault proxy; epoch 2 from the local cache; a store that keeps failing
 stops the run in one line naming the newest checkpoint; a stop mid-epoch and
 `--resume auto` (the shards read again from the store, through faults) end with the
-weights of a run that never stopped; no credential reaches the run directory."""
+weights of a run that never stopped, which are those of the same run on the shards read
+locally; no credential reaches the run directory."""
 
 import json
 from pathlib import Path
@@ -28,13 +29,13 @@ def moto(photo_folder, tmp_path_factory):
     pack(photo_folder, packed, shard_bytes=40_000)
     server = moto_s3(tmp_path_factory.mktemp("moto"))
     upload(server.url, "shards", "set/", packed)
-    yield server, json.loads((packed / "index.json").read_text())
+    yield server, json.loads((packed / "index.json").read_text()), packed
     server.kill()
 
 
 @pytest.fixture
 def proxy(moto, monkeypatch):
-    server, _ = moto
+    server, _, _ = moto
     p = FaultProxy(server.port)
     for name, value in s3_env(p.url).items():
         monkeypatch.setenv(name, value)
@@ -47,7 +48,7 @@ def shard_names(index, split):
 
 
 def test_train_over_s3_through_faults_reads_each_shard_once_in_two_epochs(moto, proxy, tmp_path, capsys):
-    _, index = moto
+    _, index, _ = moto
     train_shards = shard_names(index, "train")
     proxy.inject("reset", train_shards[0], times=2)
     proxy.inject("503", train_shards[1], times=2)
@@ -71,7 +72,7 @@ def test_train_over_s3_through_faults_reads_each_shard_once_in_two_epochs(moto, 
 
 def test_a_store_that_keeps_failing_stops_the_run_in_one_line_naming_the_newest_checkpoint(moto, proxy, tmp_path,
                                                                                           capsys):
-    _, index = moto
+    _, index, _ = moto
     test_shard = shard_names(index, "test")[0]
     proxy.inject("503", test_shard, times=10**6)  # evaluation, after the last checkpoint, cannot read it
     argv = ["train", *TINY, "--retries", "1", "--checkpoint-every", "3"]
@@ -87,11 +88,15 @@ def test_a_store_that_keeps_failing_stops_the_run_in_one_line_naming_the_newest_
 
 def test_stop_mid_epoch_then_resume_auto_gives_the_weights_of_a_run_that_never_stopped(moto, proxy, tmp_path,
                                                                                        monkeypatch, capsys):
+    """...and those are the weights of the same run on the same shards read locally."""
     import hasten.recipes.train as recipe
     from hasten.errors import Terminated
 
+    _, _, packed = moto
     argv = ["train", *TINY, "--checkpoint-every", "4"]
     assert main([*argv, "--run-dir", str(tmp_path / "straight")]) == 0
+    local = [a if a != URL else str(packed) for a in argv]
+    assert main([*local, "--run-dir", str(tmp_path / "local")]) == 0
     real_save = recipe.save_checkpoint
 
     def save_then_stop(path, state, **kw):
@@ -111,11 +116,11 @@ def test_stop_mid_epoch_then_resume_auto_gives_the_weights_of_a_run_that_never_s
     proxy.inject("truncate", ".tar", times=2)
     assert main([*argv, "--run-dir", str(tmp_path / "stopped"), "--resume", "auto"]) == 0
     assert proxy.count("reset") == 2 and proxy.count("truncate") == 2
-    a = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)
-    b = torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)
-    assert a["step"] == b["step"] == STEPS
+    a, b, c = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=True)
+               for run in ("straight", "stopped", "local"))
+    assert a["step"] == b["step"] == c["step"] == STEPS
     for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
+        assert torch.equal(a["model"][k], b["model"][k]) and torch.equal(a["model"][k], c["model"][k]), k
 
 
 @pytest.mark.parametrize("data, says", [
