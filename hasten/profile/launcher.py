@@ -495,6 +495,9 @@ def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
             out = run_instrumented(vconfig, apply=apply, probes=False, log=log)
             walls.append(out.wall_s)
             fixed = check_outcome(out, vconfig)
+            cannot = next((d["apply_error"] for d in fixed if d.get("apply_error")), None)
+            if cannot:  # the run went on unchanged: its steps are not the fix's
+                raise ProfileFailed(f"it could not be applied: {cannot}", 2)
             fixed_steps.append(_measured_step_s(fixed))
             repeated = same_in_every_worker(fixed, f"in the re-run with {apply}, ", fix)
             if repeated:  # each worker trains on every item: the fix, as applied, repeats the data

@@ -388,7 +388,8 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
                      f"     batches = iter(DataLoader(Batches(), batch_size=None, num_workers={w}, "
                      "persistent_workers=True))\n"
                      "     # in the loop: x, y = next(batches)   (seed each worker: torch.utils.data.get_worker_info())"),
-                predicted_speedup=pred, changes_math=False, apply=None, basis=basis(w), bound=bound))
+                predicted_speedup=pred, changes_math=False, apply=f"batch_fn=workers:{w}", basis=basis(w),
+                bound=bound))
 
     if a.loader_driven and w0 and data_cpu > 0 and not per_step_iter_of(a, d0):
         # Receiving a batch from a worker costs the loop CPU, and the workers' CPU may take the
@@ -409,8 +410,9 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
                 return step_with(w0, e)[0]
             return d / e + rest
 
-        candidates = sorted({min(r, 6.0)} | {float(e) for e in range(2, int(min(r, 6.0)) + 1)})
-        e = round(max(candidates, key=lambda e: speedup(echoed_step(e)) / echo_steps_factor(e)), 1)
+        # Whole factors only: each batch is used e times, and "1.3 times" is no way to use one.
+        candidates = [float(e) for e in range(2, max(2, int(min(r, 6.0))) + 1)]
+        e = max(candidates, key=lambda e: speedup(echoed_step(e)) / echo_steps_factor(e))
         rate = speedup(echoed_step(e))
         pred = rate / echo_steps_factor(e)
         # Under gradient accumulation a step's micro-batches are echoed together: copies of one
@@ -422,7 +424,7 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         elif group == 1:
             how = (f"if step % {round(e):d} == 0: x, y = {_batch_function(a)}   "
                    f"# reuse each batch for {round(e):d} steps")
-            apply = None
+            apply = f"batch_fn=echo:{round(e):d}"  # hasten.profile.inject.batch_fn
         else:
             how = (f"if step % {round(e):d} == 0: batches = [{_batch_function(a)} for _ in range({group})]   "
                    f"# reuse each step's {group} micro-batches for {round(e):d} steps")
@@ -490,7 +492,7 @@ def _per_row_fix(a: Analysis, lines: list[dict], d: float, t: float, bound: floa
                "\n     # make every row in one tensor operation (an index of all rows, a batched transform)")
     return Recommendation(
         fix=f"make the batch's rows at once, not in a Python loop per row ({where})", how=how,
-        predicted_speedup=pred, changes_math=False, bound=bound,
+        predicted_speedup=pred, changes_math=False, bound=bound, apply="batch_fn=rows" if rewritten else None,
         basis=f"{share:.0%} of the samples making the batch are on lines that loop over its rows in Python "
               f"({saved * 1e3:.1f} of its {d * 1e3:.1f} ms a step); at best all of that saved")
 

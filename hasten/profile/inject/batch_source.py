@@ -224,7 +224,7 @@ def line_shape(frame) -> dict:
     """What the statement at a sampled frame's line does, for the fixes to fit the script:
 
     - ``per_row``: it builds the batch row by row in a comprehension (``torch.stack([... for i
-      in ix])``), a Python loop over the rows;
+      in ix])``), a Python loop over the rows (:func:`_over_rows`);
     - ``rows_at_once``: where that comprehension stacks slices of one array at offsets
       (nanoGPT's ``data[i:i+block_size]`` windows), the statement rewritten to index every
       row at once (:func:`rows_at_once`);
@@ -239,8 +239,7 @@ def line_shape(frame) -> dict:
     stmt = _statement_at(fn, frame.f_lineno)
     if stmt is None:
         return {}
-    comps = (ast.ListComp, ast.GeneratorExp)
-    out = {"per_row": frame is not f or any(isinstance(n, comps) for n in ast.walk(stmt)),
+    out = {"per_row": any(_over_rows(n) for n in ast.walk(stmt)),
            "prepared": any((isinstance(n, ast.Attribute) and n.attr == "memmap") or
                            (isinstance(n, ast.Name) and n.id == "memmap") or
                            (isinstance(n, ast.keyword) and n.arg == "mmap_mode") for n in ast.walk(fn))}
@@ -248,6 +247,15 @@ def line_shape(frame) -> dict:
     if vectorised:
         out["rows_at_once"] = vectorised
     return out
+
+
+def _over_rows(node) -> bool:
+    """A comprehension over the batch's rows: over anything but a ``range(...)`` (a handful of
+    columns, as regression's ``torch.cat([x ** i for i in range(1, 5)], 1)``, is no loop per row)."""
+    if not isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+        return False
+    it = node.generators[0].iter
+    return not (isinstance(it, ast.Call) and _is_name(it.func, "range"))
 
 
 def _is_name(node, name: str) -> bool:
@@ -313,3 +321,59 @@ def rows_at_once(stmt) -> str | None:
     if len(windows) != 1 or any(_is_name(n, i) for n in ast.walk(elt)):
         return None
     return ast.unparse(ast.fix_missing_locations(ast.Assign(targets=stmt.targets, value=elt, lineno=stmt.lineno)))
+
+
+def rewrite_rows(fn) -> int:
+    """Replace ``fn``'s code with its own, each statement :func:`rows_at_once` can rewrite rewritten
+    (a verification run of that fix: :mod:`hasten.profile.inject.batch_fn`). The statements rewritten;
+    0 and nothing changed where there are none, the source is unreadable, or ``fn`` is a closure (its
+    free variables would be read as globals)."""
+    code = fn.__code__
+    node = _function_node(code.co_filename, code.co_firstlineno, code.co_name)
+    if node is None or node is _tree(code.co_filename) or code.co_freevars:
+        return 0
+    new = copy.deepcopy(node)
+    new.decorator_list = []
+    changed = 0
+    for parent in ast.walk(new):
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(parent, field, None)
+            if not isinstance(stmts, list):
+                continue
+            for i, stmt in enumerate(stmts):
+                text = rows_at_once(stmt) if isinstance(stmt, ast.stmt) else None
+                if text:
+                    stmts[i] = ast.copy_location(ast.parse(text).body[0], stmt)
+                    changed += 1
+    if not changed:
+        return 0
+    compiled = compile(ast.fix_missing_locations(ast.Module(body=[new], type_ignores=[])), code.co_filename, "exec")
+    scope: dict = {}
+    exec(compiled, fn.__globals__, scope)  # the def binds its name in `scope`, reading the script's globals
+    fn.__code__ = scope[code.co_name].__code__
+    return changed
+
+
+def batch_function(frame, lines: dict):
+    """``(namespace, name, function)`` of the user's function that makes the batch: a name called on the
+    lines that make it (``X, Y = get_batch('train')``) in the frame that called the model, found in that
+    frame's module globals. None where there is none."""
+    f = frame
+    while f is not None and not is_users(f.f_code.co_filename):
+        f = f.f_back
+    if f is None or f.f_code not in lines:
+        return None
+    fn_node = _function_node(f.f_code.co_filename, f.f_code.co_firstlineno, f.f_code.co_name)
+    if fn_node is None:
+        return None
+    wanted = lines[f.f_code]
+    for stmt in _own_statements(fn_node):
+        if stmt.lineno not in wanted:
+            continue
+        for call in ast.walk(stmt):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+                obj = f.f_globals.get(call.func.id)
+                code = getattr(obj, "__code__", None)
+                if code is not None and is_users(code.co_filename) and call.func.id not in f.f_code.co_varnames:
+                    return f.f_globals, call.func.id, obj
+    return None

@@ -48,7 +48,7 @@ def report(st: State, complete: bool) -> dict:
             "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "warmup": st.warmup, "steps": st.steps, "steps_seen": st.steps_seen, "phase": st.phase,
             "extended": st.extended,
-            "apply": st.apply, "records": st.records, "loaders": _loaders_report(st),
+            "apply": st.apply, "apply_error": st.apply_error, "records": st.records, "loaders": _loaders_report(st),
             "loader_probe": st.loader_probe, "worker_cpu": {k: v for k, v in st.worker_cpu.items()
                                                             if k in ("cpu_s", "batches", "in_flight")},
             "ddp": bool(st.ddp), "grad_bytes": st.grad_bytes,

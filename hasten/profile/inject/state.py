@@ -32,6 +32,7 @@ class State:
         self.probe_steps = settings.probe_steps
         self.probes = set(settings.probes)  # the probes still to run (a failing one is dropped)
         self.apply = settings.apply
+        self.apply_error: str | None = None  # the fix of a verification run could not be applied: why
         self.t_start = time.perf_counter()
         self.phase = "warmup"
         self.phase_step = 0  # steps completed in the current phase

@@ -1,0 +1,109 @@
+"""The fixes of a loop without a DataLoader, applied by a verification run to the script's batch function.
+
+The report prints them as code changes (:func:`hasten.profile.verdict._input_fixes`); a
+verification run (``HASTEN_PROFILE_APPLY=batch_fn=...``) applies each to the function that
+makes the batch, so that the #1 fix of such a loop is measured, not only predicted (issue
+32, item 5). The function is the one called on the lines that make the batch, in the frame
+that calls the model (``X, Y = get_batch('train')``: :func:`batch_source.batch_function`),
+and the fix is applied at the model's first training forward, in the warm-up:
+
+- ``batch_fn=workers:N``: the calls go to ``N`` DataLoader workers, each making batches with
+  the function (:class:`Calls`, as the printed ``Batches`` dataset does), one loader per
+  distinct arguments (``'train'`` and ``'val'``);
+- ``batch_fn=echo:E``: each batch handed out ``E`` times, a fresh copy each time;
+- ``batch_fn=rows``: the function's per-row comprehensions rewritten as one index of every
+  row (:func:`batch_source.rewrite_rows`).
+
+A fix that cannot be applied (no such function, nothing to rewrite) is said in the rank's
+report (``apply_error``): the launcher then reports the verification as failed, never the
+unchanged run as the fix's.
+
+Changes the training math: ``echo`` yes (batches repeated), ``workers`` (the batches come
+from other processes' random streams) and ``rows`` (the same rows) no; only in the
+verification runs.
+"""
+
+from __future__ import annotations
+
+from hasten.profile.inject import batch_source, messages
+from hasten.profile.inject.batches import fresh_copy
+from hasten.profile.inject.state import State
+
+PREFIX = "batch_fn="
+
+
+def kind_of(apply: str) -> tuple[str, int] | None:
+    """``("workers", 2)``, ``("echo", 2)`` or ``("rows", 0)`` for a ``batch_fn=`` value; None for another fix."""
+    if not apply.startswith(PREFIX):
+        return None
+    kind, _, arg = apply[len(PREFIX):].partition(":")
+    return kind, int(arg or 0)
+
+
+def install(st: State, frame) -> None:
+    """Apply ``st.apply``'s fix to the batch function of the loop that called the model from ``frame``."""
+    kind, n = kind_of(st.apply)
+    found = batch_source.batch_function(frame, st.batch_lines or {})
+    if found is None:
+        st.apply_error = "no function of the script's own makes the batch on the lines that assign the model's input"
+    elif kind == "rows":
+        if not batch_source.rewrite_rows(found[2]):
+            st.apply_error = f"{found[1]}() has no per-row comprehension of windows to rewrite"
+    elif kind == "workers":
+        found[0][found[1]] = in_workers(found[2], n)
+    elif kind == "echo":
+        found[0][found[1]] = echoed(found[2], n)
+    else:
+        st.apply_error = f"unknown batch function fix {kind!r}"
+    if st.apply_error:
+        messages.say(st, f"cannot apply {st.apply}: {st.apply_error}")
+
+
+class Calls:
+    """A map-style dataset whose every item is a new ``fn(*args, **kwargs)``: a worker that is handed an
+    index makes a batch (module level, and no torch base class: spawned workers import it, and nothing
+    here imports torch before the script does)."""
+
+    def __init__(self, fn, args: tuple, kwargs: dict) -> None:
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+
+    def __len__(self) -> int:
+        return 2**62  # endless, as the loop's calls are
+
+    def __getitem__(self, i):
+        return self.fn(*self.args, **self.kwargs)
+
+
+def _key(args: tuple, kwargs: dict) -> str:
+    return repr((args, sorted(kwargs.items())))
+
+
+def in_workers(fn, workers: int):
+    """``fn`` with its calls made ahead by ``workers`` DataLoader worker processes, one loader per arguments."""
+    from torch.utils.data import DataLoader
+
+    iters: dict = {}
+
+    def batch(*args, **kwargs):
+        key = _key(args, kwargs)
+        if key not in iters:
+            iters[key] = iter(DataLoader(Calls(fn, args, kwargs), batch_size=None, num_workers=workers,
+                                         persistent_workers=True))
+        return next(iters[key])
+
+    return batch
+
+
+def echoed(fn, factor: int):
+    """``fn`` with each result handed out ``factor`` times (a fresh copy each: the loop may change it)."""
+    kept: dict = {}
+
+    def batch(*args, **kwargs):
+        key = _key(args, kwargs)
+        left, value = kept.get(key, (0, None))
+        if left == 0:
+            left, value = factor, fn(*args, **kwargs)
+        kept[key] = (left - 1, value)
+        return fresh_copy(value)
+
+    return batch

@@ -1,0 +1,119 @@
+"""Fixes of a loop without a DataLoader, applied by --verify to the script's own batch function
+(issue 32, item 5: the #1 fix verified wherever hasten can apply it itself).
+
+Whether a fix was applied is read from counts the script writes (row() calls per batch), never from
+timing: the speed-ups are the verification's to measure, not this test's to bound."""
+
+import ast
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hasten.profile.inject import batch_fn
+from hasten.profile.inject.batch_source import batch_function, rewrite_rows
+from hasten.profile.launcher import ProfileConfig, profile
+
+SCRIPTS = Path(__file__).parent / "profile_scripts"
+
+
+def _module(tmp_path, name: str, source: str):
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_rewriting_a_functions_rows_keeps_its_results_and_its_globals(tmp_path):
+    mod = _module(tmp_path, "rows_mod", '''
+        import numpy as np
+        import torch
+
+        BLOCK = 4
+
+        def get_batch(data, ix):
+            x = torch.stack([torch.from_numpy(data[i:i+BLOCK].astype(np.int64)) for i in ix])
+            y = torch.stack([torch.from_numpy(data[i+1:i+1+BLOCK].astype(np.int64)) for i in ix])
+            return x, y
+    ''')
+    import torch
+    data, ix = np.arange(100, dtype=np.uint16), torch.tensor([3, 50, 7])
+    before = mod.get_batch(data, ix)
+    code = mod.get_batch.__code__
+    assert rewrite_rows(mod.get_batch) == 2 and mod.get_batch.__code__ is not code
+    after = mod.get_batch(data, ix)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert not any(isinstance(c, type(code)) and c.co_name == "<listcomp>" for c in mod.get_batch.__code__.co_consts)
+    mod.BLOCK = 2  # it still reads the module's globals
+    assert mod.get_batch(data, ix)[0].shape == (3, 2)
+
+
+def test_the_batch_function_is_the_one_called_on_the_lines_that_make_the_batch(tmp_path):
+    mod = _module(tmp_path, "caller_mod", '''
+        import sys
+
+        def get_batch(split):
+            return [1, 2]
+
+        def log(x):
+            return x
+
+        def train():
+            X = get_batch("train")
+            log(X)
+            return sys._getframe()
+    ''')
+    frame = mod.train()
+    lines = {frame.f_code: {frame.f_code.co_firstlineno + 1}}  # `X = get_batch("train")`
+    ns, name, fn = batch_function(frame, lines)
+    assert ns is mod.__dict__ and name == "get_batch" and fn is mod.get_batch
+
+
+def test_an_echoed_batch_function_hands_out_each_batch_e_times_per_arguments():
+    made = []
+
+    def get_batch(split):
+        made.append(split)
+        return [len(made)]
+
+    echoed = batch_fn.echoed(get_batch, 3)
+    got = [echoed("train")[0] for _ in range(6)] + [echoed("val")[0]]
+    assert got == [1, 1, 1, 2, 2, 2, 3] and made == ["train", "train", "val"]
+
+
+def test_verify_applies_the_rows_and_workers_fixes_to_the_scripts_get_batch(tmp_path):
+    tokens, counts = tmp_path / "tokens.bin", tmp_path / "counts"
+    counts.mkdir()
+    np.memmap(tokens, dtype=np.uint16, mode="w+", shape=(20_000,))[:] = np.arange(20_000) % 256
+    cmd = (sys.executable, str(SCRIPTS / "rows_batch.py"), "--data", str(tokens), "--counts", str(counts))
+    a = profile(ProfileConfig(cmd, warmup=3, steps=12, probe_steps=3, capture=True, timeout_s=240, verify=True),
+                log=lambda m: None)
+    fixes = a.recommendations + [type("R", (), r) for r in a.rejected]
+    applied = {r.apply: r for r in fixes if getattr(r, "apply", None)}
+    assert "batch_fn=rows" in applied and any(k.startswith("batch_fn=workers:") for k in applied)
+    for apply, r in applied.items():
+        if apply.startswith("batch_fn="):
+            assert r.verified_speedup is not None, (apply, a.notes)
+    runs = {}
+    for p in counts.glob("*.json"):
+        apply = p.name.split(".", 1)[1][:-5]
+        runs.setdefault(apply, []).append(json.loads(p.read_text()))
+    # as written: a row() call per row (2048 a batch); rewritten at the model's first forward: one a batch
+    # after the first (made before the model was called)
+    assert all(c["calls"] == 2048 * c["batches"] for c in runs["none"])
+    assert all(c["calls"] == 2048 + c["batches"] - 1 for c in runs["batch_fn=rows"])
+    # in workers: their own processes made the batches, the main process made only the first
+    workers = next(k for k in runs if k.startswith("batch_fn=workers:"))
+    assert len(runs[workers]) >= 2 and max(c["batches"] for c in runs[workers]) > 1
+
+
+def test_a_fix_that_cannot_be_applied_fails_its_verification_not_silently():
+    st = type("S", (), {"apply": "batch_fn=rows", "batch_lines": {}, "apply_error": None, "rank": 0,
+                        "world_size": 1})()
+    batch_fn.install(st, sys._getframe())
+    assert st.apply_error and "no function of the script's own" in st.apply_error
