@@ -45,22 +45,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float, log: Path, ready: str) -> None:
+    # Ready when the server's own log says so (not merely when the port answers: another
+    # process may hold it) and the port takes connections.
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
+        if ready in log.read_text(errors="replace"):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
         time.sleep(0.05)
     raise RuntimeError(f"the server did not listen on port {port} within {timeout_s} s: {log.read_text()[-2000:]}")
 
 
 class ServerProcess:
-    """A server command run as a child process on ``port``; ``kill()`` and ``start()`` again."""
+    """A server command run as a child process on ``port``; ``kill()`` and ``start()`` again.
+    ``ready``: what the server writes to its log once it listens."""
 
-    def __init__(self, argv: list[str], port: int, *, cwd: Path, log: Path):
-        self.argv, self.port, self.cwd, self.log = argv, port, cwd, log
+    def __init__(self, argv: list[str], port: int, *, cwd: Path, log: Path, ready: str):
+        self.argv, self.port, self.cwd, self.log, self.ready = argv, port, cwd, log, ready
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -69,11 +73,13 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> "ServerProcess":
+        self.log.write_bytes(b"")  # a restart's readiness is read from its own lines
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.starts += 1
-        _wait_listening(self.port, self.proc, timeout_s, self.log)
+        _wait_listening(self.port, self.proc, timeout_s, self.log, self.ready)
         return self
 
     def kill(self) -> None:
@@ -87,18 +93,30 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
-def moto_s3(tmp: Path, port: int | None = None) -> ServerProcess:
+def _started(make) -> ServerProcess:
+    # A free port can be taken by another process (xdist runs test files side by side)
+    # between the check and the server's bind: then the server exits, and another port is tried.
+    for attempt in range(3):
+        try:
+            return make(free_port()).start()
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def moto_s3(tmp: Path) -> ServerProcess:
     """The moto S3 server (``python -m moto.server``), started."""
-    port = port or free_port()
-    return ServerProcess([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, cwd=tmp,
-                         log=tmp / f"moto-{port}.log").start()
+    return _started(lambda port: ServerProcess(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, cwd=tmp,
+        log=tmp / f"moto-{port}.log", ready="Running on"))
 
 
-def range_http(root: Path, log_dir: Path, port: int | None = None) -> ServerProcess:
+def range_http(root: Path, log_dir: Path) -> ServerProcess:
     """RangeHTTPServer serving ``root`` (``python -m RangeHTTPServer PORT -b 127.0.0.1``), started."""
-    port = port or free_port()
-    return ServerProcess([sys.executable, "-m", "RangeHTTPServer", str(port), "-b", "127.0.0.1"], port, cwd=root,
-                         log=log_dir / f"http-{port}.log").start()
+    return _started(lambda port: ServerProcess(
+        [sys.executable, "-m", "RangeHTTPServer", str(port), "-b", "127.0.0.1"], port, cwd=root,
+        log=log_dir / f"http-{port}.log", ready="Serving HTTP on"))
 
 
 def s3_env(endpoint: str) -> dict[str, str]:
