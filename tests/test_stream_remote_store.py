@@ -123,6 +123,32 @@ def test_mistakes_at_open_are_one_line_each(servers, monkeypatch, tmp_path):
     assert "no credentials" in text and "AWS_ACCESS_KEY_ID" in text
 
 
+def test_credentials_from_a_profile_in_the_aws_files(servers, monkeypatch, tmp_path):
+    """No key in the environment: boto3's chain finds the profile file, as the AWS tools do."""
+    moto = servers["s3"]
+    for name, value in s3_env(moto.url).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    (tmp_path / "credentials").write_text("[training]\naws_access_key_id = profile-key\n"
+                                          "aws_secret_access_key = profile-secret\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "training")
+    assert RemoteShards("s3://shards/set/", retry=FAST).total == 54
+
+
+def test_without_the_client_library_one_line_names_the_extra(monkeypatch):
+    import sys
+
+    from hasten.errors import DataError
+
+    monkeypatch.setitem(sys.modules, "obstore", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "obstore.store", None)
+    with pytest.raises(DataError, match=r"needs the optional client library: pip install 'hasten\[remote\]'"):
+        RemoteShards("s3://shards/set/")
+
+
 # --- the loader over remote shards ---------------------------------------------------------------
 
 def epoch_keys(loader) -> list[int]:
