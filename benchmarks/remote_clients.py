@@ -146,9 +146,9 @@ def main() -> None:
             (root / "data" / n).write_bytes(blobs[n])
         (root / "data" / "index.json").write_text(json.dumps(index))
         s3_port, http_port = free_port(), free_port()
-        with server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)], s3_port, root) as s3, \
-                server([sys.executable, "-m", "RangeHTTPServer", str(http_port), "-b", "127.0.0.1"], http_port,
-                       root) as web:
+        moto = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)]
+        ranged = [sys.executable, "-m", "RangeHTTPServer", str(http_port), "-b", "127.0.0.1"]
+        with server(moto, s3_port, root) as s3, server(ranged, http_port, root) as web:
             os.environ["AWS_ENDPOINT_URL"] = s3
             import boto3
 
@@ -177,7 +177,8 @@ def main() -> None:
     for p in PACKAGES:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[p] = importlib.metadata.version(p)
-    print(f"{args.objects} objects of {args.mib:g} MiB, {args.repeats} repeats, {hardware_label(cond.as_dict()['environment'])}")
+    label = hardware_label(cond.as_dict()["environment"])
+    print(f"{args.objects} objects of {args.mib:g} MiB, {args.repeats} repeat(s), {label}")
     print(f"{'route':<26} {'MB/s':>16} {'CPU s per GB':>16}")
     for name, r in sorted(results.items()):
         print(f"{name:<26} {plus_minus(r['mb_per_s']['mean'], r['mb_per_s']['ci95'], '.0f'):>16} "

@@ -32,7 +32,8 @@ from pathlib import Path
 
 ANSWERS = {
     "500": (b"500 Internal Server Error", b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"),
-    "503": (b"503 Slow Down", b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"),
+    "503": (b"503 Slow Down",
+            b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"),
     "429": (b"429 Too Many Requests", b"too many requests (injected)"),
 }
 FAULTS = ("reset", "truncate", "stall", *ANSWERS)

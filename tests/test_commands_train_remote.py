@@ -6,7 +6,6 @@ weights of a run that never stopped, which are those of the same run on the shar
 locally; no credential reaches the run directory."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -80,7 +79,7 @@ def test_a_store_that_keeps_failing_stops_the_run_in_one_line_naming_the_newest_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("hasten train: error: ")
     assert test_shard in err and URL in err and "503" in err and "2 tries failed" in err
-    assert f"newest checkpoint: " in err and f"(step {STEPS})" in err and "--resume auto" in err
+    assert "newest checkpoint: " in err and f"(step {STEPS})" in err and "--resume auto" in err
     proxy.clear()
     assert main([*argv, "--resume", "auto"]) == 0  # the store answers again: the run completes
     assert "already complete" in capsys.readouterr().out

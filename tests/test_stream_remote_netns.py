@@ -77,7 +77,8 @@ def test_every_example_once_per_epoch_across_a_shaped_link(kind, packed, tmp_pat
                 subprocess.run(_in(store_ns, [sys.executable, "-c", upload, os.path.dirname(__file__),
                                               f"http://{host}:{port}", str(packed)]), env=env, check=True,
                                timeout=120)
-            done = subprocess.run(_in(reader_ns, [sys.executable, "-c", READER, url, str(tmp_path / "cache"), host, str(port)]),
+            reader = [sys.executable, "-c", READER, url, str(tmp_path / "cache"), host, str(port)]
+            done = subprocess.run(_in(reader_ns, reader),
                                   env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
         finally:
             proc.kill()

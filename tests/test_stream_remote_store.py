@@ -3,7 +3,6 @@
 shards, every fault retried, a shard that never succeeds named in one line, each
 example once per epoch through faults, a resume and a restart of the store."""
 
-import numpy as np
 import pytest
 from store_servers import FaultProxy, moto_s3, range_http, s3_env, upload
 

@@ -78,13 +78,15 @@ def _client(url: StoreURL, timeout_s: float):
                # The endpoint is the user's choice (a local S3-compatible server is often plain http).
                "allow_http": True}
     kwargs = {}
-    if url.kind == "s3" and not os.environ.get("AWS_ACCESS_KEY_ID") and not _true(os.environ.get("AWS_SKIP_SIGNATURE")):
+    anonymous = _true(os.environ.get("AWS_SKIP_SIGNATURE"))
+    if url.kind == "s3" and not os.environ.get("AWS_ACCESS_KEY_ID") and not anonymous:
         provider = _boto3_credentials()
         if provider is not None:  # profiles in ~/.aws, SSO, ...: the AWS SDK's own chain
             kwargs["credential_provider"] = provider
     try:
         # Retries are ours (``retry``): one bound, one count, and faults the library does not retry.
-        return obstore.store.from_url(url.text.rstrip("/"), client_options=options, retry_config={"max_retries": 0}, **kwargs)
+        return obstore.store.from_url(url.text.rstrip("/"), client_options=options, retry_config={"max_retries": 0},
+                                      **kwargs)
     except Exception as e:  # noqa: BLE001 - the library's configuration errors, as one line
         raise DataError(f"cannot open {url}: {_one_line(e)}") from None
 
@@ -120,8 +122,7 @@ def _cause(e: BaseException) -> str | None:
 def _one_line(e: BaseException) -> str:
     """An error as one short line with no secrets (the library's messages add a long debug dump,
     of which the cause is kept)."""
-    full = str(e)
-    text = " ".join(full.split("\n\nDebug source", 1)[0].split()) or type(e).__name__
+    text = " ".join(str(e).split("\n\nDebug source", 1)[0].split()) or type(e).__name__
     cause = _cause(e)
     if cause is not None and cause not in text:
         text = f"{text} ({cause})"

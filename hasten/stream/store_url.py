@@ -78,7 +78,8 @@ def parse_store_url(text: str) -> StoreURL:
     if "@" in parts.netloc:
         # Never echo the URL back: it holds a secret.
         raise DataError(f"the {scheme}:// URL holds credentials (user:password@); they would be printed and stored "
-                        f"with the run. Remove them and give them the store's standard way: {CREDENTIALS[SCHEMES[scheme]]}")
+                        "with the run. Remove them and give them the store's standard way: "
+                        f"{CREDENTIALS[SCHEMES[scheme]]}")
     if parts.query or parts.fragment:
         raise DataError(f"{text!r}: a URL with a ?query or #fragment cannot name a directory of shards "
                         "(shard names are appended to its path)")
