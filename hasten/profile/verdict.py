@@ -444,7 +444,7 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
             recs.append(Recommendation(
                 fix="device-resident loader", how=f"loader = hasten.data.{loader}(images, labels, batch_size)"
                                                   "   # images, labels: the dataset decoded once into memory",
-                predicted_speedup=bound, changes_math=False, bound=bound,
+                predicted_speedup=bound, changes_math=False, bound=bound, apply="resident",
                 basis=f"dataset {data_bytes / 2**20:.0f} MiB fits; the step with data made free "
                       f"{rest * 1e3:.1f} ms"))
     elif not a.loader_driven:

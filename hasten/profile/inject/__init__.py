@@ -21,6 +21,8 @@ of the user's unmodified command (every torchrun worker included):
 - :mod:`~hasten.profile.inject.fixes`: the fixes a verification run applies;
 - :mod:`~hasten.profile.inject.batch_fn`: ... and those it applies to the batch function of a
   loop without a DataLoader;
+- :mod:`~hasten.profile.inject.resident`: ... and the device-resident loader's, from the loop's own
+  batches kept in memory;
 - :mod:`~hasten.profile.inject.proc_times`: run-queue waits and CPU times from /proc;
 - :mod:`~hasten.profile.inject.sampler`: where the main thread is, and the status file;
 - :mod:`~hasten.profile.inject.batch_source`: the lines that make the batch (no DataLoader);

@@ -12,6 +12,8 @@
 - ``autocast``: bf16 autocast around each top-level forward of a module (the model, a loss
   module), as ``with autocast(): loss = model(x)`` would
   (:func:`hasten.profile.inject.torch_patches.forward_pre`).
+- ``resident``: the training loader's batches gathered from its warm-up's batches in memory,
+  as a device-resident loader gathers them (:mod:`hasten.profile.inject.resident`);
 - ``batch_fn=...``: a loop without a DataLoader's batch function in workers, echoed, or with
   its rows made at once (:mod:`hasten.profile.inject.batch_fn`).
 

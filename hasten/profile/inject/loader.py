@@ -13,7 +13,9 @@ it in place, ``batch.pop("labels")``), its copy's time left out of the step; the
 steps get a fresh copy of it each.
 
 In a verification run of the echo fix, the training loader's batches are handed out by
-``hasten.echo.echo_batches`` with the arguments the report prints (:func:`_draw`). The
+``hasten.echo.echo_batches`` with the arguments the report prints (:func:`_draw`); in one of the
+device-resident loader, gathered from its warm-up's batches kept in memory
+(:mod:`hasten.profile.inject.resident`). The
 first batches of an IterableDataset's workers are fingerprinted: the same batch from
 every worker means a dataset that ignores ``get_worker_info()`` (:func:`_check_workers`).
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import time
 
-from hasten.profile.inject import fixes, messages, state, steps
+from hasten.profile.inject import fixes, messages, resident, state, steps
 from hasten.profile.inject.batches import batch_nbytes, fingerprint, fresh_copy
 from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
 from hasten.profile.inject.state import State, is_training_loader
@@ -153,6 +155,8 @@ def _draw(st: State, it, orig, training: bool):
     """The iterator's next batch: the loader's own, or in a verification run of the echo fix
     (``echo=``), the next of ``echo_batches`` over this pass of the training loader, the
     call the report prints, from the pass's first batch on (:func:`fixes.echoed`)."""
+    if training and st.apply == resident.APPLY:
+        return resident.draw(st, it, orig)
     echo = it.__dict__.get("_hasten_echo")
     if echo is None and fixes.echo_arguments(st.apply):
         first = it.__dict__.pop("_hasten_first", None)
