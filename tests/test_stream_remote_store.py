@@ -171,6 +171,7 @@ def test_each_example_once_per_epoch_through_faults_and_epoch_two_from_the_cache
     assert shard_gets(proxy) == gets and cache.hits == len(store)  # ... from the cache: no request
     # Memory: reads in progress never held more than the shards read ahead.
     assert 0 < store.peak_bytes <= loader.prefetch * max(store.sizes)
+    assert store.bytes_read >= sum(store.sizes)  # every shard came whole (more where a body was cut)
 
 
 def test_resume_mid_epoch_over_the_store_delivers_exactly_the_rest(remote, tmp_path):

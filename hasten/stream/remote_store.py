@@ -175,9 +175,9 @@ class RemoteShards:
     ``retry``: the backoff policy of every request (``RetryPolicy``); ``part_bytes``:
     bytes per ranged GET; ``connections``: GETs in flight at once for the whole
     store; ``timeout_s``: one GET's limit (a stalled connection is a failed try).
-    Counters: ``requests`` (GETs made), ``retried`` ((name, reason) of each retry,
-    the most recent 1000), ``retries`` (their number), ``peak_bytes`` (most shard
-    bytes held at once by reads in progress).
+    Counters: ``requests`` (GETs made), ``bytes_read`` (body bytes received),
+    ``retried`` ((name, reason) of each retry, the most recent 1000), ``retries``
+    (their number), ``peak_bytes`` (most shard bytes held at once by reads in progress).
     """
 
     def __init__(self, url: str | StoreURL, split: str = "train", *, retry: retries.RetryPolicy | None = None,
@@ -191,7 +191,7 @@ class RemoteShards:
         self.split = split
         self.policy = retry or retries.RetryPolicy()
         self.part_bytes, self.connections, self.timeout_s = part_bytes, connections, float(timeout_s)
-        self.requests = self.retries = self.peak_bytes = 0
+        self.requests = self.retries = self.peak_bytes = self.bytes_read = 0
         self.retried: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._held = 0
@@ -247,6 +247,8 @@ class RemoteShards:
             if end == start:
                 return b""
             body = obstore.get_range(self._client, name, start=start, end=end)
+            with self._lock:
+                self.bytes_read += len(body)
             if len(body) != end - start:
                 raise ShortBody(f"{len(body)} of {end - start} bytes at byte {start}")
             return body
