@@ -122,14 +122,29 @@ def test_stop_mid_epoch_then_resume_auto_gives_the_weights_of_a_run_that_never_s
         assert torch.equal(a["model"][k], b["model"][k]) and torch.equal(a["model"][k], c["model"][k]), k
 
 
-@pytest.mark.parametrize("data, says", [
-    ("s3://missing-bucket/set/", "the bucket 'missing-bucket' does not exist"),
-    ("s3://shards/elsewhere/", "no index.json at s3://shards/elsewhere/"),
+@pytest.mark.parametrize("data, mistake, says", [
+    ("s3://missing-bucket/set/", None, "the bucket 'missing-bucket' does not exist"),
+    ("s3://shards/elsewhere/", None, "no index.json at s3://shards/elsewhere/"),
+    (URL, "unreachable", "1 try failed (connection refused)"),
+    (URL, "no credentials", "no credentials, or they do not give access"),
 ])
-def test_url_mistakes_found_at_open_end_in_one_line_and_exit_2(moto, proxy, data, says, capsys):
+def test_url_mistakes_found_at_open_end_in_one_line_and_exit_2(moto, proxy, data, mistake, says, capsys,
+                                                              monkeypatch, tmp_path):
+    from store_servers import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}"
+    if mistake == "unreachable":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
+    if mistake == "no credentials":  # none in the environment, no AWS files, no metadata service
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(name)
+        for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+            monkeypatch.setenv(name, str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_METADATA_ENDPOINT", closed)
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     assert main(["train", *TINY[:2], "--data", data, *TINY[4:], "--retries", "0"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and says in err and err.startswith("hasten train: error: ")
+    assert len(err.splitlines()) == 1 and says in err and err.startswith("hasten train: error: "), err
 
 
 def test_a_url_needs_the_stream_loader(capsys):

@@ -260,7 +260,8 @@ class RemoteShards:
             return retries.call(request, policy=policy or self.policy, transient=transient,
                                 on_retry=lambda k, reason: self._count(name, reason))
         except retries.RetriesExhausted as e:
-            raise StoreError(f"{what} of {self.url}: {e.tries} tries failed ({e.reason}); last error: "
+            tries = "1 try" if e.tries == 1 else f"{e.tries} tries"
+            raise StoreError(f"{what} of {self.url}: {tries} failed ({e.reason}); last error: "
                              f"{_one_line(e.last)}") from None
         except Exception as e:  # noqa: BLE001 - an answer no retry changes, as one line
             raise self._refused(e, name, what) from None
