@@ -117,3 +117,37 @@ def test_a_fix_that_cannot_be_applied_fails_its_verification_not_silently():
                         "world_size": 1})()
     batch_fn.install(st, sys._getframe())
     assert st.apply_error and "no function of the script's own" in st.apply_error
+
+
+def _timed_rank(batch_fn_s, samples):
+    """A loop without a DataLoader: 10 ms outside compute a step, ``batch_fn_s`` of it in get_batch() (timed),
+    beside 10 ms of compute; the sampler's counts outside compute as given."""
+    recs = [{"wait_s": 0.010, "work_s": 0.010, "span_s": 0.020, "compute_s": 0.010, "cpu_s": 0.02,
+             "batch_fn_s": batch_fn_s} for _ in range(20)]
+    return {"rank": 0, "world_size": 1, "device": "cpu", "num_workers": 0, "loader_driven": False,
+            "batch_size": None, "dataset_len": None, "batch_bytes": 0, "cpu_count": 2, "warmup": 3,
+            "records": {"measure": recs, "step_alone": []}, "loader_probe": {}, "ddp": False, "grad_bytes": 0,
+            "allreduce_times": [], "outside": {"counts": samples, "batch_found": True, "lines": {}}}
+
+
+def test_the_batch_functions_timed_calls_are_data_however_few_the_samples():
+    from hasten.profile.verdict import analyse
+    # a short run: two samples outside compute, one in get_batch; its calls took 6 of the 10 ms, timed
+    a = analyse([_timed_rank(0.006, {"batch": 1, "in_batch_fn": 1, "other": 1})])
+    assert a.data_wait_fraction == pytest.approx(0.006 / 0.020)  # the rest's 4 ms: no sample on a batch line
+    lo, hi = a.data_interval
+    assert lo == pytest.approx(0.30) and hi <= 0.30 + 0.20 + 1e-9  # the timed 30%, plus at most the rest's 20%
+    assert a.verdict == "input-bound"
+    # the rest on other lines that make the batch (an inline transform): data too, in the samples' share
+    b = analyse([_timed_rank(0.006, {"batch": 11, "in_batch_fn": 1, "other": 0})])
+    assert b.data_wait_fraction == pytest.approx(0.010 / 0.020)
+
+
+def test_a_loop_without_a_dataloader_has_its_batch_function_timed(tmp_path):
+    # 10 ms of sleep in get_batch() a step against a 4-to-1 linear layer, 60 steps: the data share is
+    # the timed calls' (most of the step), known to a narrow interval from a second of samples
+    cmd = (sys.executable, str(SCRIPTS / "short_run.py"), "--steps", "60", "--batch-sleep", "0.01")
+    a = profile(ProfileConfig(cmd, warmup=3, steps=1000, capture=True, timeout_s=120), log=lambda m: None)
+    assert all("batch_fn_s" in r for r in a.per_step)
+    assert all(0.010 <= r["batch_fn_s"] <= r["span_s"] for r in a.per_step)  # each step's sleep, inside it
+    assert a.verdict == "input-bound" and a.data_interval[0] > 0.5

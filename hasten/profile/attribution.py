@@ -39,8 +39,9 @@ def data_split(d: dict, measured: list[dict]) -> dict:
     With a DataLoader, the data wait is the time in its ``__next__``, and the rest is the step's
     time in neither the loader nor compute. Without one, the time outside compute is data only
     in the share the stack sampler found on the lines that make the batch
-    (:mod:`hasten.profile.inject.batch_source`): a sleep, logging or ``loss.item()`` between
-    the optimizer's step and the next forward is the rest, not data."""
+    (:mod:`hasten.profile.inject.batch_source`), or where a function of the script's makes it
+    (``get_batch()``), the time in its calls, timed: a sleep, logging or ``loss.item()``
+    between the optimizer's step and the next forward is the rest, not data."""
     waits = [r["wait_s"] for r in measured]
     spans = [_span(r) for r in measured]
     wait = mean(waits)
@@ -53,6 +54,19 @@ def data_split(d: dict, measured: list[dict]) -> dict:
     counts = outside.get("counts", {})
     found = bool(outside.get("batch_found"))
     n = counts.get("batch", 0) + counts.get("other", 0) + counts.get("hasten", 0)
+    if found and measured and all("batch_fn_s" in r for r in measured):
+        # The batch function's calls were timed (hasten.profile.inject.batch_fn.time_calls): that time is
+        # data, exactly; the samples say only how much of the rest outside compute is on the other lines
+        # that make the batch (an inline transform of its result). A run of sub-millisecond steps gets
+        # few samples at 20 a second, and a timer needs none.
+        timed = [r["batch_fn_s"] for r in measured]
+        rest = [max(0.0, w - t) for w, t in zip(waits, timed)]
+        inside = counts.get("in_batch_fn", 0)
+        batch = wilson(counts.get("batch", 0) - inside, n - inside)
+        _, t_lo, t_hi = ratio_interval(timed, spans)
+        _, r_lo, r_hi = product_interval(ratio_interval(rest, spans), batch)
+        return {"data_s": mean(timed) + mean(rest) * batch[0], "data_lo": t_lo + r_lo,
+                "data_hi": min(1.0, t_hi + r_hi), "other_s": mean(rest) * (1 - batch[0]), "batch_found": True}
     batch = wilson(counts.get("batch", 0), n) if found else (0, 0, 0)
     share, lo, hi = product_interval(ratio_interval(waits, spans), batch)
     return {"data_s": wait * batch[0], "data_lo": lo, "data_hi": hi, "other_s": wait * (1 - batch[0]),

@@ -14,6 +14,8 @@ and the fix is applied at the model's first training forward, in the warm-up:
 - ``batch_fn=rows``: the function's per-row comprehensions rewritten as one index of every
   row (:func:`batch_source.rewrite_rows`).
 
+In a profiling run (no fix applied), the function's calls are timed instead (:func:`time_calls`).
+
 A fix that cannot be applied (no such function, nothing to rewrite) is said in the rank's
 report (``apply_error``): the launcher then reports the verification as failed, never the
 unchanged run as the fix's.
@@ -57,6 +59,40 @@ def install(st: State, frame) -> None:
         st.apply_error = f"unknown batch function fix {kind!r}"
     if st.apply_error:
         messages.say(st, f"cannot apply {st.apply}: {st.apply_error}")
+
+
+def time_calls(st: State, frame) -> None:
+    """Time the batch function's calls outside compute in each step (a profiling run of a loop without a
+    DataLoader): its time is data, exactly, where the stack sampler's 20 samples a second would
+    leave a short run's share unknown (:func:`hasten.profile.attribution.data_split`). The name in the
+    script's globals is bound to a timing wrapper (``functools.wraps``: the same name, docstring and
+    signature); the sampler counts its samples inside the function apart (``st.batch_fn_code``)."""
+    found = batch_source.batch_function(frame, st.batch_lines or {})
+    if found is None:
+        return
+    ns, name, fn = found
+    st.batch_fn_code = fn.__code__
+    ns[name] = timed(st, fn)
+
+
+def timed(st: State, fn):
+    """``fn``, its calls' wall time inside a step and outside compute added to the step's ``batch_fn_s``."""
+    import functools
+    import time
+
+    @functools.wraps(fn)
+    def batch(*args, **kwargs):
+        sp = st.span
+        if sp is None or st.cdepth or st.finished:
+            return fn(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if st.span is sp:
+                sp["batch_fn_s"] += time.perf_counter() - t0
+
+    return batch
 
 
 class Calls:

@@ -20,7 +20,7 @@ import time
 from hasten.profile.inject import autocast_check, cpu_window, ddp, probes
 from hasten.profile.inject.proc_times import pid_cpu_s
 from hasten.profile.inject.state import State, is_training_loader
-from hasten.profile.shares import could_decide, product_interval, ratio_interval, stalled, wilson
+from hasten.profile.shares import could_decide, stalled
 
 
 def plan(st: State) -> list[tuple[str, int]]:
@@ -142,16 +142,18 @@ def _in_flight(st: State) -> int:
 
 
 def data_share(st: State) -> tuple[float, float, float]:
-    """The measured steps' data share and its interval, as the verdict will weigh it (a DataLoader's wait;
-    without one, the time outside compute, in the share sampled on the lines that make the batch)."""
+    """The measured steps' data share and its interval, as the verdict will weigh it
+    (:func:`hasten.profile.attribution.data_split`, on the steps :func:`hasten.profile.shares.stalled`
+    leaves in)."""
+    from hasten.profile.attribution import data_split
     recs = [r for r in st.records["measure"] if not r.get("excluded")] or st.records["measure"]
     recs = [r for r, s in zip(recs, stalled(recs)) if not s]  # as the verdict will (verdict.clean_steps)
-    waits, spans = [r["wait_s"] for r in recs], [r["span_s"] for r in recs]
-    if any(is_training_loader(st, lid) for lid in st.loaders):
-        return ratio_interval(waits, spans)
-    n = sum(st.outside_counts.get(k, 0) for k in ("batch", "other", "hasten"))
-    split = wilson(st.outside_counts.get("batch", 0), n) if st.batch_lines else (0.0, 0.0, 0.0)
-    return product_interval(ratio_interval(waits, spans), split)
+    loader_driven = any(is_training_loader(st, lid) for lid in st.loaders)
+    d = {"loader_driven": loader_driven,
+         "outside": {"counts": dict(st.outside_counts), "batch_found": bool(st.batch_lines)}}
+    split = data_split(d, recs)
+    spans = sum(r["span_s"] for r in recs)
+    return (split["data_s"] * len(recs) / spans if spans > 0 else math.nan), split["data_lo"], split["data_hi"]
 
 
 def _torch_threads(kind: str = "intra") -> int:

@@ -34,7 +34,7 @@ def attribute(st: State, frame) -> None:
     if "/hasten/profile/" in frame.f_code.co_filename.replace(os.sep, "/"):
         st.outside_counts["hasten"] = st.outside_counts.get("hasten", 0) + 1
         return
-    kind, user = "other", None
+    kind, user, inside = "other", None, False
     f = frame
     while f is not None:
         name = f.f_code.co_filename
@@ -43,12 +43,15 @@ def attribute(st: State, frame) -> None:
             break
         if user is None and is_users(name):
             user = f
+        inside = inside or f.f_code is st.batch_fn_code
         lines = st.batch_lines.get(f.f_code) if st.batch_lines else None
         if lines and f.f_lineno in lines:
             kind = "batch"
             break
         f = f.f_back
     st.outside_counts[kind] = st.outside_counts.get(kind, 0) + 1
+    if inside and kind == "batch":  # in the batch function, whose calls are timed: counted apart
+        st.outside_counts["in_batch_fn"] = st.outside_counts.get("in_batch_fn", 0) + 1
     if user is None or kind == "loader":
         return
     at = f"{os.path.basename(user.f_code.co_filename)}:{user.f_lineno}"

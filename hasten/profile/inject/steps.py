@@ -68,7 +68,7 @@ def open_step(st: State) -> None:
     now = time.perf_counter()
     st.span = {"t0": now, "cpu0": time.process_time(), "rq0": runqueue_s(), "compute_s": 0.0, "compute_cpu_s": 0.0,
                "loader": {}, "loader_cpu": {}, "loader_batches": {}, "comm_s": 0.0, "train_fwd": 0, "eval_fwd": 0,
-               "epoch_start": False, "rq_loader": 0.0}
+               "epoch_start": False, "rq_loader": 0.0, "batch_fn_s": 0.0}
 
 
 def close_step(st: State, host_end: float) -> None:
@@ -110,6 +110,8 @@ def close_step(st: State, host_end: float) -> None:
            "eval_fwd": sp["eval_fwd"], "epoch_start": sp["epoch_start"],
            "host_s": host_end - sp["t0"], "own_s": span_s - data - max(0.0, rq - sp["rq_loader"]),
            "own_wait_s": data - (sp["rq_loader"] if via_loader else 0.0)}
+    if st.batch_fn_code is not None and not via_loader:  # the batch function's calls, timed (batch_fn)
+        rec["batch_fn_s"] = min(sp["batch_fn_s"], outside)
     if excluded:
         rec["excluded"] = excluded
     probe = probes.PROBE_OF_KIND.get(st.step_kind)

@@ -92,6 +92,8 @@ def _forward_pre(st: State, mod, args):
             st.batch_lines = _batch_lines()
             if batch_fn.kind_of(st.apply):  # a verification run's fix to the loop's batch function
                 batch_fn.install(st, sys._getframe())
+            elif st.batch_lines and not st.loaders:  # no DataLoader so far: time the batch function's calls
+                batch_fn.time_calls(st, sys._getframe())
         # Kept only when it is data: a generator's output that a discriminator takes is part of a graph
         # the step frees, and replayed it would take autograd through that graph a second time.
         if st.model_args is None and st.phase == "measure" and args and is_data(args):
