@@ -47,3 +47,12 @@ def test_the_report_names_the_rest_by_line_and_says_when_the_data_path_takes_the
     head = format_report(analyse([_workers_rank(0.030, 0.060, alone=0.060)], cpus={"available": 1.0})).splitlines()[0]
     assert head.startswith("hasten profile: INPUT-BOUND (CPU, high): its data path competes with the step for the cores")
     assert "costs the step 28%" in head and "the step waits for data 2% of the time: data 30% in all" in head
+
+
+def test_an_input_bound_headline_adds_the_workers_cpu_to_the_wait():
+    from test_profile_verdict import _workers_rank
+
+    rank = _workers_rank(0.004, 0.130, alone=0.060, alone_cpu=0.120, wait=0.006, work=0.064, recv_cpu=0.006)
+    head = format_report(analyse([rank], cpus={"available": 2.0})).splitlines()[0]
+    assert head.startswith("hasten profile: INPUT-BOUND (moderate): the step waits for data 9% of the time, and")
+    assert "costs it 6% more: data 14%" in head

@@ -36,6 +36,10 @@ def _why(a: Analysis) -> str:
                 f"(95% interval {_interval(a)})")
     if a.verdict == "input-bound":
         making = "waits for data" if a.loader_driven else "makes its batch"
+        if cpu.get("contended") and cpu.get("data_cpu_share"):
+            return (f"the step {making} {a.data_wait_fraction:.0%} of the time, and its loader's workers' CPU on "
+                    f"the step's own cores costs it {cpu['data_cpu_share']:.0%} more: data {a.data_share:.0%} "
+                    f"(95% interval {_interval(a)})")
         return f"the step {making} {a.data_wait_fraction:.0%} of the time (95% interval {_interval(a)})"
     if a.verdict == "balanced":
         what = "data" if a.input_kind == "wait" else "the data path's CPU share"
