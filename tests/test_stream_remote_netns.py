@@ -18,8 +18,15 @@ from hasten.harness.netns import EmulatedCluster, probe
 from hasten.stream.pack import pack
 
 PREFIX = "hsr"  # not the harness tests' prefix: xdist may run both files at once
-REASON = probe(PREFIX)
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")
+
+
+@pytest.fixture(scope="module")
+def namespaces():
+    # Probed here, not at import: every xdist worker imports this file, and probes made side by
+    # side with one prefix would remove each other's namespaces.
+    reason = probe(PREFIX)
+    if reason is not None:
+        pytest.skip(f"no network namespaces: {reason}")
 
 READER = """
 import json, socket, sys, time
@@ -53,7 +60,7 @@ def _in(ns: str, argv: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["http", "s3"])
-def test_every_example_once_per_epoch_across_a_shaped_link(kind, packed, tmp_path):
+def test_every_example_once_per_epoch_across_a_shaped_link(kind, namespaces, packed, tmp_path):
     with EmulatedCluster(2, rate_gbit=0.05, prefix=PREFIX) as cluster:
         store_ns, reader_ns = cluster.placement[0].netns, cluster.placement[1].netns
         host, port = cluster.address(0), 8000
