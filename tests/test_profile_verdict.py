@@ -305,3 +305,13 @@ def test_a_step_with_more_forwards_is_no_stall():
         r["compute_s"] = r["work_s"] = 0.004 * r["micro"]
     a = analyse([rank])
     assert a.steps == 12 and not a.excluded
+
+
+def test_the_workers_cpu_costs_the_step_no_more_than_its_measured_steps_took_over_its_replay():
+    # the model says 4 ms (both cores busy in the replay), but the measured steps' work is 61 ms against the
+    # replayed step's 60: threads that spin count as busy, and a worker taking a spinning thread's core costs
+    # nothing. The delay is what was measured, 1 ms.
+    rank = _workers_rank(0.004, 0.130, alone=0.060, alone_cpu=0.120, wait=0.006, work=0.061, recv_cpu=0.006)
+    a = analyse([rank], cpus={"available": 2.0})
+    assert a.cpu["data_cpu_delay_s"] == pytest.approx(0.001) and a.cpu["data_cpu_observed_s"] == pytest.approx(0.001)
+    assert a.data_share == pytest.approx((0.006 + 0.001) / 0.067)

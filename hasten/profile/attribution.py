@@ -93,7 +93,10 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     divided freely over k cores would lose a k-th of it: this is the upper end). That delay, as
     a share of the step as measured (``data_cpu_share``), adds to the data wait's share in the
     verdict. The step's own CPU is the replay's, not the measured steps': there, threads that
-    spin at a barrier while another is off its core count as CPU the step needs. Without
+    spin at a barrier while another is off its core count as CPU the step needs (and so does a
+    thread spinning between ops, where a worker taking its core costs nothing: the model is the
+    upper end). So it never says more than was measured: the delay is at most what the measured
+    steps' work (less their wait) took over the replayed step's, medians both. Without
     workers, the data CPU is spent in the loop's own thread, in turn with the step: it shows
     as the data wait."""
     if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0 or s.step_s <= 0:
@@ -107,15 +110,22 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
         own_cpu = max(0.0, (s.cpu_s or 0.0) - (s.data_cpu_s or 0.0))
     k = min(cores, own_cpu / wall)
     idle = (cores - k) * wall + cores * max(0.0, wait - (s.data_cpu_s or 0.0))
+    observed = math.inf  # the measured steps' work over the replayed step's: the most the delay can be
+    if s.step_alone_wall_s and s.work_median_s is not None:
+        observed = max(0.0, s.work_median_s - s.step_alone_wall_s)
     # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
     n, q = s.worker_batches, s.in_flight
     c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
 
+    def delay(c: float) -> float:
+        return min(max(0.0, c - idle), observed)
+
     def share(c: float) -> float:  # of the step as measured, what the workers' CPU on its cores adds
-        return min(1.0 - wait / s.step_s, max(0.0, c - idle) / s.step_s)
+        return min(1.0 - wait / s.step_s, delay(c) / s.step_s)
 
     return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": own_cpu, "step_cores": k, "idle_core_s": idle,
-            "demand_cores": (c + own_cpu) / wall, "contended": c > idle, "data_cpu_delay_s": max(0.0, c - idle),
+            "demand_cores": (c + own_cpu) / wall, "contended": delay(c) > 0, "data_cpu_delay_s": delay(c),
+            "data_cpu_observed_s": observed if math.isfinite(observed) else None,
             "data_cpu_share": share(c), "data_cpu_share_interval": (share(c_lo), share(c_hi))}
 
 

@@ -215,6 +215,7 @@ class RankSummary:
     data_hi: float = 1.0
     other_s: float = 0.0  # per step, neither data, compute nor communication
     batch_found: bool = True  # without a DataLoader: the lines that make the batch were found
+    work_median_s: float | None = None  # the median measured step less its data wait (set against the replay's)
     worker_batches: int = 0  # batches drawn from the workers over the window ...
     in_flight: int = 0  # ... give or take the batches they may hold made ahead (workers x prefetch)
 
@@ -239,7 +240,7 @@ def summarise_rank(d: dict) -> RankSummary:
     split = attribution.data_split(d, measured)
     if wc.get("cpu_s") is not None and wc.get("batches"):
         split.update(worker_batches=wc["batches"], in_flight=wc.get("in_flight") or 0)
-    return RankSummary(**split,
+    return RankSummary(**split, work_median_s=statistics.median(r["work_s"] for r in measured),
         rank=d["rank"], step_s=_mean(_g(r, "span_s") for r in measured),
         own_step_s=_mean(r.get("own_wait_s", r["wait_s"]) + _g(r, "own_s") for r in measured),
         wait_s=_mean(r["wait_s"] for r in measured), work_s=_mean(r["work_s"] for r in measured),
