@@ -174,6 +174,21 @@ def test_each_example_once_per_epoch_through_faults_and_epoch_two_from_the_cache
     assert store.bytes_read >= sum(store.sizes)  # every shard came whole (more where a body was cut)
 
 
+def test_two_ranks_sharing_one_cache_split_each_epoch_exactly(remote, tmp_path):
+    """Two ranks of one host, one cache directory: each example goes to one rank once per
+    epoch; in epoch 2 the cache (filled by either rank) serves every shard."""
+    url, proxy, _ = remote
+    stores = [open_remote_shards(url, retry=FAST, cache_dir=tmp_path / "host-cache") for _ in range(2)]
+    loaders = [ShardLoader(s, batch_size=5, image_size=16, with_keys=True, rank=r, world_size=2)
+               for r, s in enumerate(stores)]
+    for epoch in range(2):
+        keys = [epoch_keys(loader) for loader in loaders]
+        assert sorted(keys[0] + keys[1]) == list(range(54)) and not set(keys[0]) & set(keys[1])
+        if epoch == 0:
+            gets = shard_gets(proxy)
+    assert shard_gets(proxy) == gets
+
+
 def test_resume_mid_epoch_over_the_store_delivers_exactly_the_rest(remote, tmp_path):
     url, proxy, _ = remote
     a = ShardLoader(open_remote_shards(url, retry=FAST, cache_dir=tmp_path / "a"), batch_size=6, image_size=16,

@@ -44,6 +44,14 @@ def test_second_pass_reads_nothing_from_the_source(packed, tmp_path):
     assert again[0] == shards[0] and again.store.reads == []
 
 
+def test_a_shard_another_rank_cached_after_this_cache_started_is_not_fetched_again(packed, tmp_path):
+    shards = open_shards(packed, "train")
+    rank0, rank1 = (ShardCache(Counting(shards), tmp_path / "host", max_bytes=10**9) for _ in range(2))
+    assert rank0[3] == shards[3] and rank0.store.reads == [3]
+    assert rank1[3] == shards[3] and rank1.store.reads == []  # written by rank 0 after rank 1 listed the folder
+    assert rank1.nbytes == shards.sizes[3]  # and counted against rank 1's cap from then on
+
+
 def test_size_cap_evicts_the_least_recently_used(packed, tmp_path):
     shards = open_shards(packed, "train")
     sizes = [len(shards[i]) for i in range(3)]

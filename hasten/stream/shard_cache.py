@@ -80,19 +80,24 @@ class ShardCache:
             known = file in self._files
             if known:
                 self._files.move_to_end(file)
-        if known:
+        # Looked for even when this process did not write it: another rank of the host (or
+        # a run before) may have, since this cache listed the directory. Files appear only
+        # whole (renamed into place), so one that is there is complete.
+        try:
+            data = path.read_bytes()
+        except OSError:
+            data = None  # not there (evicted by another process), or unreadable: read it from the store
+        if data is not None and (expected is None or len(data) == expected):
+            with self._lock:
+                self.hits += 1
+                if not known:
+                    self._bytes += len(data) - self._files.pop(file, 0)
+                    self._files[file] = len(data)
             try:
-                data = path.read_bytes()
+                os.utime(path)  # other processes sharing the directory see the use
             except OSError:
-                data = None  # evicted by another process, or unreadable: read it from the store
-            if data is not None and (expected is None or len(data) == expected):
-                with self._lock:
-                    self.hits += 1
-                try:
-                    os.utime(path)  # other processes sharing the directory see the use
-                except OSError:
-                    pass
-                return data
+                pass
+            return data
         data = self.store[i]
         with self._lock:
             self.misses += 1
