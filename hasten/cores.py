@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["CoreShare", "free_cores", "prefer_passive_wait", "threads_sleep_while_waiting", "usable_cores"]
+__all__ = ["CoreShare", "core_share", "free_cores", "prefer_passive_wait", "threads_sleep_while_waiting", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -42,12 +42,29 @@ def prefer_passive_wait(sample_s: float = 0.5) -> bool:
     a whole ``cpu`` speedrun took 354 s spinning against 412 s sleeping, one run each
     (benchmarks/results/speedrun_command.json). Returns whether it asked: never once
     torch is imported (OpenMP has read its settings by then)."""
+    global _first_look
     if "torch" in sys.modules or "OMP_WAIT_POLICY" in os.environ:
         return False
-    if free_cores(sample_s, passive=True).busy < 0.5:
-        return False
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True
+    share = free_cores(sample_s, passive=True)
+    passive = share.busy >= 0.5
+    # The thread count is taken from this same sample (``core_share``): a second look moments later
+    # once saw a passing spike (1.2 cores busy) where this one saw none, and a run that spun kept
+    # one thread for its 9 minutes.
+    _first_look = CoreShare(share.cores, share.busy, share.cores, passive)
+    if passive:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return passive
+
+
+_first_look: CoreShare | None = None  # what prefer_passive_wait saw, its decision included
+
+
+def core_share(sample_s: float = 0.5) -> CoreShare:
+    """The cores and threads for this process: what :func:`prefer_passive_wait` saw when it chose
+    the wait policy (one sample decides both, so they agree), else a sample taken now."""
+    if _first_look is not None and _first_look.passive == threads_sleep_while_waiting():
+        return _first_look
+    return free_cores(sample_s)
 
 
 def _cpu_ticks() -> tuple[int, int] | None:

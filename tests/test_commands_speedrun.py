@@ -138,7 +138,7 @@ def test_threads_are_chosen_said_and_undone(tmp_path, capsys, monkeypatch):
     real_set = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real_set(n)))
     # Other processes keep 1.6 of 2 cores busy: one thread.
-    monkeypatch.setattr(cores, "free_cores", lambda: cores.CoreShare(2, 1.6, 1))
+    monkeypatch.setattr(cores, "core_share", lambda: cores.CoreShare(2, 1.6, 1))
     assert main([*argv, "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith("; fp32")  # a CPU trains in float32

@@ -97,3 +97,34 @@ def test_speedrun_command_keeps_the_users_policy_and_asks_before_torch_loads():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_one_sample_decides_the_wait_and_the_threads(monkeypatch):
+    # Seen once (issue 34's benchmark): the wait policy's sample saw an idle machine, the thread
+    # count's, moments later, a passing spike of 1.2 cores; the run spun on one thread for 9 minutes.
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    del sys.modules["torch"]
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cores, "_first_look", None)
+    _ticks(monkeypatch, [(0, 0), (100, 1000), (0, 0), (600, 1000)])  # 0.2 busy, then a spike of 1.2
+    assert not cores.prefer_passive_wait(0.0)
+    share = cores.core_share(0.0)
+    assert (share.threads, share.passive, share.busy) == (2, False, pytest.approx(0.2))
+    # busy at start: sleeping threads on every core, from the same sample
+    monkeypatch.setattr(cores, "_first_look", None)
+    _ticks(monkeypatch, [(0, 0), (800, 1000)])
+    assert cores.prefer_passive_wait(0.0)
+    assert cores.core_share(0.0) == cores.CoreShare(2, 1.6, 2, True)
+    # a policy set after the sample (by the user's code) is not the one it chose for: measured anew
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    _ticks(monkeypatch, [(0, 0), (800, 1000)])
+    assert cores.core_share(0.0).threads == 1
+
+
+def test_without_a_first_look_the_share_is_measured_now(monkeypatch):
+    monkeypatch.setattr(cores, "_first_look", None)
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    _ticks(monkeypatch, [(0, 0), (500, 1000)])
+    assert cores.core_share(0.0) == cores.CoreShare(2, 1.0, 2, True)

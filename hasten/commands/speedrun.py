@@ -52,11 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def set_threads(requested: int | None, resumed: int | None = None) -> str:
     """Set torch's CPU threads: ``requested``, else those of the run being resumed
-    (so that it ends bit for bit as if never stopped), else as ``hasten.cores.free_cores``
-    picks from the load now. Returns the line saying so."""
+    (so that it ends bit for bit as if never stopped), else as ``hasten.cores.core_share``
+    picks from the load at start. Returns the line saying so."""
     import torch
 
-    from hasten.cores import free_cores
+    from hasten.cores import core_share
 
     if requested is not None:
         torch.set_num_threads(requested)
@@ -64,7 +64,7 @@ def set_threads(requested: int | None, resumed: int | None = None) -> str:
     if resumed is not None:
         torch.set_num_threads(resumed)
         return f"threads: {resumed}, as the run it resumes (--threads N to choose)"
-    share = free_cores()
+    share = core_share()
     torch.set_num_threads(share.threads)
     return share.line()
 
