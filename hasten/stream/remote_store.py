@@ -53,7 +53,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from hasten.errors import DataError, StoreError
-from hasten.stream import retry as retries
+from hasten.stream.retry import RetriesExhausted, RetryPolicy, call as call_with_retries
 from hasten.stream.store_url import CREDENTIALS, StoreURL, parse_store_url
 
 INDEX = "index.json"
@@ -180,7 +180,7 @@ class RemoteShards:
     (their number), ``peak_bytes`` (most shard bytes held at once by reads in progress).
     """
 
-    def __init__(self, url: str | StoreURL, split: str = "train", *, retry: retries.RetryPolicy | None = None,
+    def __init__(self, url: str | StoreURL, split: str = "train", *, retry: RetryPolicy | None = None,
                  part_bytes: int = PART_BYTES, connections: int = CONNECTIONS, timeout_s: float = 60.0):
         for name, value in (("part_bytes", part_bytes), ("connections", connections)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -189,7 +189,7 @@ class RemoteShards:
             raise ValueError(f"timeout_s must be a finite number of seconds > 0; got {timeout_s!r}")
         self.url = url if isinstance(url, StoreURL) else parse_store_url(url)
         self.split = split
-        self.policy = retry or retries.RetryPolicy()
+        self.policy = retry or RetryPolicy()
         self.part_bytes, self.connections, self.timeout_s = part_bytes, connections, float(timeout_s)
         self.requests = self.retries = self.peak_bytes = self.bytes_read = 0
         self.retried: list[tuple[str, str]] = []
@@ -255,11 +255,11 @@ class RemoteShards:
 
         return self._call(get, name, f"shard {name}")
 
-    def _call(self, request, name: str, what: str, policy: retries.RetryPolicy | None = None):
+    def _call(self, request, name: str, what: str, policy: RetryPolicy | None = None):
         try:
-            return retries.call(request, policy=policy or self.policy, transient=transient,
+            return call_with_retries(request, policy=policy or self.policy, transient=transient,
                                 on_retry=lambda k, reason: self._count(name, reason))
-        except retries.RetriesExhausted as e:
+        except RetriesExhausted as e:
             tries = "1 try" if e.tries == 1 else f"{e.tries} tries"
             raise StoreError(f"{what} of {self.url}: {tries} failed ({e.reason}); last error: "
                              f"{_one_line(e.last)}") from None
@@ -300,7 +300,7 @@ class RemoteShards:
 
         # At most 2 retries: a store that does not answer at the start is most often a wrong
         # URL or endpoint, to be said at once; mid-run, the full policy rides out a restart.
-        first = retries.RetryPolicy(min(self.policy.retries, 2), self.policy.first_s, self.policy.max_s)
+        first = RetryPolicy(min(self.policy.retries, 2), self.policy.first_s, self.policy.max_s)
         return self._call(get, INDEX, INDEX, first)
 
     def _parse_index(self, raw: bytes, split: str) -> None:
@@ -333,7 +333,7 @@ def remote_cache_dir(store: RemoteShards) -> Path:
     return cache_dir() / "remote" / f"{slug}-{digest}" / store.split
 
 
-def open_remote_shards(url: str | StoreURL, split: str = "train", *, retry: retries.RetryPolicy | None = None,
+def open_remote_shards(url: str | StoreURL, split: str = "train", *, retry: RetryPolicy | None = None,
                        cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None, **options):
     """``RemoteShards`` behind a local ``ShardCache`` (module docstring). ``cache_dir``: the
     cache's directory (default ``remote_cache_dir``); ``cache_bytes``: its cap (default: the
