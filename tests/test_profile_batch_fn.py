@@ -151,3 +151,21 @@ def test_a_loop_without_a_dataloader_has_its_batch_function_timed(tmp_path):
     assert all("batch_fn_s" in r for r in a.per_step)
     assert all(0.010 <= r["batch_fn_s"] <= r["span_s"] for r in a.per_step)  # each step's sleep, inside it
     assert a.verdict == "input-bound" and a.data_interval[0] > 0.5
+
+
+def test_a_generator_function_is_no_batch_function_to_time(tmp_path):
+    # its call makes the generator; the batches come from next() in the loop's header, which a timer of
+    # the call would never see (and its samples would be taken out of the sampled share)
+    mod = _module(tmp_path, "gen_mod", '''
+        import sys
+
+        def batches():
+            while True:
+                yield [1, 2]
+
+        def train():
+            for x in batches():
+                return sys._getframe()
+    ''')
+    frame = mod.train()
+    assert batch_function(frame, {frame.f_code: {frame.f_code.co_firstlineno + 1}}) is None

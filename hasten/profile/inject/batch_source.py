@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import inspect
 import os
 from functools import lru_cache
 
@@ -374,6 +375,10 @@ def batch_function(frame, lines: dict):
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
                 obj = f.f_globals.get(call.func.id)
                 code = getattr(obj, "__code__", None)
-                if code is not None and is_users(code.co_filename) and call.func.id not in f.f_code.co_varnames:
+                # a generator function's call only makes the generator: its batches come in the loop's
+                # next(), which its timing would never see
+                if (code is not None and is_users(code.co_filename) and call.func.id not in f.f_code.co_varnames
+                        and not code.co_flags & (inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+                                                 | inspect.CO_COROUTINE)):
                     return f.f_globals, call.func.id, obj
     return None
