@@ -90,10 +90,14 @@ def _forward_pre(st: State, mod, args):
         replayed = None
         if st.batch_lines is None and st.phase in ("warmup", "measure"):
             st.batch_lines = _batch_lines()
-            if batch_fn.kind_of(st.apply):  # a verification run's fix to the loop's batch function
-                batch_fn.install(st, sys._getframe())
-            elif st.batch_lines and not st.loaders:  # no DataLoader so far: time the batch function's calls
-                batch_fn.time_calls(st, sys._getframe())
+            try:
+                if batch_fn.kind_of(st.apply):  # a verification run's fix to the loop's batch function
+                    batch_fn.install(st, sys._getframe())
+                elif st.batch_lines and not st.loaders:  # no DataLoader so far: time the batch function's calls
+                    batch_fn.time_calls(st, sys._getframe())
+            except Exception as exc:  # a source hasten cannot read as it expects: the samples say what they can
+                if batch_fn.kind_of(st.apply):
+                    st.apply_error = f"applying it failed: {messages.error_line(exc)}"
         # Kept only when it is data: a generator's output that a discriminator takes is part of a graph
         # the step frees, and replayed it would take autograd through that graph a second time.
         if st.model_args is None and st.phase == "measure" and args and is_data(args):
