@@ -315,3 +315,16 @@ def test_the_workers_cpu_costs_the_step_no_more_than_its_measured_steps_took_ove
     a = analyse([rank], cpus={"available": 2.0})
     assert a.cpu["data_cpu_delay_s"] == pytest.approx(0.001) and a.cpu["data_cpu_observed_s"] == pytest.approx(0.001)
     assert a.data_share == pytest.approx((0.006 + 0.001) / 0.067)
+
+
+def test_on_a_core_shared_with_other_jobs_a_second_of_the_workers_cpu_costs_the_step_more():
+    # one thread on the 0.4 of a core other jobs leave: the step runs 40% of the time, and the 28 ms of
+    # worker CPU it makes room for are 70 ms of its wall time (a burner beside tests/profile_scripts/pinned_workers.py)
+    rank = _workers_rank(0.030, 0.060, alone=0.150, alone_cpu=0.060, wait=0.002, work=0.248)
+    rank["threads"] = {"intra_op": 1}
+    a = analyse([rank], cpus={"available": 0.4})
+    assert a.cpu["data_cpu_delay_s"] == pytest.approx((0.030 - 0.4 * 0.002) / 0.4)
+    # two threads on two free cores: each runs all the time, and a second taken is a second of the step's
+    rank2 = _workers_rank(0.004, 0.130, alone=0.060, alone_cpu=0.120, wait=0.006, work=0.064, recv_cpu=0.006)
+    rank2["threads"] = {"intra_op": 2}
+    assert analyse([rank2], cpus={"available": 2.0}).cpu["data_cpu_delay_s"] == pytest.approx(0.004)

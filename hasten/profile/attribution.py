@@ -73,12 +73,13 @@ def data_split(d: dict, measured: list[dict]) -> dict:
             "batch_found": found}
 
 
-def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_driven: bool) -> dict:
+def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_driven: bool, threads: int = 1) -> dict:
     """The CPU the training loader's workers take from the step's cores, and what that costs the step.
 
     The workers' CPU per step c is read from /proc (per step's batches). The step alone (its
-    replay: data made free, the workers idle with their queues full) keeps k = its CPU / its
-    wall time of the C cores the job has busy; the cores it leaves idle, and all C while the
+    replay: data made free, the workers idle with their queues full; the least disturbed of its
+    steps, as the workers finish the batches they were asked for ahead into the first ones)
+    keeps k = its CPU / its wall time of the C cores the job has busy; the cores it leaves idle, and all C while the
     loop waits in the loader for a batch not made yet, are where the workers run without
     taking anything from the step:
 
@@ -88,42 +89,50 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     and a worker is handed its next batch's indices at the end of it: it runs during the step.)
 
     The rest of c, ``max(0, c - idle)``, runs on the step's own cores, and each second of it
-    costs the step a second: torch's intra-op work is split evenly over its threads, which
-    meet at a barrier after each op, so one thread off its core holds up the others (work that
-    divided freely over k cores would lose a k-th of it: this is the upper end). That delay, as
+    costs the step a second of a thread's time: torch's intra-op work is split evenly over its
+    T threads, which meet at a barrier after each op, so one thread off its core holds up the
+    others (work that divided freely over k cores would lose a k-th of it: this is the upper
+    end). Where other jobs leave the job fewer cores than it has threads, a thread runs
+    C / T of the time, and a second of its CPU taken is T / C seconds of the step's:
+
+        delay = max(0, c - idle) / min(1, C / T)
+ That delay, as
     a share of the step as measured (``data_cpu_share``), adds to the data wait's share in the
     verdict. The step's own CPU is the replay's, not the measured steps': there, threads that
     spin at a barrier while another is off its core count as CPU the step needs (and so does a
     thread spinning between ops, where a worker taking its core costs nothing: the model is the
     upper end). So it never says more than was measured: the delay is at most what the measured
-    steps' work (less their wait) took over the replayed step's, medians both. Without
+    steps' work (less their wait, the median) took over the replayed step's. Without
     workers, the data CPU is spent in the loop's own thread, in turn with the step: it shows
     as the data wait."""
     if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0 or s.step_s <= 0:
         return {}
     c = s.worker_cpu_per_batch_s * max(1.0, micro)
     wait = s.wait_s
-    if s.step_alone_wall_s and s.step_alone_cpu_s is not None:
-        wall, own_cpu = s.step_alone_wall_s, s.step_alone_cpu_s
+    if s.calm_alone and s.calm_alone[0] > 0 and s.calm_alone[1] is not None:
+        wall, own_cpu = s.calm_alone
     else:  # no replay (dropped, or the command ended first): the measured steps outside their wait
         wall = max(s.step_s - wait, 1e-9)
         own_cpu = max(0.0, (s.cpu_s or 0.0) - (s.data_cpu_s or 0.0))
     k = min(cores, own_cpu / wall)
     idle = (cores - k) * wall + cores * max(0.0, wait - (s.data_cpu_s or 0.0))
     observed = math.inf  # the measured steps' work over the replayed step's: the most the delay can be
-    if s.step_alone_wall_s and s.work_median_s is not None:
-        observed = max(0.0, s.work_median_s - s.step_alone_wall_s)
+    if s.calm_alone and s.work_median_s is not None:
+        observed = max(0.0, s.work_median_s - s.calm_alone[0])
     # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
     n, q = s.worker_batches, s.in_flight
     c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
 
+    rate = min(1.0, cores / max(1, threads))  # of a core, what each of the step's threads gets
+
     def delay(c: float) -> float:
-        return min(max(0.0, c - idle), observed)
+        return min(max(0.0, c - idle) / rate, observed)
 
     def share(c: float) -> float:  # of the step as measured, what the workers' CPU on its cores adds
         return min(1.0 - wait / s.step_s, delay(c) / s.step_s)
 
     return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": own_cpu, "step_cores": k, "idle_core_s": idle,
+            "thread_rate": rate,
             "demand_cores": (c + own_cpu) / wall, "contended": delay(c) > 0, "data_cpu_delay_s": delay(c),
             "data_cpu_observed_s": observed if math.isfinite(observed) else None,
             "data_cpu_share": share(c), "data_cpu_share_interval": (share(c_lo), share(c_hi))}

@@ -29,8 +29,8 @@ def _why(a: Analysis) -> str:
     cpu = a.cpu or {}
     if a.verdict == "input-bound" and a.input_kind == "cpu":
         return (f"its data path competes with the step for the cores: the loader's workers' CPU costs the step "
-                f"{cpu['data_cpu_share']:.0%} ({cpu['data_cpu_delay_s'] * 1e3:.0f} of their "
-                f"{cpu['data_cpu_per_step_s'] * 1e3:.0f} ms a step run on the step's own cores: it keeps "
+                f"{cpu['data_cpu_share']:.0%} ({cpu['data_cpu_delay_s'] * 1e3:.0f} ms a step: their "
+                f"{cpu['data_cpu_per_step_s'] * 1e3:.0f} ms of CPU run on the step's own cores, it keeps "
                 f"{cpu['step_cores']:.1f} of {cpu['available']:.2f} cores busy), and the step waits for data "
                 f"{a.data_wait_fraction:.0%} of the time: data {a.data_share:.0%} in all "
                 f"(95% interval {_interval(a)})")

@@ -216,6 +216,9 @@ class RankSummary:
     other_s: float = 0.0  # per step, neither data, compute nor communication
     batch_found: bool = True  # without a DataLoader: the lines that make the batch were found
     work_median_s: float | None = None  # the median measured step less its data wait (set against the replay's)
+    # the replayed step least disturbed (the first left out): its wall time and CPU. The workers go on making
+    # the batches they were asked for ahead (workers x prefetch) into the replay's first steps, on its cores.
+    calm_alone: tuple[float, float] | None = None
     worker_batches: int = 0  # batches drawn from the workers over the window ...
     in_flight: int = 0  # ... give or take the batches they may hold made ahead (workers x prefetch)
 
@@ -240,7 +243,9 @@ def summarise_rank(d: dict) -> RankSummary:
     split = attribution.data_split(d, measured)
     if wc.get("cpu_s") is not None and wc.get("batches"):
         split.update(worker_batches=wc["batches"], in_flight=wc.get("in_flight") or 0)
+    calm = min(alone[1:] or alone, key=lambda r: r["work_s"]) if alone else None
     return RankSummary(**split, work_median_s=statistics.median(r["work_s"] for r in measured),
+        calm_alone=(calm["work_s"], calm.get("compute_cpu_s", calm.get("cpu_s"))) if calm else None,
         rank=d["rank"], step_s=_mean(_g(r, "span_s") for r in measured),
         own_step_s=_mean(r.get("own_wait_s", r["wait_s"]) + _g(r, "own_s") for r in measured),
         wait_s=_mean(r["wait_s"] for r in measured), work_s=_mean(r["work_s"] for r in measured),
@@ -333,8 +338,9 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
     a.cpu.update(producer_s=producer, data_cpu_s=data_cpu, main_cpu_s=main_cpu)
 
     def step_with(w: int, e: float = 1.0) -> tuple[float, str]:
-        if w == 0:  # made in the loop: its making (at most the workers' CPU for it), no hand-off
-            return rest + data_cpu / e, "making the batches in the loop"
+        if w == 0:  # made in the loop: its making (at most the workers' CPU for it, at the rate the loop's
+            # thread gets a core: attribution.cpu_use), no hand-off
+            return rest + data_cpu / e / a.cpu.get("thread_rate", 1.0), "making the batches in the loop"
         parts = {"rest of the step": rest + handoff + (receive + delay) / e, "producers": producer / e / w,
                  "CPU": (data_cpu / e + main_cpu) / cores}
         key = max(parts, key=parts.get)
@@ -607,7 +613,8 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
         produce = None
     r = produce / alone if produce is not None and alone > 0 else None
     cores = cores_for_run(cpus or cpu_available(probe_s=0), d0.get("cpu_window"))
-    cpu_use = attribution.cpu_use(s0, alone, cores["available"], micro, loader_driven)
+    cpu_use = attribution.cpu_use(s0, alone, cores["available"], micro, loader_driven,
+                                  threads=(d0.get("threads") or {}).get("intra_op") or 1)
     share, lo, hi, kind = wait, w_lo, w_hi, "wait"
     if cpu_use.get("contended"):  # the workers' CPU on the step's cores adds to the step, beside its wait
         c_lo, c_hi = cpu_use["data_cpu_share_interval"]
