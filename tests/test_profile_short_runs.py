@@ -60,3 +60,13 @@ def test_a_command_that_fails_inside_the_window_is_not_reported_as_ended_on_its_
     with pytest.raises(ProfileFailed) as exc:
         profile(ProfileConfig((sys.executable, str(script)), warmup=3, steps=1000, capture=True), log=lambda m: None)
     assert exc.value.exit_code == 4 and "failed with exit code 4 after 20 steps" in str(exc.value)
+
+
+def test_a_window_of_millisecond_steps_goes_on_to_a_second():
+    # 12 steps of a 1 ms sleep are 12 ms: one time slice of another job would be most of it. The window
+    # doubles until it has lasted a second (the script runs far longer than that).
+    cmd = (sys.executable, str(SCRIPTS / "short_run.py"), "--steps", "100000", "--batch-sleep", "0.001")
+    a = profile(ProfileConfig(cmd, warmup=3, steps=12, probe_steps=3, capture=True, timeout_s=120),
+                log=lambda m: None)
+    assert not a.ended_early and a.extended >= 1 and a.steps >= 24
+    assert sum(r["span_s"] for r in a.per_step) > 0.5

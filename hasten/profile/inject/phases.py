@@ -47,6 +47,9 @@ def replay_kinds(st: State) -> tuple[str, ...]:
 
 ORDER = ("warmup", "measure", "replay", "loader_alone", "done")
 WORKER_QUEUES = 5  # the stopping rule wants at least this many prefetch queues of batches in the window
+# ... and a window at least this long: a scheduler's time slice (milliseconds) landing in one step of a
+# window of sub-millisecond steps is most of it (pytorch/examples' regression/main.py: 12 steps, 11 ms)
+MIN_WINDOW_S = 1.0
 
 
 def advance(st: State) -> None:
@@ -114,8 +117,9 @@ def close_window(st: State) -> None:
 
 def _measure_on(st: State) -> bool:
     """The stopping rule: whether the window goes on, because the data share's interval straddles a
-    verdict threshold that more steps could settle, and twice the window still fits the time bound
-    (``--decide-within``). Every rank takes the same decision (any rank's need)."""
+    verdict threshold that more steps could settle, or it is shorter than :data:`MIN_WINDOW_S`, and
+    twice the window still fits the time bound (``--decide-within``). Every rank takes the same
+    decision (any rank's need)."""
     if st.settings.decide_s <= 0:  # the same on every rank: no rank waits for the others' answer
         return False
     flag = False
@@ -127,6 +131,7 @@ def _measure_on(st: State) -> bool:
         # The workers' CPU per batch is their CPU over the window by the batches drawn in it; they may have
         # made up to a full prefetch queue more or fewer: a window of at least five queues keeps that within 20%.
         flag = flag or _training_batches(st) - st.worker_cpu.get("batches0", 0) < WORKER_QUEUES * _in_flight(st)
+        flag = flag or elapsed < MIN_WINDOW_S
     flag = _any_rank(st, flag)
     if flag:
         st.extended += 1
