@@ -403,7 +403,8 @@ def ended_early_note(ranks: list[dict], analysis: Analysis) -> str:
     """What a report from a command that ended inside the measured window rests on, and how to get more."""
     d = ranks[0]
     lo, hi = analysis.data_interval
-    why = ("while hasten measured on to decide its data share" if d.get("extended") else
+    why = ("while hasten measured on (its window doubles until the data share is decided and it has lasted a "
+           "second)" if d.get("extended") else
            f"before the {d['warmup']} warm-up + {d['steps']} measured steps asked for were done")
     decided = ("too short to decide at the usual confidence" if analysis.near is not None
                else "enough to decide the verdict")
