@@ -46,7 +46,7 @@ import numpy as np
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, plus_minus
+from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, paired_ratios, plus_minus
 
 PACKAGES = ("obstore", "s3fs", "fsspec", "aiohttp", "aiobotocore", "moto", "rangehttpserver")
 PART = 8 << 20
@@ -173,6 +173,12 @@ def main() -> None:
     for name, runs in samples.items():
         results[name] = {"mb_per_s": mean_ci([gb * 1e3 / wall for wall, _ in runs]),
                          "cpu_s_per_gb": mean_ci([cpu / gb for _, cpu in runs])}
+    # obstore's CPU per GB over the other client's, per repeat (both ran in the same repeat).
+    pairs = {f"{kind} {how}": (f"{kind} obstore {how}", f"{kind} {other} {how}")
+             for kind, other in (("s3", "s3fs"), ("http", "fsspec")) for how in ["whole"] +
+             [f"ranged x{c}" for c in concurrency]}
+    ratios = {name: mean_ci(paired_ratios(results[a]["cpu_s_per_gb"]["values"], results[b]["cpu_s_per_gb"]["values"]))
+              for name, (a, b) in pairs.items() if a in results and b in results}
     versions = {}
     for p in PACKAGES:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
@@ -183,10 +189,13 @@ def main() -> None:
     for name, r in sorted(results.items()):
         print(f"{name:<26} {plus_minus(r['mb_per_s']['mean'], r['mb_per_s']['ci95'], '.0f'):>16} "
               f"{plus_minus(r['cpu_s_per_gb']['mean'], r['cpu_s_per_gb']['ci95'], '.2f'):>16}")
+    for name, r in ratios.items():
+        print(f"CPU per GB, obstore / the other client, {name}: {plus_minus(r['mean'], r['ci95'], '.2f')}")
     print(cond.summary())
     write_json(args.out, {"command": " ".join(sys.argv), "objects": args.objects, "mib": args.mib,
                           "part_bytes": PART, "repeats": args.repeats, "concurrency": concurrency,
-                          "results": results, "versions": versions, "conditions": cond.as_dict()})
+                          "results": results, "obstore_cpu_ratio": ratios, "versions": versions,
+                          "conditions": cond.as_dict()})
     print(f"wrote {args.out}")
 
 
