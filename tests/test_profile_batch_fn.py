@@ -4,7 +4,6 @@
 Whether a fix was applied is read from counts the script writes (row() calls per batch), never from
 timing: the speed-ups are the verification's to measure, not this test's to bound."""
 
-import ast
 import json
 import sys
 import textwrap
