@@ -88,9 +88,27 @@ class _Failure:
         self.exc = exc
 
 
+def _start_without_sigint(p) -> None:
+    """Start worker ``p`` with SIGINT blocked, so that a Ctrl-C sent to the process group while
+    it starts waits (in the parent, for its handler) instead of killing the new worker before it
+    ignores SIGINT: a CI run saw such a worker exit 1, and the run end as "a decode worker
+    process died" instead of the one line of a stop."""
+    if not hasattr(signal, "pthread_sigmask"):
+        p.start()
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _worker_main(fn, tasks, results) -> None:
-    # Ctrl-C is the parent's to handle; a worker just stops when told to.
+    # Ctrl-C is the parent's to handle; a worker just stops when told to. It starts with
+    # SIGINT blocked (_start_without_sigint): ignored first, then unblocked, one pending is dropped.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # A forked worker inherits the parent's SIGTERM handler, which raises an exception
     # for the parent to report; here it would print a traceback per worker when the
     # whole process group is stopped (timeout, Slurm). The default action: exit quietly.
@@ -160,7 +178,7 @@ class _OrderedMap:
             for k in range(self.workers):
                 p = self.ctx.Process(target=_worker_main, args=(self.fn, tasks, results), daemon=True,
                                      name=f"{WORKER_NAME}-{k}")
-                p.start()
+                _start_without_sigint(p)
                 procs.append(p)
 
             def put(number, item):
