@@ -12,6 +12,7 @@ Nothing here reads a clock: what is checked is whether the report came and what 
 
 import json
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,7 +95,10 @@ def test_a_replayed_step_that_raises_in_the_loop_drops_the_replay_and_reports_th
                  sys.executable, str(SCRIPTS / "lstm.py"), "--reject-repeated-batch"])
     out = capsys.readouterr().out
     assert code == 0  # the failure was the probe's, after the measured steps: not the command's
-    assert f"{STEPS} steps after {WARMUP} warm-up" in out
+    # the report is the measured steps' (STEPS of them; fewer when a step stalled beside other jobs
+    # is left out, more when the window went on to its shortest length)
+    measured = re.search(rf"(\d+) steps after {WARMUP} warm-up", out)
+    assert measured and int(measured.group(1)) >= 3
     assert "probe dropped: replay: its replayed step raised ValueError: this batch was seen before (at lstm.py:" in out
     assert "probe dropped: autocast: it is compared with the replayed step" in out
 
