@@ -8,10 +8,12 @@ from store_servers import FaultProxy, moto_s3, range_http, s3_env, upload
 
 from hasten.errors import StoreError
 from hasten.stream.pack import pack
+from hasten.stream.epoch_plan import epoch_plan, plan_records
 from hasten.stream.remote_store import RemoteShards, open_remote_shards
 from hasten.stream.retry import RetryPolicy
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.shard_store import open_shards
+from hasten.stream.tar_members import read_member
 
 FAST = RetryPolicy(retries=4, first_s=0.01, max_s=0.05)
 KINDS = ("s3", "http")
@@ -172,6 +174,52 @@ def test_each_example_once_per_epoch_through_faults_and_epoch_two_from_the_cache
     # Memory: reads in progress never held more than the shards read ahead.
     assert 0 < store.peak_bytes <= loader.prefetch * max(store.sizes)
     assert store.bytes_read >= sum(store.sizes)  # every shard came whole (more where a body was cut)
+
+
+def test_a_shard_is_streamed_into_its_cache_file_and_read_where_it_lies(remote, tmp_path):
+    """With the whole split under the cap, every shard (epoch 1 too) reaches the loader as a
+    scanned cache file: records carry where their image is in that file, not its bytes, and
+    no more than the parts in flight were ever in memory (less than one shard)."""
+    url, proxy, _ = remote
+    cache = open_remote_shards(url, "train", retry=FAST, cache_dir=tmp_path / "cache", part_bytes=8192,
+                               connections=2)
+    store = cache.store
+    proxy.inject("truncate", store.names[0], times=1)
+    proxy.inject("reset", store.names[1], times=1)
+    plan = epoch_plan(store.examples, epoch=0, seed=1)
+    records = [r for _, r in plan_records(cache, plan, prefetch=2, lazy=True)]
+    assert sorted(r.key for r in records) == list(range(54))
+    files = {str(p) for p in (tmp_path / "cache").glob("*.tar")}
+    assert len(files) == len(store) and not list((tmp_path / "cache").glob(".*"))  # no temporary left
+    good = [r for r in records if r.reason is None]
+    assert good and all(r.data is None and r.where[0] in files for r in good)
+    assert all(read_member(r.where)[:2] == b"\xff\xd8" for r in good)  # JPEG bytes where they were said to be
+    assert 0 < store.peak_bytes <= 2 * 8192 < max(store.sizes)
+    assert cache.misses == len(store) and store.retries >= 2
+
+
+def test_with_a_cap_below_the_split_shards_are_read_whole_and_still_once(remote, tmp_path):
+    """A cache that may evict could remove a file whose images wait to be decoded: shards
+    are then read whole (records carry their bytes), each example still once per epoch."""
+    url, _, _ = remote
+    cache = open_remote_shards(url, "train", retry=FAST, cache_dir=tmp_path / "small", cache_bytes=100_000)
+    assert not cache.keeps_everything() and cache.shard_file(0) is None
+    loader = ShardLoader(cache, batch_size=8, image_size=16, with_keys=True)
+    for _ in range(2):
+        assert sorted(epoch_keys(loader)) == list(range(54))
+    assert cache.evictions > 0 and cache.nbytes <= 100_000
+    records = [r for _, r in plan_records(cache, epoch_plan(cache.examples, epoch=0), lazy=True)]
+    assert all(r.where is None for r in records) and any(r.data for r in records)
+
+
+def test_a_shard_that_never_succeeds_through_the_cache_leaves_no_file(remote, tmp_path):
+    url, proxy, _ = remote
+    cache = open_remote_shards(url, "train", retry=RetryPolicy(retries=1, first_s=0.01, max_s=0.01),
+                               cache_dir=tmp_path / "cache", part_bytes=8192)
+    proxy.inject("503", cache.store.names[2], times=10**6)
+    with pytest.raises(StoreError, match=cache.store.names[2]):
+        cache.shard_file(2)
+    assert list((tmp_path / "cache").iterdir()) == []  # neither the shard nor a temporary
 
 
 def test_two_ranks_sharing_one_cache_split_each_epoch_exactly(remote, tmp_path):

@@ -98,6 +98,52 @@ def test_loader_behind_slow_storage_and_cache_reads_slowly_once(packed, tmp_path
     assert cache.hits == len(shards)
 
 
+def test_shard_file_fetches_once_and_keeps_a_copy_another_rank_placed(packed, tmp_path):
+    shards = open_shards(packed, "train")
+    rank0, rank1 = (ShardCache(Counting(shards), tmp_path / "host", max_bytes=sum(shards.sizes)) for _ in range(2))
+    path = rank0.shard_file(4)
+    assert path.read_bytes() == shards[4] and rank0.store.reads == [4] and rank0.misses == 1
+    inode = path.stat().st_ino
+    assert rank1.shard_file(4) == path and rank1.store.reads == [] and rank1.hits == 1
+    # Both missed at once: the later copy does not replace the one in place (its offsets may be in use).
+    late = ShardCache(Counting(shards), tmp_path / "host", max_bytes=sum(shards.sizes))
+    late._place(late._file(4), _copy(shards[4], tmp_path / "late.tmp"), shards.sizes[4])
+    assert path.stat().st_ino == inode
+    # A damaged copy (wrong size) is fetched again and replaced.
+    path.write_bytes(shards[4][:1024])
+    assert rank1.shard_file(4).read_bytes() == shards[4] and rank1.store.reads == [4]
+
+
+def _copy(data: bytes, path):
+    path.write_bytes(data)
+    return path
+
+
+def test_shard_file_only_when_nothing_can_be_evicted(packed, tmp_path):
+    shards = open_shards(packed, "train")
+    small = ShardCache(Counting(shards), tmp_path / "a", max_bytes=sum(shards.sizes) - 1)
+    assert small.shard_file(0) is None and small.store.reads == []  # cache[i] (whole bytes) then
+    unknown = ShardCache(Counting(open_shards(shards.paths)), tmp_path / "b", max_bytes=10**9)
+    assert unknown.shard_file(0) is None  # no index: the split's size is not known
+
+
+def test_loader_over_a_cache_that_keeps_everything_scans_its_files(packed, tmp_path):
+    """Behind a cache that holds the split, the loader reads cached shards as local ones
+    (the images' places in the cache files) and gives the batches the local shards give."""
+    shards = open_shards(packed, "train")
+    slow = SlowStorage(shards, latency_s=0.001)
+    cache = ShardCache(slow, tmp_path / "c", max_bytes=sum(shards.sizes))
+    from hasten.stream.epoch_plan import epoch_plan, plan_records
+
+    records = [r for _, r in plan_records(cache, epoch_plan(cache.examples, epoch=0), lazy=True)]
+    assert all(r.data is None and r.where[0].startswith(str(tmp_path / "c")) for r in records if r.reason is None)
+    plain = ShardLoader(shards, batch_size=6, image_size=16, seed=2, with_keys=True, workers=1)
+    cached = ShardLoader(cache, batch_size=6, image_size=16, seed=2, with_keys=True, workers=1)
+    for a, b in zip(plain, cached, strict=True):
+        assert all(np.array_equal(u.numpy(), v.numpy()) for u, v in zip(a, b))
+    assert slow.reads == len(shards)
+
+
 def test_rejects_a_bad_cap(tmp_path):
     with pytest.raises(ValueError, match="max_bytes"):
         ShardCache([], tmp_path, max_bytes=-1)

@@ -90,8 +90,10 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
     """(place in the rank's order, ``Record``) from ``position`` on, reading from
     ``store`` only the shards that still hold examples due, ``prefetch`` at a time.
 
-    ``lazy``: local shard files (``ShardFiles``) are scanned, not read (``scan_shard``):
-    the records carry where their images are (``Record.where``), for the decoder to read.
+    ``lazy``: a shard the store hands over as a complete local file (``shard_file(i)``:
+    ``ShardFiles``, and a ``ShardCache`` that keeps every shard, fetching it into the file
+    first) is scanned, not read (``scan_shard``): the records carry where their images
+    are (``Record.where``), for the decoder to read.
     A store whose class defines ``shard_records(i, lazy=)`` (a source of examples rather
     than of tar bytes: ``hasten.stream.virtual_shards``) hands over its records directly;
     a wrapper that only forwards attributes (``SlowStorage``, ``ShardCache``) does not
@@ -117,12 +119,16 @@ def plan_records(store, plan: EpochPlan, position: int = 0, *, prefetch: int = 2
     # Looked up on the class: an attribute forwarded by a wrapper's __getattr__ would skip the wrapper.
     direct = getattr(type(store), "shard_records", None)
 
+    local_file = getattr(type(store), "shard_file", None)
+
     def read(s: int):
-        if lazy and isinstance(store, ShardFiles) and hasattr(os, "pread"):  # (not on Windows)
-            scanned = scan_shard(store.paths[s], store.names[s], expected=int(counts[s]),
-                                 size=sizes[s] if sizes is not None else None)
-            if scanned is not None:
-                return None, None, scanned
+        if lazy and local_file is not None and hasattr(os, "pread"):  # (not on Windows)
+            path = local_file(store, s)
+            if path is not None:
+                scanned = scan_shard(path, store.names[s], expected=int(counts[s]),
+                                     size=sizes[s] if sizes is not None else None)
+                if scanned is not None:
+                    return None, None, scanned
         if direct is not None:
             records = direct(store, s, lazy=lazy)
             if len(records) != counts[s]:

@@ -22,9 +22,13 @@ shard or stops.
 ``ShardCache`` in front, in ``$HASTEN_CACHE/remote/<the URL and index>/<split>``,
 which the ranks of one host share: epoch 1 reads from the store, later epochs from
 the disk. The loader reads ``prefetch`` shards ahead of its decode workers
-(``hasten.stream.epoch_plan.plan_records``), so what is in memory is bounded by
-that many shards, whole bytes in hand (the decode workers receive the bytes, as
-from any store that is not local files).
+(``hasten.stream.epoch_plan.plan_records``). When the cache holds the whole split
+(the default cap, disk permitting), each shard is streamed into its cache file part
+by part (``write_to``: at most ``connections`` parts in memory) and then read as a
+local shard is: its tar headers scanned, each image read by the decode worker that
+decodes it, in epoch 1 as in epoch 2. With a smaller cap a shard could be evicted
+while its images wait, so it is read whole (``store[i]``) and memory is bounded by
+``prefetch`` shards.
 
 The client is obstore (the Rust ``object_store`` crate), an optional dependency
 (``pip install 'hasten[remote]'``), imported when a URL is opened; chosen over
@@ -48,7 +52,7 @@ import os
 import re
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import timedelta
 from pathlib import Path
 
@@ -229,6 +233,40 @@ class RemoteShards:
         if len(data) != size:  # (each part was checked; this holds by construction)
             raise StoreError(f"shard {name} of {self.url}: {len(data)} bytes read, the index says {size}")
         return data
+
+    def write_to(self, i: int, fd: int) -> None:
+        """Shard i written into the open file ``fd``, each part at its offset as it arrives
+        (``ShardCache.shard_file``): a part is in memory only from its arrival to its write,
+        so at most ``connections`` parts at once, and nothing is joined or copied here.
+        Raises ``StoreError`` as ``store[i]`` does, ``OSError`` when the file cannot be written."""
+        name, size = self.names[i], self.sizes[i]
+        os.ftruncate(fd, 0)
+        parts = [self._pool.submit(self._part_to_file, name, start, min(start + self.part_bytes, size), fd)
+                 for start in range(0, size, self.part_bytes)]
+        try:
+            for p in parts:
+                p.result()
+        finally:
+            for p in parts:
+                p.cancel()
+            # Parts already running write into fd: the caller closes it only once they have stopped.
+            wait(parts)
+        written = os.fstat(fd).st_size
+        if written != size:  # (each part was checked; this holds by construction)
+            raise StoreError(f"shard {name} of {self.url}: {written} bytes written, the index says {size}")
+
+    def _part_to_file(self, name: str, start: int, end: int, fd: int) -> None:
+        body = self._part(name, start, end)
+        with self._lock:
+            self._held += len(body)
+            self.peak_bytes = max(self.peak_bytes, self._held)
+        try:
+            view, done = memoryview(body), 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], start + done)
+        finally:
+            with self._lock:
+                self._held -= len(body)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

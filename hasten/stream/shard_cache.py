@@ -15,6 +15,16 @@ itself, so ``ShardLoader`` takes it as is; other attributes (``examples``,
 ``classes``) pass through. With the cap smaller than the data, an epoch that
 reads shards in a new order still finds the most recently used ones locally.
 
+``shard_file(i)`` gives shard i as a complete local file instead of its bytes, fetched
+into the cache first when it is not there (a store with ``write_to(i, fd)``, such as
+``hasten.stream.remote_store.RemoteShards``, writes each part straight into the file as
+it arrives: the shard is never whole in memory). The loader then reads it like any
+local shard: it scans the tar headers and the decode workers read each image from the
+file (``hasten.stream.tar_members.scan_shard``). That needs the file to stay put until
+the epoch's images are decoded, so it is offered only when nothing is ever evicted:
+the cap holds the whole split (its sizes known from an index). Otherwise the shard is
+read whole, as ``cache[i]``.
+
 Based on: Kumar et al., "Scale MLPerf-0.6 models on Google TPU-v3 Pods" (2019),
 section on input pipelines ("sharing and caching" of the training data).
 
@@ -71,32 +81,41 @@ class ShardCache:
         tag = hashlib.sha1(name.encode()).hexdigest()[:8]
         return f"{Path(name).stem}-{tag}.tar"
 
-    def __getitem__(self, i: int) -> bytes:
-        file = self._file(i)
+    def _expected(self, i: int) -> int | None:
         sizes = getattr(self.store, "sizes", None)
-        expected = sizes[i] if sizes is not None else None
-        path = self.directory / file
+        return sizes[i] if sizes is not None else None
+
+    def _touch(self, file: str) -> bool:
+        """Marks ``file`` most recently used; whether this cache already counted it."""
         with self._lock:
             known = file in self._files
             if known:
                 self._files.move_to_end(file)
+        return known
+
+    def _found(self, file: str, size: int, known: bool) -> None:
+        with self._lock:
+            self.hits += 1
+            if not known:
+                self._bytes += size - self._files.pop(file, 0)
+                self._files[file] = size
+        try:
+            os.utime(self.directory / file)  # other processes sharing the directory see the use
+        except OSError:
+            pass
+
+    def __getitem__(self, i: int) -> bytes:
+        file, expected = self._file(i), self._expected(i)
+        known = self._touch(file)
         # Looked for even when this process did not write it: another rank of the host (or
         # a run before) may have, since this cache listed the directory. Files appear only
         # whole (renamed into place), so one that is there is complete.
         try:
-            data = path.read_bytes()
+            data = (self.directory / file).read_bytes()
         except OSError:
             data = None  # not there (evicted by another process), or unreadable: read it from the store
         if data is not None and (expected is None or len(data) == expected):
-            with self._lock:
-                self.hits += 1
-                if not known:
-                    self._bytes += len(data) - self._files.pop(file, 0)
-                    self._files[file] = len(data)
-            try:
-                os.utime(path)  # other processes sharing the directory see the use
-            except OSError:
-                pass
+            self._found(file, len(data), known)
             return data
         data = self.store[i]
         with self._lock:
@@ -104,22 +123,96 @@ class ShardCache:
         self._put(file, data)
         return data
 
+    def keeps_everything(self) -> bool:
+        """Whether nothing can be evicted: the split's sizes are known and fit under the cap."""
+        sizes = getattr(self.store, "sizes", None)
+        return sizes is not None and None not in sizes and sum(sizes) <= self.max_bytes
+
+    def shard_file(self, i: int) -> Path | None:
+        """Shard i as a complete file in the cache (its size checked against the index),
+        fetched into it first when missing; None when the cache may evict (``keeps_everything``
+        is false: read ``cache[i]`` instead) or cannot write to its disk."""
+        if not self.keeps_everything():
+            return None
+        file, expected = self._file(i), self._expected(i)
+        path = self.directory / file
+        known = self._touch(file)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = None
+        if size == expected:
+            self._found(file, size, known)
+            return path
+        tmp = self._tmp(file)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError:
+            return None
+        try:
+            try:
+                # Looked up on the class: one forwarded by a wrapper (SlowStorage) would skip the wrapper.
+                if hasattr(type(self.store), "write_to"):
+                    self.store.write_to(i, fd)  # part by part, as they arrive
+                else:
+                    _write_all(fd, self.store[i])
+                written = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            if written != expected:  # (the store checked every part; this holds unless the disk lied)
+                raise OSError(f"{written} bytes written, the index says {expected}")
+            with self._lock:
+                self.misses += 1
+            self._place(file, tmp, written)
+        except OSError:
+            return None  # a full or read-only disk: the caller reads the shard whole
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path if path.exists() else None
+
+    def _tmp(self, file: str) -> Path:
+        return self.directory / f".{file}.{os.getpid()}.{threading.get_ident()}.tmp"
+
     def _put(self, file: str, data: bytes) -> None:
         if len(data) > self.max_bytes:
             return  # would evict everything and still not fit
-        tmp = self.directory / f".{file}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp = self._tmp(file)
         try:
             tmp.write_bytes(data)
-            os.replace(tmp, self.directory / file)
+            self._place(file, tmp, len(data))
         except OSError:
-            tmp.unlink(missing_ok=True)
             return  # a full or read-only disk makes the cache a no-op, not a failure
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _place(self, file: str, tmp: Path, size: int) -> None:
+        """Moves the complete ``tmp`` into place as ``file`` and evicts what no longer fits."""
+        dest = self.directory / file
+        try:
+            # A hard link, not a rename over: a complete copy another rank put there first stays
+            # (its scanned offsets may be in use by that rank's decode workers).
+            os.link(tmp, dest)
+        except FileExistsError:
+            try:
+                theirs = dest.stat().st_size
+            except OSError:
+                theirs = None
+            if theirs != size:  # a damaged copy, or none any more: ours replaces it
+                os.replace(tmp, dest)
+        except OSError:
+            os.replace(tmp, dest)  # a file system without hard links
         with self._lock:
             self._bytes -= self._files.pop(file, 0)
-            self._files[file] = len(data)
-            self._bytes += len(data)
+            self._files[file] = size
+            self._bytes += size
             while self._bytes > self.max_bytes:
-                old, size = self._files.popitem(last=False)
-                self._bytes -= size
+                old, old_size = self._files.popitem(last=False)
+                self._bytes -= old_size
                 self.evictions += 1
                 (self.directory / old).unlink(missing_ok=True)
+
+
+def _write_all(fd: int, data) -> None:
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.write(fd, view[done:])

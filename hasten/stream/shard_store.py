@@ -62,6 +62,10 @@ class ShardFiles:
         except OSError as e:
             raise DataError(f"cannot read shard {self.names[i]}: {e.strerror or e}") from None
 
+    def shard_file(self, i: int) -> Path:
+        """Shard i as a local file (``hasten.stream.epoch_plan.plan_records`` scans it)."""
+        return self.paths[i]
+
     def read_into(self, i: int, buffer: bytearray | None = None) -> tuple[bytearray, memoryview]:
         """Shard i read into ``buffer`` (grown when too small, else reused): (the buffer,
         a view of the shard's bytes in it). A loader that parses each shard and copies its
