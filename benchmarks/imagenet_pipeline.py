@@ -264,7 +264,7 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
             packed = chunk_decode.pack_chunk(c, pool, batches)
             t_pack += time.process_time() - t
             t = time.process_time()
-            chunk_decode.decode_chunk(packed, image_size=size, seed=seed, epoch=0, train=True)
+            chunk_decode.decode_chunk(packed, image_size=size, seed=seed, epoch=0, crop="random-resized")
             t_total += time.process_time() - t
             pool.release_oldest()  # the chunk is decoded: its buffers serve the next one
             batches.arrived(0)

@@ -29,7 +29,7 @@ def test_chunks_decode_the_same_in_workers_started_by_fork_or_spawn(shards, star
     plan = epoch_plan(shards.examples, epoch=0, seed=3)
     chunk = list(plan_records(shards, plan, lazy=lazy))[:6]
     assert all((r.where is not None) == lazy for _, r in chunk)
-    decode = partial(decode_chunk, image_size=20, seed=3, epoch=0, train=True)
+    decode = partial(decode_chunk, image_size=20, seed=3, epoch=0, crop="random-resized")
     here = decode(chunk)
     close_files()  # (the descriptors this process opened to read the images)
     batches = BatchPool((6, 20, 20, 3), cap=1)

@@ -1,18 +1,29 @@
-"""Decoding chunks of shard records in worker processes: fused decode + crop into batches.
+"""Decoding chunks of shard records in worker processes: decode + crop into batches.
 
 ``pack_chunk`` copies a chunk's image bytes once into a reused shared-memory buffer
 (``PackedChunk``: the worker receives a file descriptor, not the bytes through a pipe);
-``decode_chunk`` runs ``hasten.stream.fused_crop`` on each record, in a worker of
+``decode_chunk`` decodes each record as its ``crop`` says, in a worker of
 ``hasten.data.workers.ordered_map``, writing the crops into the chunk's reused batch
-(``DecodedChunk``). Records that ``hasten.stream.tar_members.scan_shard`` left in their
+(``DecodedChunk``). The crops (``CROPS``):
+
+- ``random-resized``: fused decode + random-resized crop + flip (``hasten.stream.fused_crop``),
+  the ImageNet training augmentation;
+- ``center``: the fused centre crop, for evaluation;
+- ``pad-crop``: the whole image resized to the size (shorter side, then the centre square;
+  ``hasten.data.decode.decode_fitted``), then a random crop of it reflect-padded by 4 and a
+  flip (``hasten.data.host_augment.keyed_crop_flip``): the CIFAR augmentation, for small images;
+- ``whole``: the whole image resized, no augmentation (small images' evaluation, and the
+  decode before an example-before echo stage, which then augments each copy itself).
+
+Every random choice is keyed by (seed, epoch, example): a crop does not depend on the
+worker that made it, on the chunk it was in, or on a resume. Records that ``hasten.stream.tar_members.scan_shard`` left in their
 shard file are read here, where they are decoded. ``default_image_size`` picks the
 training size from the images when none is given.
 
 Bad input: an undecodable image, or one whose bytes cannot be read, is listed in
 ``DecodedChunk.bad`` by name with its reason, never raised: the loader counts it.
 
-Changes the training math: no (the crops are the random-resized crops and flips of
-``hasten.stream.fused_crop``, keyed per example).
+Changes the training math: no (the crops are the usual augmentations, keyed per example).
 """
 
 from __future__ import annotations
@@ -23,10 +34,29 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hasten.data.decode import BadImageError, bad_reason
+from hasten.data.decode import BadImageError, bad_reason, decode_fitted
+from hasten.data.host_augment import keyed_crop_flip
 from hasten.stream.fused_crop import ExampleRngs, fused_crop, image_size_of
 from hasten.stream.shared_buffers import BatchPool, BufferPool, shared_uint8
 from hasten.stream.tar_members import Record, read_shard, with_bytes
+
+
+CROPS = ("random-resized", "center", "pad-crop", "whole")
+# Each crop without its augmentation: what an example-before echo stage decodes before it.
+UNAUGMENTED = {"center": "center", "pad-crop": "whole", "whole": "whole"}
+
+
+def check_crop(crop: str) -> str:
+    if crop not in CROPS:
+        raise ValueError(f"unknown crop {crop!r}; accepted: {', '.join(CROPS)}")
+    return crop
+
+
+def pad_crop_seed(seed: int, epoch: int) -> int:
+    """The seed of ``keyed_crop_flip`` for the ``pad-crop`` of ``epoch``: one function for the
+    decode workers and for an echo stage that augments after them, so that echoing with e = 1
+    trains on exactly the crops of no echoing."""
+    return seed * 1_000_003 + epoch
 
 
 @dataclass
@@ -82,8 +112,8 @@ def pack_chunk(chunk: list[tuple[int, Record]], pool: BufferPool | None = None,
 
 
 def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: int, seed: int, epoch: int,
-                 train: bool, antialias: bool = False) -> DecodedChunk:
-    """Fused decode + crop of a list of (place, Record); bad ones are listed, not raised."""
+                 crop: str, antialias: bool = False) -> DecodedChunk:
+    """Decode + ``crop`` (``CROPS``) of a list of (place, Record); bad ones are listed, not raised."""
     if mp.parent_process() is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)  # one thread per worker process, as in DataLoader workers
     out = chunk.out if isinstance(chunk, PackedChunk) else None
@@ -108,18 +138,31 @@ def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: i
             bad.append((r.name, r.reason))
             continue
         try:
-            rng = rngs(seed, epoch, r.key) if train else None
-            # Each crop is written straight into its slot of the chunk (no second copy).
-            fused_crop(r.data, r.name, image_size, rng=rng, out=view[len(keys)], antialias=antialias)
+            if crop in ("pad-crop", "whole"):
+                view[len(keys)] = _whole(r.data, r.name, image_size)
+            else:
+                rng = rngs(seed, epoch, r.key) if crop == "random-resized" else None
+                # Each crop is written straight into its slot of the chunk (no second copy).
+                fused_crop(r.data, r.name, image_size, rng=rng, out=view[len(keys)], antialias=antialias)
         except BadImageError as e:
             bad.append((r.name, bad_reason(e, r.name)))
             continue
         labels.append(r.label)
         keys.append(r.key)
         places.append(place)
+    if crop == "pad-crop" and keys:
+        good = view[:len(keys)]
+        good[...] = keyed_crop_flip(good, np.asarray(keys, np.int64), seed=pad_crop_seed(seed, epoch))
     return DecodedChunk(stacked[:len(keys)] if out is None else None, np.asarray(labels, np.int64),
                         np.asarray(keys, np.int64), np.asarray(places, np.int64), chunk[-1][0] + 1 if chunk else 0,
                         bad)
+
+
+def _whole(data: bytes, name: str, size: int) -> np.ndarray:
+    array = decode_fitted(data, name, size)
+    if array.shape != (size, size, 3):  # (decode_fitted resizes whatever is not size x size)
+        raise BadImageError(f"{name}: decoded to {array.shape}, not {size}x{size}x3")
+    return array
 
 
 def default_image_size(store, *, largest: int = 224, samples: int = 64) -> int:

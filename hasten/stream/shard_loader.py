@@ -3,8 +3,11 @@
 It composes the pieces of shard streaming: a store (``hasten.stream.shard_store``),
 the epoch's plan and its records (``hasten.stream.epoch_plan``: every example to one
 rank once per epoch; a mid-epoch position names exactly the examples still to come),
-decode in the worker pool of ``hasten.data.workers`` (``hasten.stream.chunk_decode``)
-into reused shared batches (``hasten.stream.shared_buffers``), and ``to_device``.
+decode in the worker pool of ``hasten.data.workers`` (``hasten.stream.chunk_decode``:
+a fused random-resized or centre crop for large images, the whole image with a padded
+random crop for small ones) into reused shared batches (``hasten.stream.shared_buffers``),
+and ``hasten.stream.device_copy.to_device``. Data echoing is a stage on its output
+(``hasten.stream.echo_stage``).
 
 Memory stays bounded whatever the size of the set: ``prefetch`` shards read
 ahead, one shard's worth of examples waiting for their turn in the in-shard
@@ -37,20 +40,23 @@ import torch
 from hasten.data.decode import check_bad_fraction
 from hasten.data.workers import ordered_map
 from hasten.echo.stages import check_buffer_size
-from hasten.stream.chunk_decode import DecodedChunk, decode_chunk, pack_chunk
+from hasten.stream.chunk_decode import UNAUGMENTED, DecodedChunk, check_crop, decode_chunk, pack_chunk
 from hasten.stream.decode_pool import MIN_COUNTED
+from hasten.stream.device_copy import to_device
 from hasten.stream.epoch_plan import EpochPlan, epoch_plan, plan_records
-from hasten.stream.loader import to_device
 from hasten.stream.shared_buffers import BatchPool, BufferPool
 from hasten.stream.tar_members import close_files
 
 
 class ShardLoader:
-    """Batches of fused-decoded crops streamed from tar shards, sharded over ranks.
+    """Batches of decoded crops streamed from a store of shards, sharded over ranks.
 
-    ``shards``: a store (``open_shards(path)``, maybe behind ``SlowStorage`` and
-    ``ShardCache``). ``train=True``: random-resized crop and flip, shuffled shards,
-    examples and buffer; ``train=False``: centre crop, file order. Yields (images
+    ``shards``: a store (``open_source(path)``, maybe behind ``SlowStorage`` and
+    ``ShardCache``). ``train=True``: shuffled shards, examples and buffer, and by default
+    the random-resized crop and flip; ``train=False``: file order, by default the centre
+    crop. ``crop``: one of ``hasten.stream.chunk_decode.CROPS`` instead of that default
+    (``pad-crop`` and ``whole`` for small images: the whole image at ``image_size``, with
+    or without a reflect-padded random crop and flip). Yields (images
     uint8 (B, 3, S, S) in channels_last memory format, labels int64 (B,)), with
     ``with_keys`` also the global example numbers. ``prefetch``: shards read ahead
     (and decoded chunks in flight, at least two per worker); ``shuffle_buffer``:
@@ -70,7 +76,7 @@ class ShardLoader:
                  seed: int = 0, train: bool = True, shuffle: bool | None = None, shuffle_buffer: int = 1000,
                  drop_last: bool = False, workers: int = 0, chunk_size: int | None = None, prefetch: int = 2,
                  max_bad_fraction: float = 0.01, device: torch.device | str = "cpu", with_keys: bool = False,
-                 poll_s: float = 0.2, antialias: bool = False):
+                 poll_s: float = 0.2, antialias: bool = False, crop: str | None = None):
         # One chunk per batch by default: a worker writes a whole batch, which the consumer
         # then takes without copying it again.
         chunk_size = batch_size if chunk_size is None else chunk_size
@@ -85,6 +91,7 @@ class ShardLoader:
         self.batch_size, self.image_size = batch_size, image_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.train = train
+        self.crop = check_crop(crop) if crop is not None else ("random-resized" if train else "center")
         self.shuffle = train if shuffle is None else shuffle
         self.buffer = check_buffer_size(shuffle_buffer) if self.shuffle else 0
         self.drop_last, self.workers, self.chunk_size, self.prefetch = drop_last, workers, chunk_size, prefetch
@@ -129,18 +136,37 @@ class ShardLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         epoch, position = self.epoch, self.position
         states: deque[int] = deque()  # each batch's position, in step with the batches
-        batches = to_device(self._epoch(epoch, position, states), self.device, depth=2)
+        batches = to_device(self._as_tensors(self._epoch(epoch, position, states, self.crop)), self.device,
+                            depth=2)
         return self._track(batches, states, epoch)
+
+    def host_batches(self, *, augment: bool = True) -> Iterator[DecodedChunk]:
+        """This epoch's batches on the host, for a stage that works on them before the copy
+        to the device (``hasten.stream.echo_stage``): ``DecodedChunk`` s with images (B, S, S, 3)
+        uint8, labels and global example numbers (``keys``). ``augment=False``: the crop
+        without its augmentation (``pad-crop`` decodes ``whole``), for a stage that augments
+        after itself; a ValueError for a crop that has none (the fused random-resized crop).
+        The position moves as the stage takes each batch."""
+        crop = self.crop if augment else UNAUGMENTED.get(self.crop)
+        if crop is None:
+            raise ValueError(f"crop {self.crop!r} has no form without augmentation (it decodes only the region "
+                             f"it crops); use crop='pad-crop' for a stage that augments after decoding")
+        epoch, position = self.epoch, self.position
+        states: deque[int] = deque()
+        return self._track(self._epoch(epoch, position, states, crop), states, epoch)
 
     def _track(self, batches, states: deque, epoch: int):
         # The position moves when the consumer receives a batch, not when it is made
         # (to_device prepares batches ahead on a GPU).
-        for batch in batches:
-            self.epoch, self.position = epoch, states.popleft()
-            yield batch
+        try:
+            for batch in batches:
+                self.epoch, self.position = epoch, states.popleft()
+                yield batch
+        finally:
+            batches.close()  # a consumer that stops early stops the workers now, not at collection
         self.epoch, self.position = epoch + 1, 0
 
-    def _epoch(self, epoch: int, position: int, states: deque) -> Iterator[tuple[torch.Tensor, ...]]:
+    def _epoch(self, epoch: int, position: int, states: deque, crop: str) -> Iterator[DecodedChunk]:
         plan = self.plan(epoch)
         # Local shard files are scanned, not read: the decode workers read each image's bytes
         # themselves (scan_shard). From other stores (slow storage, a cache) the shards are
@@ -156,7 +182,7 @@ class ShardLoader:
         # here and in to_device, and a few the consumer holds.
         batches = BatchPool((self.chunk_size, self.image_size, self.image_size, 3), cap=in_flight + 6)
         decoded = ordered_map(partial(decode_chunk, image_size=self.image_size, seed=self.seed, epoch=epoch,
-                                      train=self.train, antialias=self.antialias),
+                                      crop=crop, antialias=self.antialias),
                               map(partial(pack_chunk, pool=pool, batches=batches), _chunked(records, self.chunk_size))
                               if self.workers else _chunked(records, self.chunk_size), workers=self.workers,
                               prefetch=in_flight, poll_s=self.poll_s)
@@ -182,18 +208,25 @@ class ShardLoader:
                 while held >= self.batch_size:
                     batch, parts, held = _take(parts, self.batch_size)
                     states.append(batch.end)
-                    yield self._tensors(batch)
+                    yield batch
             if held and not self.drop_last:
                 batch, parts, held = _take(parts, held)
                 states.append(batch.end)
-                yield self._tensors(batch)
+                yield batch
         finally:
             decoded.close()
             if not self.workers:
                 close_files()  # (workers' descriptors end with them)
 
+    def _as_tensors(self, batches: Iterator[DecodedChunk]) -> Iterator[tuple[torch.Tensor, ...]]:
+        try:
+            for batch in batches:
+                yield self._tensors(batch)
+        finally:
+            batches.close()  # a consumer that stops early stops the workers now
+
     def _tensors(self, batch: DecodedChunk) -> tuple[torch.Tensor, ...]:
-        # A (B, 3, S, S) view in channels_last memory format, as StreamLoader gives.
+        # A (B, 3, S, S) view in channels_last memory format: no copy; convolutions take it as is.
         out = (batch.images.permute(0, 3, 1, 2), torch.from_numpy(batch.labels))
         return out + (torch.from_numpy(batch.keys),) if self.with_keys else out
 
