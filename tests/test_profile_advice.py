@@ -119,7 +119,7 @@ def test_a_prepared_memmap_sliced_row_by_row_is_told_to_index_the_rows_at_once_n
 def test_data_made_in_the_loop_from_unprepared_data_is_still_told_to_prepare_it():
     a = analyse([_tiny_context_rank(prepared=False, per_row=False)])
     prep = next(r for r in a.recommendations if r.fix.startswith("prepare the data once"))
-    assert "get_batch(...) only slices it" in prep.how
+    assert "get_batch(...) only indexes it" in prep.how
 
 
 def _loader_ranks():

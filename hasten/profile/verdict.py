@@ -42,6 +42,7 @@ from hasten.distributed.cost_model import fit_link
 from hasten.profile import attribution
 from hasten.profile.cores import cores_for_run, cpu_available
 from hasten.profile.inject.fixes import echo_apply, echo_code
+from hasten.profile.loop_kind import resident_code, words_for
 from hasten.profile.shares import STALL, stalled, undecided, widened
 
 INPUT_MODERATE = 0.05  # data-wait share of the step: moderate input bottleneck
@@ -447,10 +448,8 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
     if a.loader_driven and dataset_len and batch_size and batch_bytes:
         data_bytes = dataset_len * batch_bytes / batch_size
         if data_bytes < 0.25 * memory_bytes:
-            loader = "device_loader.GpuLoader" if a.device == "cuda" else "host_loader.HostLoader"
             recs.append(Recommendation(
-                fix="device-resident loader", how=f"loader = hasten.data.{loader}(images, labels, batch_size)"
-                                                  "   # images, labels: the dataset decoded once into memory",
+                fix="device-resident loader", how=resident_code(d0.get("batch_layout"), a.device),
                 predicted_speedup=bound, changes_math=False, bound=bound, apply="resident",
                 basis=f"dataset {data_bytes / 2**20:.0f} MiB fits; the step with data made free "
                       f"{rest * 1e3:.1f} ms"))
@@ -463,10 +462,10 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         # memmap has prepared its data once; its cost is elsewhere (a loop per row, above).
         prepared = any(x.get("prepared") for x in lines)
         if data_cpu > 0.5 * d and not prepared and per_row is None:
+            w = words_for(d0.get("batch_layout"))
             recs.append(Recommendation(
-                fix="prepare the data once (pre-tokenize / decode into a memmap)",
-                how="np.memmap('train.bin', dtype=np.uint16, mode='w+', shape=(len(tokens),))[:] = tokens   "
-                    f"# once, before training; then {_batch_function(a)} only slices it",
+                fix=f"prepare the data once ({w.prepare})",
+                how=f"{w.once}   # once, before training; then {_batch_function(a)} only indexes it",
                 predicted_speedup=bound, changes_math=False, bound=bound,
                 basis=f"{data_cpu * 1e3:.1f} ms of the {d * 1e3:.1f} ms spent making the batch is CPU in the "
                       f"loop; at best the step with data made free, {rest * 1e3:.1f} ms"))

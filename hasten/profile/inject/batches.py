@@ -22,6 +22,13 @@ def batch_nbytes(batch) -> int:
     return 0
 
 
+def tensor_layout(batch, most: int = 8) -> list[dict]:
+    """The shape and dtype of each tensor in a batch, in order (at most ``most``): what the report's
+    words for the loop are chosen from (:mod:`hasten.profile.loop_kind`)."""
+    return [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for _, t in zip(range(most), tensors_in(batch))]
+
+
 def has_tensor(x) -> bool:
     import torch
     if isinstance(x, torch.Tensor):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 
 from hasten.profile.inject import fixes, messages, resident, state, steps
-from hasten.profile.inject.batches import batch_nbytes, fingerprint, fresh_copy
+from hasten.profile.inject.batches import batch_nbytes, fingerprint, fresh_copy, tensor_layout
 from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
 from hasten.profile.inject.state import State, is_training_loader
 
@@ -146,6 +146,8 @@ def _keep(st: State, it, orig, batch, training: bool, t0: float, c0: float) -> t
         st.cached = batch
     if not st.cached_bytes:
         st.cached_bytes = batch_nbytes(batch)
+    if training and not st.batch_layout:
+        st.batch_layout = tensor_layout(batch)
     if training:
         st.train_iter = (it, orig)
     return t0, c0

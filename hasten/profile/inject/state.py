@@ -57,6 +57,7 @@ class State:
         self.cached = None  # a copy of a training loader's batch, replayed in the probes
         self.cached_copy = False  # whether `cached` is that copy yet (else the first batch seen, as it is)
         self.cached_bytes = 0
+        self.batch_layout: list[dict] = []  # the training batch's tensors: shape, dtype (batches.tensor_layout)
         self.model_id: int | None = None  # the first module with parameters called in training mode
         self.model_ref = None  # a weak reference to it
         self.model_args = None  # a copy of the first data that reached its forward (positional arguments)

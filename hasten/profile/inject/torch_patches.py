@@ -28,7 +28,7 @@ import weakref
 import torch
 
 from hasten.profile.inject import batch_fn, device_sync, messages, state, steps
-from hasten.profile.inject.batches import batch_nbytes, fresh_copy, is_data, map_tensors, same_layout
+from hasten.profile.inject.batches import batch_nbytes, fresh_copy, is_data, map_tensors, same_layout, tensor_layout
 from hasten.profile.inject.state import State
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
@@ -104,6 +104,8 @@ def _forward_pre(st: State, mod, args):
             st.model_args = fresh_copy(args)  # a copy: the loop may change its tensors in place
             if not st.cached_bytes:
                 st.cached_bytes = batch_nbytes(args)
+            if not st.batch_layout:  # a training loader's batch, where there is one, came first
+                st.batch_layout = tensor_layout(args)
         # Step alone for a loop without a DataLoader: the kept batch stands in for arguments of the same
         # layout (data is still made by the loop; its time is outside compute, left out of the step).
         elif st.phase == "replay" and st.replay_args and sp is not None and same_layout(args, st.model_args):
