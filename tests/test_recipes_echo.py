@@ -18,11 +18,10 @@ from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import MemoryData, Source, balanced_subset, pipeline
 from hasten.recipes.echo.report import format_table, goals, summarize, write_plots
 from hasten.recipes.echo.sweep import best_loader, lr_at, train_budget
-from hasten.stream.records import open_records
 
 
 def test_echo_run_reaches_target_and_counts(colours, one_thread):
-    eval_set = EvalSet(open_records(colours, "test"), 16, "cpu")
+    eval_set = EvalSet.of(str(colours), 16, "cpu")
     base = train_to_target(EchoRunConfig(data=str(colours), echo=1.0, target=0.9), eval_set=eval_set)
     echoed = train_to_target(EchoRunConfig(data=str(colours), echo=3.0, target=0.9), eval_set=eval_set)
     for r in (base, echoed):
@@ -34,7 +33,7 @@ def test_echo_run_reaches_target_and_counts(colours, one_thread):
 
 
 def test_eval_set_normalises_and_evaluates_through_the_one_evaluator(colours):
-    eval_set = EvalSet(open_records(colours, "test"), 16, "cpu")
+    eval_set = EvalSet.of(str(colours), 16, "cpu")
     batches = list(eval_set.batches())
     x, y = batches[0]
     assert len(y) == 48 and sum(len(b[1]) for b in eval_set.batches(10)) == 10
@@ -285,7 +284,7 @@ def test_step_time_leaves_out_first_use_costs(colours, one_thread, monkeypatch):
         real_step(loss, opt)
 
     monkeypatch.setattr(recipe, "optimizer_step", first_calls_slow)
-    eval_set = EvalSet(open_records(colours, "test"), 16, "cpu")
+    eval_set = EvalSet.of(str(colours), 16, "cpu")
     step = measure_step_time(EchoRunConfig(data=str(colours)), steps=6, warmup=3, eval_set=eval_set)
     assert len(calls) == 9
     assert step < 0.25  # >= 3 x 1 s / 6 = 0.5 s if the slow first steps counted

@@ -5,7 +5,6 @@ delay is a rate that the number of workers and the prefetch depth cannot multipl
 import pytest
 
 from hasten.recipes.echo import EchoRunConfig, EvalSet, train_to_target
-from hasten.stream.records import open_records
 
 
 @pytest.mark.multiproc
@@ -13,7 +12,7 @@ def test_forked_decode_workers_read_through_the_runs_storage(colours, one_thread
     delay = 0.004
     cfg = EchoRunConfig(data=str(colours), echo=1.0, upstream_delay_s=delay, workers=2, target=0.999,
                         max_fresh=256, eval_every=2, eval_images=48)
-    r = train_to_target(cfg, eval_set=EvalSet(open_records(colours, "test"), 16, "cpu"))
+    r = train_to_target(cfg, eval_set=EvalSet.of(str(colours), 16, "cpu"))
     # The storage's time per batch over the step time: measured 0.000 when the workers read
     # through copies of the storage that the parent never saw.
     assert r["storage_ratio"] == pytest.approx(delay * cfg.batch_size / r["step_time_s"], rel=0.05)

@@ -25,7 +25,6 @@ from hasten.recipes.echo import (
     train_to_target,
 )
 from hasten.recipes.echo.compare import comparison_jobs
-from hasten.stream.records import open_records
 from hasten.timing import interleaved
 
 KEEP = ("echo_factor", "mean_echo_factor", "upstream_ratio", "storage_ratio", "reached_target",
@@ -37,7 +36,7 @@ def echo(ctx) -> dict:
     s = ctx.sizes
     workers = min(8, max((os.cpu_count() or 2) - 4, 0)) if ctx.device.type == "cuda" else 0
     base = EchoRunConfig.for_device(ctx.device, data=ctx.data_path, workers=workers, **s.echo_changes)
-    eval_set = EvalSet(open_records(base.data, "test"), base.image_size, base.device)
+    eval_set = EvalSet.of(base.data, base.image_size, base.device)
     step_s = measure_step_time(base, eval_set=eval_set)
     delay = comparison_jobs(base, step_s, s.echo_ratio)[0][1].upstream_delay_s
     ctx.say(f"  step {step_s * 1e3:.1f} ms at batch {base.batch_size}: storage delay {delay * 1e6:.0f} us per "

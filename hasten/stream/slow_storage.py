@@ -16,7 +16,8 @@ the latency ends at t + ``latency_s``; its bytes then cross the shared link
 each request also limited to ``bandwidth_bytes_per_s``; the record is returned
 when both are done. ``item_s`` alone makes a storage that delivers one record
 per ``item_s`` seconds however many readers ask at once (a throughput, where
-``latency_s`` is hidden by concurrent requests). All of it runs on a storage
+``latency_s`` is hidden by concurrent requests). A request that carries several
+items (a shard of examples: ``items_of``) costs ``item_s`` per item. All of it runs on a storage
 clock that stands still inside ``paused()``: an evaluation pause lets no read,
 started or not, run ahead for free.
 
@@ -72,16 +73,20 @@ class SlowStorage:
     serves 1 / ``item_s`` records per second to all its readers together).
     ``size_of(record)``: bytes a record costs on the wire; by default the total
     length of the bytes it holds (a bytes object, or a tuple containing some).
+    ``items_of(i)``: items record i holds (default 1), each costing ``item_s``: for a
+    store of shards, ``store.examples.__getitem__``, so that ``item_s`` is the time per example.
     Reads from several threads or processes overlap, as concurrent requests to
     object storage do. ``reads``, ``delay_s`` (summed per-request delays, queueing
-    included) and ``link_busy_s`` (seconds the shared link carried records) count
+    included), ``items`` (the items those records held) and ``link_busy_s`` (seconds the
+    shared link carried records) count
     what was read, in every process. ``mp_context``: the start method the readers'
     processes use (default: fork on Linux, else spawn), whose shared memory holds the state.
     """
 
     def __init__(self, source: Any, *, latency_s: float = 0.0, bandwidth_bytes_per_s: float = math.inf,
                  link_bytes_per_s: float = math.inf, item_s: float = 0.0,
-                 size_of: Callable[[Any], int] | None = None, mp_context: str | None = None):
+                 size_of: Callable[[Any], int] | None = None, items_of: Callable[[int], int] | None = None,
+                 mp_context: str | None = None):
         if not (isinstance(latency_s, (int, float)) and math.isfinite(latency_s) and latency_s >= 0):
             raise ValueError(f"latency_s must be a finite number >= 0 (seconds per item); got {latency_s!r}")
         if not (isinstance(item_s, (int, float)) and math.isfinite(item_s) and item_s >= 0):
@@ -92,6 +97,7 @@ class SlowStorage:
         self.bandwidth = _check_rate("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
         self.link = _check_rate("link_bytes_per_s", link_bytes_per_s)
         self.size_of = size_of or _nbytes
+        self.items_of = items_of
         ctx = mp.get_context(mp_context or ("fork" if sys.platform == "linux" else "spawn"))
         # Shared memory: forked or spawned readers see and change the same clock, link and counters.
         self._lock = ctx.Lock()
@@ -100,11 +106,17 @@ class SlowStorage:
         self._state = ctx.RawArray("d", 5)  # storage clock = wall clock - time spent paused
         self._state[_PAUSED_SINCE] = math.nan
         self._reads = ctx.RawValue("q", 0)
+        self._items = ctx.RawValue("q", 0)
 
     @property
     def reads(self) -> int:
         """Records read, by every process."""
         return self._reads.value
+
+    @property
+    def items(self) -> int:
+        """Items the records read held (``items_of``; one per record without it), by every process."""
+        return self._items.value
 
     @property
     def delay_s(self) -> float:
@@ -122,7 +134,7 @@ class SlowStorage:
     def __getitem__(self, i):
         self._running.wait()
         record = self.source[i]
-        self.wait_for(record)
+        self.wait_for(record, items=1 if self.items_of is None else int(self.items_of(i)))
         return record
 
     def _clock(self) -> float:  # the lock held
@@ -135,13 +147,13 @@ class SlowStorage:
         with self._lock:
             return self._clock()
 
-    def wait_for(self, record: Any) -> None:
-        """Sleep as long as reading ``record`` from this storage would take."""
+    def wait_for(self, record: Any, items: int = 1) -> None:
+        """Sleep as long as reading ``record`` (of ``items`` items) from this storage would take."""
         nbytes = self.size_of(record) if (self.bandwidth != math.inf or self.link != math.inf) else 0
         with self._lock:
             start = self._clock()
             done = start + self.latency_s + (nbytes / self.bandwidth if self.bandwidth != math.inf else 0.0)
-            on_link = (nbytes / self.link if self.link != math.inf else 0.0) + self.item_s
+            on_link = (nbytes / self.link if self.link != math.inf else 0.0) + self.item_s * items
             if on_link:
                 # Records queue on the shared link in request order, after the latency.
                 link_start = max(start + self.latency_s, self._state[_LINK_FREE_AT])
@@ -149,6 +161,7 @@ class SlowStorage:
                 self._state[_LINK_BUSY] += on_link
                 done = max(done, self._state[_LINK_FREE_AT])
             self._reads.value += 1
+            self._items.value += items
             self._state[_DELAY] += done - start
         while True:
             self._running.wait()

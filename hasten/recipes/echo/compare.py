@@ -17,7 +17,6 @@ from hasten.errors import ConfigError
 from hasten.progress import progress
 from hasten.recipes.echo.report import summarize
 from hasten.recipes.echo.run import EchoRunConfig, EvalSet, measure_step_time, train_to_target
-from hasten.stream.records import open_records
 from hasten.timing import interleaved
 
 
@@ -57,7 +56,7 @@ def compare(cfg: ComparisonConfig, *, log: Callable[..., None] | None = None) ->
     """
     log = log or (lambda **record: None)
     base = cfg.base
-    eval_set = EvalSet(open_records(base.data, "test"), base.image_size, base.device)
+    eval_set = EvalSet.of(base.data, base.image_size, base.device)
     step_s = measure_step_time(base, eval_set=eval_set)
     log(event="step_time", step_time_s=step_s, source="a 40-step run without delay")
     jobs = comparison_jobs(base, step_s, cfg.upstream_ratio)

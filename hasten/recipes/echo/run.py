@@ -4,10 +4,12 @@ Reproduces the setting of Choi et al., "Faster Neural Network Training with Data
 Echoing" (2019, arXiv:1907.05550): an input pipeline slower than the training
 step (here: simulated slow storage, R = upstream time / step time), an echo stage
 after it, and the question how many fresh examples, steps and seconds it takes
-to reach a fixed accuracy. Everything is real: JPEGs are read from the record
-cache behind ``SlowStorage``, decoded (at 16x16 on CPU by DCT downscaling),
-augmented, echoed, shuffled and trained on; accuracy is measured on held-out
-test images.
+to reach a fixed accuracy. Everything is real: JPEGs are read from the data
+(an image folder or archive, packed shards, or their URL: ``hasten.stream.sources.open_source``)
+behind ``SlowStorage``, decoded (at 16x16 on CPU by DCT downscaling) in
+``hasten.stream.shard_loader.ShardLoader``, echoed, augmented and shuffled in
+``hasten.stream.echo_stage.EchoStage``, and trained on; accuracy is measured on
+held-out test images.
 
 On CUDA the network runs in channels_last memory format under bf16 autocast (batch
 norm and the loss in float32: ``hasten.nn.precision``), as the speedrun and train
@@ -40,10 +42,10 @@ from hasten.errors import ConfigError, DataError
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
 from hasten.recipes.step import optimizer_step
-from hasten.stream.decode_pool import decode_records, read_records
-from hasten.stream.loader import StreamLoader
-from hasten.stream.records import ByteRecords, open_records
+from hasten.stream.echo_stage import EchoStage
+from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.slow_storage import SlowStorage
+from hasten.stream.sources import open_source
 from hasten.timing import Stopwatch
 
 # Per-channel mean and std (RGB) of the 50,000 decoded CIFAR-10-JPEG training images, measured
@@ -159,16 +161,26 @@ def _mean_std_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ----------------------------------------------------------------------------- Evaluation
 class EvalSet:
-    """Test images decoded once (at the training resolution) and kept in host memory."""
+    """Test images decoded once (at the training resolution) and kept in host memory.
 
-    def __init__(self, records: ByteRecords, image_size: int, device: torch.device | str):
-        chunk = decode_records(read_records(records, np.arange(len(records))), image_size)
-        self.images = torch.from_numpy(chunk.images).permute(0, 3, 1, 2)
-        self.labels = torch.from_numpy(chunk.labels)
+    ``store``: the test split as a store of shards (``EvalSet.of(data, ...)`` opens it)."""
+
+    def __init__(self, store, image_size: int, device: torch.device | str):
+        # The whole image at the training size, as the training images before their crop.
+        batches = list(ShardLoader(store, batch_size=1000, image_size=image_size, train=False, crop="whole"))
+        if not batches:
+            raise DataError(f"the test split holds no readable image ({sum(store.examples)} listed)")
+        self.images = torch.cat([x for x, _ in batches])
+        self.labels = torch.cat([y for _, y in batches])
         self.device = torch.device(device)
         self.mean, self.std = _mean_std_on(self.device)
         # A fixed, class-balanced-by-chance subset to detect the target quickly.
         self.order = torch.from_numpy(np.random.default_rng(12345).permutation(len(self.labels)))
+
+    @classmethod
+    def of(cls, data: str, image_size: int, device: torch.device | str) -> EvalSet:
+        """The test split of ``data`` (a folder, archive, shard directory or URL)."""
+        return cls(open_source(data, "test"), image_size, device)
 
     def batches(self, n: int | None = None, batch_size: int = 2000):
         """Normalised (images, labels) on the device: the first ``n`` of the fixed order (None: all)."""
@@ -193,7 +205,7 @@ def measure_step_time(cfg: EchoRunConfig, steps: int = 40, *, warmup: int = 5,
 def shuffle_size(cfg: EchoRunConfig) -> int | None:
     """The shuffle buffer after the echo stage: ``cfg.shuffle_buffer``, by default sized
     for e so that ~1% of a batch are repeated copies; a warning when a given size
-    leaves many more. With AutoEcho by default None: ``StreamLoader`` then sizes the
+    leaves many more. With AutoEcho by default None: ``EchoStage`` then sizes the
     buffer for the current e (``hasten.echo.auto_shuffle_buffer``). A fixed buffer sized
     for ``e_max`` held back 1,400 fresh examples before the first step, and AutoEcho
     read that fill as R = 541 and stayed at ``e_max`` at R 3.5 (issue 34). Batch echoing
@@ -213,24 +225,27 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     """Train until the test accuracy reaches the target; return the run's measurements.
     ``step_time_s`` leaves out the first ``untimed_steps`` steps (measure_step_time)."""
     dev = torch.device(cfg.device)
-    records = open_records(cfg.data, "train")
+    # Virtual shards of one batch (a folder or archive; packed shards keep their own): the slow
+    # storage below then hands over a batch's examples at a time, not a burst of 256.
+    store = open_source(cfg.data, "train", per_shard=cfg.batch_size)
     if eval_set is None:
-        eval_set = EvalSet(open_records(cfg.data, "test"), cfg.image_size, dev)
-    # The delay is the storage's time per example, whatever the number of readers: decode
-    # workers (processes) reading at once queue on its one link instead of each getting the
-    # full rate (with 8 workers and a prefetch of 4, a per-request latency would be hidden 4 times over).
-    storage = SlowStorage(records, item_s=cfg.upstream_delay_s)
+        eval_set = EvalSet.of(cfg.data, cfg.image_size, dev)
+    # The delay is the storage's time per example, whatever the number of readers: shards read
+    # ahead at once queue on its one link instead of each getting the full rate (a per-request
+    # latency would be hidden as many times over as there are reads in flight).
+    storage = SlowStorage(store, item_s=cfg.upstream_delay_s, items_of=store.examples.__getitem__)
     auto = AutoEcho(e_max=cfg.e_max, interval=4 * cfg.batch_size) if cfg.echo == "auto" else None
     if auto is not None and cfg.variant == "batch":
         auto.interval = 4
-    loader = StreamLoader(
-        storage, batch_size=cfg.batch_size, seed=cfg.seed, workers=cfg.workers, image_size=cfg.image_size,
-        echo=auto if auto is not None else cfg.echo, variant=cfg.variant,
-        shuffle_buffer=shuffle_size(cfg), chunk_size=cfg.batch_size, device=dev,
-    )
+    # The CIFAR augmentation (the whole image at image_size, a random crop of it padded by 4,
+    # a flip), which example-before echoing applies to each copy after the echo stage.
+    shards = ShardLoader(storage, batch_size=cfg.batch_size, image_size=cfg.image_size, seed=cfg.seed,
+                         workers=cfg.workers, prefetch=4, crop="pad-crop", device=dev)
+    loader = EchoStage(shards, auto if auto is not None else cfg.echo, variant=cfg.variant,
+                       shuffle_buffer=shuffle_size(cfg))
     torch.manual_seed(cfg.seed)
     memory_format, bf16 = fast_formats(dev)
-    model = make_model(cfg, len(records.classes)).to(dev, memory_format=memory_format)
+    model = make_model(cfg, len(store.classes)).to(dev, memory_format=memory_format)
     if bf16:
         batchnorm_in_float32(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True,
@@ -254,7 +269,7 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
                 waiting.stop()
                 if batch is None:
                     if steps == epoch_start:  # else the next epoch would be as empty, forever
-                        raise DataError(f"{cfg.data}: an epoch gave no training batch: {len(records)} training "
+                        raise DataError(f"{cfg.data}: an epoch gave no training batch: {sum(store.examples)} training "
                                         f"image(s), {len(loader.skipped)} of them unreadable, batches of "
                                         f"{cfg.batch_size}")
                     break
@@ -288,7 +303,7 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     wait_s, step_s = waiting.elapsed, stepping.elapsed
     # The storage's time per batch over step time: the part of R the slow storage adds (decoding adds
     # more), from the reads of every process (the decode workers read through the shared storage).
-    storage_ratio = (storage.link_busy_s / max(storage.reads, 1)) * cfg.batch_size / (step_s / max(steps, 1))
+    storage_ratio = (storage.link_busy_s / max(storage.items, 1)) * cfg.batch_size / (step_s / max(steps, 1))
     return {
         "variant": cfg.variant,
         "echo_factor": cfg.echo,
