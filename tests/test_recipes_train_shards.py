@@ -26,10 +26,14 @@ def test_train_runs_on_shards(shard_dir, one_thread):
     assert report["images_per_epoch"] == 48
 
 
-def test_shard_input_resumes_the_data_position(shard_dir):
-    cfg = TrainConfig(data=str(shard_dir), loader="stream", image_size=24, batch_size=6, device="cpu")
+@pytest.mark.parametrize("source", ["shards", "folder"])
+def test_stream_input_resumes_the_data_position(shard_dir, photo_folder, source):
+    data_path = shard_dir if source == "shards" else photo_folder
+    cfg = TrainConfig(data=str(data_path), loader="stream", image_size=24, batch_size=6, device="cpu")
     data = stream_input(cfg, "cpu", 0, 1, 6)
     assert data.image_size == 24 and data.num_classes == 3 and data.steps_per_epoch == 9
+    # Packed shards: the fused random-resized crop; a folder: the small-image crop it had before.
+    assert data.position.crop == ("random-resized" if source == "shards" else "pad-crop")
     full = [y.tolist() for _, y in data.epoch_batches(1)]
     assert len(full) == 9
     again = stream_input(cfg, "cpu", 0, 1, 6)
@@ -39,6 +43,7 @@ def test_shard_input_resumes_the_data_position(shard_dir):
     state = data.position.state_dict()
     again.position.load_state_dict(state)
     assert [y.tolist() for _, y in again.epoch_batches(1)] == full[4:]
+    assert sum(len(y) for _, y in data.test_batches()) == 18  # each test image once
 
 
 def test_packed_shards_are_named_for_what_they_were_packed_from(shard_dir, photo_folder, tmp_path):

@@ -11,9 +11,10 @@ Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
 - batch norm per replica, over groups of k replicas (``GroupBatchNorm``) or over
   virtual batches inside a replica (``GhostBatchNorm2d``);
 - bf16 autocast with BN, loss and gradient reduction in float32; channels_last;
-- the dataset resident on the device (``GpuLoader``) or streamed from a record
-  store (``StreamLoader``, for data larger than memory), sharded by rank, in an
-  order that depends only on (seed, epoch), so a run can resume at any step;
+- the dataset resident on the device (``GpuLoader``) or streamed from tar shards, their
+  URL, an image folder or an archive (``ShardLoader``, for data larger than memory),
+  sharded by rank, in an order that depends only on (seed, epoch), so a run can resume
+  at any step;
 - atomic checkpoints every N steps in a run directory derived from the
   configuration (``run_path``); ``resume`` restores model, optimizer, scheduler,
   step, random state and data position, and :func:`plan_resume` finds the newest
@@ -82,7 +83,7 @@ class TrainConfig:
     width: int = 64              # channels of the first stage (64 = the standard ResNet)
     image_size: int | None = None
     train_subset: int = 0        # train on N random images (0 = all), for small experiments
-    loader: str = "device"       # device: decode once, whole set on the device; stream: hasten.stream.loader
+    loader: str = "device"       # device: decode once, whole set on the device; stream: hasten.stream.shard_loader
     workers: int = 0             # decode processes per rank for --loader stream
     batch_size: int = 512        # global batch, over all ranks
     epochs: float = 10.0

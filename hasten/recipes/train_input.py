@@ -1,7 +1,7 @@
 """What ``hasten train`` reads, whichever loader feeds it: the decoded dataset
-resident on the device (``device_input``), records streamed from a folder or
-archive (``stream_input``), or tar shards for data larger than memory
-(``shard_input``), each as a ``TrainInput`` the training loop consumes.
+resident on the device (``device_input``), or the streaming pipeline for data larger
+than memory (``stream_input``: tar shards, their URL, an image folder or an archive),
+each as a ``TrainInput`` the training loop consumes.
 
 Changes the training math: no (the same augmentation family; which loader reads
 the data does not change the recipe).
@@ -99,61 +99,25 @@ def device_input(cfg, dataset, device, rank, world, local_batch) -> TrainInput:
 
 
 def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
-    """The same, streamed (``hasten.stream.loader.StreamLoader``): records read from
-    the folder or archive, sharded by rank, decoded in ``cfg.workers`` processes:
-    for datasets that do not fit in memory (ImageNet). A directory of tar shards
-    (``hasten data pack``) goes to ``shard_input``."""
-    from hasten.stream.records import open_records
-    from hasten.stream.loader import StreamLoader
-    from hasten.stream.shard_store import is_shard_dir
-
-    if is_shard_dir(cfg.data):
-        return shard_input(cfg, device, rank, world, local_batch)
-    train_rec, test_rec = open_records(cfg.data, "train"), open_records(cfg.data, "test")
-    # Every rank must take the same number of steps: shards differ by up to one image.
-    steps_per_epoch = len(train_rec) // world // local_batch
-    if steps_per_epoch < 1:
-        raise ConfigError(f"the training set has {len(train_rec)} images, fewer than one global batch "
-                          f"of {cfg.batch_size}")
-    common = dict(rank=rank, world_size=world, workers=cfg.workers, image_size=cfg.image_size,
-                  device=device)
-    train_stream = StreamLoader(train_rec, batch_size=local_batch, seed=cfg.seed, drop_last=True,
-                                augment=True, **common)
-    norm = StreamNormalizer(STREAM_MEAN, STREAM_STD, device, channels_last=cfg.channels_last)
-
-    def epoch_batches(epoch):
-        train_stream.set_epoch(epoch)
-        for i, (x, y) in enumerate(train_stream):
-            if i == steps_per_epoch:
-                break
-            yield norm(x), y
-
-    def test_batches():
-        test_stream = StreamLoader(test_rec, batch_size=1000, shuffle=False, augment=False, **common)
-        for x, y in test_stream:
-            yield norm(x), y
-
-    first, _ = next(iter(StreamLoader(test_rec, batch_size=1, shuffle=False, augment=False,
-                                      image_size=cfg.image_size)))
-    return TrainInput(epoch_batches, steps_per_epoch, test_batches, len(train_rec.classes), first.shape[-1],
-                      Path(cfg.data).name)
-
-
-def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
-    """Streamed from tar shards (``hasten.stream.shard_loader.ShardLoader``): each rank reads
-    its own shards, never the whole set; fused JPEG decode + random-resized crop to
-    ``cfg.image_size`` (default 224, or the images' own size when smaller) and flip
-    in ``cfg.workers`` processes; evaluation on the centre crop. The loader is the ``position`` kept in checkpoints: after
-    ``load_state_dict`` the next epoch's batches are the rest of the saved epoch."""
+    """Streamed (``hasten.stream.shard_loader.ShardLoader`` over ``hasten.stream.sources.open_source``):
+    tar shards (``hasten data pack``; a directory or a URL), an image folder or an archive,
+    for datasets that do not fit in memory (ImageNet). Each rank reads its own share, never
+    the whole set, decoded in ``cfg.workers`` processes at ``cfg.image_size`` (default 224,
+    or the images' own size when smaller). Packed shards: fused JPEG decode + random-resized
+    crop and flip, evaluation on the centre crop; a folder or archive: the whole image with a
+    random crop padded by 4 and a flip, evaluation on the whole image (the choice each had
+    before both went through one loader). The loader is the ``position`` kept in checkpoints:
+    after ``load_state_dict`` the next epoch's batches are the rest of the saved epoch."""
     from hasten.stream.chunk_decode import default_image_size
-    from hasten.stream.shard_loader import ShardLoader
-    from hasten.stream.shard_store import open_shards
-
     from hasten.stream.retry import RetryPolicy
+    from hasten.stream.shard_loader import ShardLoader
+    from hasten.stream.shard_store import is_shard_dir
+    from hasten.stream.sources import open_source
 
     # A URL: each request retried --retries times (hasten.stream.remote_store); local files ignore it.
     retry = RetryPolicy(retries=cfg.retries)
-    train_shards, test_shards = (open_shards(cfg.data, split, retry=retry) for split in ("train", "test"))
+    train_shards, test_shards = (open_source(cfg.data, split, retry=retry) for split in ("train", "test"))
+    train_crop, test_crop = ("random-resized", "center") if is_shard_dir(cfg.data) else ("pad-crop", "whole")
     # Without --image-size: 224, or the images' own size when smaller (32 px CIFAR-10 is not upsampled).
     size = cfg.image_size or default_image_size(train_shards)
     if not train_shards.classes:
@@ -164,7 +128,7 @@ def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
         raise ConfigError(f"the training set has {train_shards.total} images, fewer than one global batch "
                           f"of {cfg.batch_size}")
     common = dict(image_size=size, rank=rank, world_size=world, seed=cfg.seed, workers=cfg.workers, device=device)
-    loader = ShardLoader(train_shards, batch_size=local_batch, train=True, drop_last=True, **common)
+    loader = ShardLoader(train_shards, batch_size=local_batch, train=True, crop=train_crop, drop_last=True, **common)
     norm = StreamNormalizer(STREAM_MEAN, STREAM_STD, device, channels_last=cfg.channels_last)
 
     def epoch_batches(epoch):
@@ -176,7 +140,7 @@ def shard_input(cfg, device, rank, world, local_batch) -> TrainInput:
             yield norm(x), y
 
     def test_batches():
-        for x, y in ShardLoader(test_shards, batch_size=250, train=False, **common):
+        for x, y in ShardLoader(test_shards, batch_size=250, train=False, crop=test_crop, **common):
             yield norm(x), y
 
     return TrainInput(epoch_batches, steps_per_epoch, test_batches, len(train_shards.classes), size,
