@@ -1,12 +1,15 @@
-"""Streaming pipeline throughput: hasten's StreamLoader against a plain torch DataLoader.
+"""Streaming pipeline throughput: hasten's ShardLoader against a plain torch DataLoader.
 
 Both read the same JPEG bytes (CIFAR-10-JPEG train split, from the record cache),
 decode, random-crop (reflect pad 4) and flip every image, and deliver uint8
 batches of 256. Baseline: ``DataLoader(num_workers=k)`` over a map-style Dataset
 that decodes with Pillow and augments per image with one numpy generator per
-process (what a careful plain PyTorch script does). hasten: ``StreamLoader(workers=k)``
-(simplejpeg when installed, as it is by default; chunked decode, vectorised
-crop/flip; k = 0 decodes in a thread of the main process).
+process (what a careful plain PyTorch script does). hasten: ``ShardLoader(workers=k,
+crop="pad-crop")`` over ``open_source(data)`` (the archive read once into the record
+blob, cut into virtual shards; simplejpeg when installed, as it is by default; chunked
+decode into reused shared batches, vectorised crop/flip; k = 0 decodes in a thread of
+the main process). Since the one pipeline replaced ``StreamLoader`` (issue 33), the
+numbers in docs/results/streaming.md before that are StreamLoader's.
 
 Reported: images per second (wall) and images per CPU-second (user + system
 time of the process and its workers: the per-core efficiency, which a busy
@@ -16,6 +19,7 @@ load average and matmul rate before and after are recorded
 (``hasten.environment.MeasuredConditions``).
 
     python benchmarks/pipeline_throughput.py [--data PATH] [--images 10000] [--repeats 3] [--workers 0,1,2]
+    python benchmarks/pipeline_throughput.py --smoke   # a functional check: few images, nothing written
 
 ``--data`` defaults to ``$HASTEN_DATA`` if set, else ``../shared/data/cifar10-jpeg.tar.xz``
 beside the checkout (``benchmarks/_common.py``).
@@ -32,9 +36,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hasten.stream.records import open_records
-from hasten.stream.loader import StreamLoader
 from hasten.data import decode
+from hasten.stream.records import open_records
+from hasten.stream.shard_loader import ShardLoader
+from hasten.stream.sources import open_source
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
@@ -101,15 +106,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", default="0,1,2")
     ap.add_argument("--seed", type=int, default=0, help="seeds the order of configurations and the loaders")
+    ap.add_argument("--smoke", action="store_true", help="1,024 images, one repeat, workers 0,1; nothing written")
     args = ap.parse_args()
+    if args.smoke:
+        args.images, args.repeats, args.workers = 1024, 1, "0,1"
     require_data(args.data, "pipeline_throughput")
     torch.set_num_threads(1)
     records = open_records(args.data, "train")
+    store = open_source(args.data, "train")
     workers = [int(w) for w in args.workers.split(",")]
 
     def hasten_iter(k, seed):
         def make():
-            return iter(StreamLoader(records, batch_size=256, workers=k, chunk_size=256, seed=seed))
+            return iter(ShardLoader(store, batch_size=256, image_size=32, crop="pad-crop", workers=k, seed=seed))
         return make
 
     def baseline_iter(k, seed):
@@ -119,7 +128,7 @@ def main() -> None:
             return iter(dl)
         return make
 
-    configs = [(f"hasten StreamLoader workers={k}", "hasten", k, hasten_iter) for k in workers]
+    configs = [(f"hasten ShardLoader workers={k}", "hasten", k, hasten_iter) for k in workers]
     configs += [(f"torch DataLoader+Pillow num_workers={k}", "baseline", k, baseline_iter) for k in workers]
     samples = {name: [] for name, *_ in configs}
     order = []
@@ -153,8 +162,9 @@ def main() -> None:
         "order": order,
         "rows": rows,
     }
-    write_json(RESULTS / "pipeline_throughput.json", result)
-    plot(rows, RESULTS / "pipeline_throughput.png", result)
+    if not args.smoke:
+        write_json(RESULTS / "pipeline_throughput.json", result)
+        plot(rows, RESULTS / "pipeline_throughput.png", result)
     print(f"{hardware_label(env)}, torch {torch.__version__}, n={args.repeats} runs of {args.images} images, "
           f"hasten decoder: {result['decoder_hasten']}")
     print(cond.summary())
@@ -179,7 +189,7 @@ def plot(rows, path, meta) -> None:
             rs = [r for r in rows if r["pipeline"] == kind]
             ax.bar([r["workers"] + offset for r in rs], [r[key]["mean"] for r in rs], width=0.4,
                    yerr=[r[key]["std"] or 0.0 for r in rs], capsize=3,  # None: one repeat
-                   label="torch DataLoader + Pillow" if kind == "baseline" else "hasten StreamLoader")
+                   label="torch DataLoader + Pillow" if kind == "baseline" else "hasten ShardLoader")
         ax.set_xticks(sorted({r["workers"] for r in rows}))
         ax.set_xlabel("decode workers (0 = in the main process)")
         ax.set_ylabel(label)
