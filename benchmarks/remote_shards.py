@@ -1,25 +1,40 @@
-"""Remote shards over emulated links against the same shards read locally: images per second and per CPU-second.
+"""Remote shards over emulated links, hasten beside WebDataset and LitData: images per second and per CPU-second.
 
 The ImageNet-like shards of ``benchmarks/imagenet_pipeline.py`` (made once, cached)
-are served by RangeHTTPServer (``rangehttpserver``) in one network namespace and
-read by ``ShardLoader`` over ``open_shards(URL)`` in another, the two joined by a link
-of ``--rates`` Gbit/s (``hasten.harness.netns``: veth pairs, a bridge, tc htb on both
-ends); the same loader reads the same shards from the local directory as the
-reference. Each reading is a fresh process (``--read`` mode of this script) that
-reads ``--epochs`` epochs with an empty shard cache: epoch 1 crosses the link,
-epoch 2 comes from the cache. Per epoch: wall seconds, CPU seconds of the reader and
-its decode workers (``getrusage``: the server's are the store's, not counted), images
-per second and per CPU-second, MB/s from the store and its fraction of the link.
-Configurations run in a fresh shuffled order each repeat (``hasten.timing.interleaved``).
+sit in one network namespace, the readers in another, joined by a link of each of
+``--rates`` Gbit/s (``hasten.harness.netns``: veth pairs, a bridge, tc htb on both
+ends; the rate changed in place between readings). In the store's namespace:
+RangeHTTPServer (``rangehttpserver``) serves the tar shards and their index, and the
+moto S3 server (``moto[server]``) holds the same shards and LitData's conversion of
+the same JPEG bytes (``remote_peers.convert_litdata``: LitData reads ``s3://``, not
+plain HTTP). This kernel has no ``sch_netem``, so the round trip ``--rtt-ms`` is added
+by ``hasten.harness.delay_relay`` in front of both servers: every byte is held
+``rtt/2`` each way, which adds ``rtt`` to every request's round trip but is not a
+packet-level delay (TCP's window never has to cover rate x RTT; the JSON and the
+table say "request RTT (relay)").
 
-What this does not do yet (issue 33, item 5): a 20 ms round trip and packet loss need
-``sch_netem``, which this kernel lacks (the links have a rate, no added latency; the
-JSON says so); WebDataset and LitData side by side; memory over epochs.
+The readers (``--readers``), each with ``--workers`` decode processes, batches of
+``--batch``, crops of ``--image-size``:
+- ``hasten``: ``ShardLoader`` over ``open_shards(http://...)`` (obstore; the cache holds
+  the split, so shards stream into their cache files and are read where they lie);
+- ``hasten-s3``: the same over ``s3://`` from moto (LitData's server);
+- ``webdataset``: WebDataset 1.0.2 over the same ``http://`` shards, its own decode;
+- ``litdata``: LitData 0.2.76 over ``s3://`` from moto, its own format and decode.
+Each also reads its data from the local disk (``<reader> local``; ``hasten-s3``'s is
+``hasten``'s). Every reading is a fresh process with an empty cache reading
+``--epochs`` epochs: epoch 1 crosses the link, epoch 2 comes from each reader's cache.
+Per epoch: wall seconds; CPU seconds of the reader and everything it started
+(``getrusage``; the servers and the relay are the store's and not counted); bytes
+received by the reader's namespace (``/proc/net/dev``, wire bytes), their rate and
+fraction of the link; peak memory of the reader's process tree (PSS, summed over the
+processes, sampled every 0.2 s from outside). Configurations run in a fresh shuffled
+order each repeat (``hasten.timing.interleaved``).
 
-    python benchmarks/remote_shards.py [--images 4000] [--rates 0.1,1,10] [--workers 2] [--repeats 2] [--smoke]
+    python benchmarks/remote_shards.py [--images 4000] [--rates 0.1,1,10] [--rtt-ms 20] [--workers 2]
+        [--repeats 3] [--epochs 3] [--readers hasten,hasten-s3,webdataset,litdata] [--smoke]
 
-Needs root, iproute2 and ``pip install -e '.[remote,test]'``. Writes
-``benchmarks/results/remote_shards.json`` (``--out``).
+Needs root, iproute2, ``pip install -e '.[remote,test]'`` and the peers (pyproject's
+``bench-remote`` extra; see there). Writes ``benchmarks/results/remote_shards.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -31,6 +46,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -40,69 +56,244 @@ from hasten.timing import interleaved
 from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, plus_minus
 
 PREFIX = "hrb"  # namespaces of this benchmark (the tests use others)
-PORT = 8000
+HTTP_PORT, S3_PORT = 8000, 9000  # where the reader connects (the relay, or the servers themselves)
+BUCKET = "bench"
+READERS = ("hasten", "hasten-s3", "webdataset", "litdata")
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "bench-key", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_REGION": "us-east-1",
+           "AWS_ALLOW_HTTP": "true",  # the endpoint is plain http (LitData's obstore client reads this)
+           "AWS_DEFAULT_REGION": "us-east-1"}
 
+
+# --- the reader (a fresh process per reading) ----------------------------------------------------
 
 def cpu_s() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def read(source: str, cache: str, epochs: int, workers: int, image_size: int, batch: int) -> None:
-    """The reader (``--read``): ``epochs`` epochs of ``source``; one JSON line per epoch on stdout."""
+def rx_bytes() -> int:
+    """Bytes received by this network namespace's interfaces other than loopback."""
+    total = 0
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        name, _, fields = line.partition(":")
+        if name.strip() != "lo":
+            total += int(fields.split()[0])
+    return total
+
+
+def make_loader(reader: str, source: str, cache: str, names: list[str], args):
+    common = dict(batch=args.batch, workers=args.workers, size=args.image_size, seed=args.seed)
+    if reader in ("hasten", "hasten-s3"):
+        from hasten.stream.remote_store import open_remote_shards
+        from hasten.stream.shard_loader import ShardLoader
+        from hasten.stream.shard_store import open_shards
+
+        store = open_remote_shards(source, cache_dir=cache) if "://" in source else open_shards(source)
+        return ShardLoader(store, batch_size=args.batch, image_size=args.image_size, workers=args.workers,
+                           seed=args.seed)
+    from remote_peers import litdata_loader, webdataset_loader
+
+    if reader == "webdataset":
+        urls = [f"{source.rstrip('/')}/{n}" for n in names]
+        remote = "://" in source
+        if remote:
+            Path(cache).mkdir(parents=True, exist_ok=True)  # (WebDataset does not make it)
+        return webdataset_loader(urls, cache_dir=cache if remote else None, **common)
+    return litdata_loader(source, cache_dir=cache, **common)
+
+
+def read(args) -> None:
+    """``--read``: ``--epochs`` epochs of one reader; one JSON line per epoch on stdout."""
     import torch
 
-    from hasten.stream.remote_store import open_remote_shards
-    from hasten.stream.shard_loader import ShardLoader
-    from hasten.stream.shard_store import open_shards
-
     torch.set_num_threads(1)
-    remote = "://" in source
-    store = open_remote_shards(source, cache_dir=cache) if remote else open_shards(source)
-    loader = ShardLoader(store, batch_size=batch, image_size=image_size, workers=workers)
-    for epoch in range(epochs):
-        loader.set_epoch(epoch)
-        before = store.store.bytes_read if remote else 0
-        t0, c0 = time.perf_counter(), cpu_s()
+    names = json.loads(Path(args.names).read_text()) if args.names else []
+    loader = make_loader(args.reader, args.read, args.cache, names, args)
+    for epoch in range(args.epochs):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        t0, c0, r0, w0 = time.perf_counter(), cpu_s(), rx_bytes(), time.time()
         images = sum(len(y) for _, y in loader)
         wall, cpu = time.perf_counter() - t0, cpu_s() - c0
-        fetched = store.store.bytes_read - before if remote else 0
         print(json.dumps({"epoch": epoch, "images": images, "wall_s": wall, "cpu_s": cpu,
-                          "bytes_from_store": fetched}), flush=True)
+                          "link_bytes": rx_bytes() - r0, "start": w0, "end": time.time()}), flush=True)
 
 
-def reader_argv(source: str, cache: Path, args) -> list[str]:
-    return [sys.executable, __file__, "--read", source, "--cache", str(cache), "--epochs", str(args.epochs),
-            "--workers", str(args.workers), "--image-size", str(args.image_size), "--batch", str(args.batch)]
+# --- memory, sampled from outside ------------------------------------------------------------------
 
-
-def run_reader(argv: list[str]) -> list[dict]:
-    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          timeout=3600)
-    if done.returncode:
-        raise SystemExit(f"the reader failed: {done.stderr.strip().splitlines()[-1:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-
-
-def over_link(shard_dir: Path, rate: float, args, tmp: Path) -> list[dict]:
-    from hasten.harness.netns import EmulatedCluster
-
-    with EmulatedCluster(2, rate_gbit=rate, prefix=PREFIX) as cluster:
-        store_ns, reader_ns = cluster.placement[0].netns, cluster.placement[1].netns
-        host = cluster.address(0)
-        server = subprocess.Popen(["ip", "netns", "exec", store_ns, sys.executable, "-m", "RangeHTTPServer",
-                                   str(PORT), "-b", host], cwd=shard_dir.parent, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+def tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
         try:
-            wait = ("import socket, sys, time\nfor _ in range(1200):\n    try:\n"
-                    "        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close(); break\n"
-                    "    except OSError: time.sleep(0.05)\n")
-            subprocess.run(["ip", "netns", "exec", reader_ns, sys.executable, "-c", wait, host, str(PORT)], check=True)
-            url = f"http://{host}:{PORT}/{shard_dir.name}/"
-            return run_reader(["ip", "netns", "exec", reader_ns, *reader_argv(url, tmp / f"cache-{rate}", args)])
-        finally:
-            server.kill()
-            server.wait()
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def pss_bytes(pids: list[int]) -> int:
+    total = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except OSError:
+            pass  # gone meanwhile
+    return total
+
+
+def run_reader(argv: list[str], env: dict) -> list[dict]:
+    samples: list[tuple[float, int]] = []
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(0.2):
+            samples.append((time.time(), pss_bytes(tree(proc.pid))))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=3600)
+    finally:
+        stop.set()
+        sampler.join()
+    if proc.returncode:
+        raise SystemExit(f"the reader failed: {' '.join(argv[-12:])}:\n{err.strip()[-3000:]}")
+    epochs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    for e in epochs:
+        inside = [m for t, m in samples if e["start"] <= t <= e["end"]]
+        e["peak_pss_bytes"] = max(inside) if inside else None
+    return epochs
+
+
+def reader_argv(reader: str, source: str, cache: Path, names: Path, args) -> list[str]:
+    return [sys.executable, __file__, "--read", source, "--reader", reader, "--cache", str(cache),
+            "--names", str(names), "--epochs", str(args.epochs), "--workers", str(args.workers),
+            "--image-size", str(args.image_size), "--batch", str(args.batch), "--seed", str(args.seed)]
+
+
+# --- the store's namespace -------------------------------------------------------------------------
+
+def in_ns(ns: str, *argv: str) -> list[str]:
+    return ["ip", "netns", "exec", ns, *argv]
+
+
+def wait_port(ns: str, host: str, port: int) -> None:
+    code = ("import socket, sys, time\nfor _ in range(1200):\n    try:\n"
+            "        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close(); break\n"
+            "    except OSError: time.sleep(0.05)\nelse: sys.exit(f'nothing listens on {sys.argv[1]}:{sys.argv[2]}')\n")
+    subprocess.run(in_ns(ns, sys.executable, "-c", code, host, str(port)), check=True)
+
+
+def upload(ns: str, endpoint: str, folders: dict[str, Path]) -> None:
+    """Each folder's files put under s3://BUCKET/<key>/, from inside the store's namespace (no link)."""
+    code = ("import boto3, sys, json, pathlib\n"
+            "s3 = boto3.client('s3', endpoint_url=sys.argv[1])\n"
+            f"s3.create_bucket(Bucket={BUCKET!r})\n"
+            "for key, folder in json.loads(sys.argv[2]).items():\n"
+            "    root = pathlib.Path(folder)\n"
+            "    for p in sorted(root.rglob('*')):\n"
+            "        if p.is_file():\n"
+            f"            s3.upload_file(str(p), {BUCKET!r}, key + '/' + p.relative_to(root).as_posix())\n")
+    subprocess.run(in_ns(ns, sys.executable, "-c", code, endpoint, json.dumps({k: str(v) for k, v in folders.items()})),
+                   check=True, env={**os.environ, **S3_KEYS})
+
+
+class Store:
+    """The servers (and the relay) in the store's namespace, for the whole benchmark."""
+
+    def __init__(self, cluster, shard_dir: Path, litdata_dir: Path | None, rtt_ms: float, logs: Path):
+        self.ns, self.reader_ns = cluster.placement[0].netns, cluster.placement[1].netns
+        self.host = cluster.address(0)
+        relay = rtt_ms > 0
+        bind = "127.0.0.1" if relay else self.host
+        http, s3 = (HTTP_PORT + 10000, S3_PORT + 10000) if relay else (HTTP_PORT, S3_PORT)
+        self.procs = []
+
+        def start(argv, cwd, name):
+            log = open(logs / f"{name}.log", "w")
+            self.procs.append(subprocess.Popen(in_ns(self.ns, *argv), cwd=cwd, stdout=log, stderr=subprocess.STDOUT))
+
+        start([sys.executable, "-m", "RangeHTTPServer", str(http), "-b", bind], shard_dir.parent, "http")
+        start([sys.executable, "-m", "moto.server", "-H", bind, "-p", str(s3)], logs, "moto")
+        wait_port(self.ns, bind, http)
+        wait_port(self.ns, bind, s3)
+        upload(self.ns, f"http://{bind}:{s3}", {"shards": shard_dir, **({"litdata": litdata_dir} if litdata_dir else {})})
+        if relay:
+            start([sys.executable, "-m", "hasten.harness.delay_relay", "--delay-ms", str(rtt_ms / 2),
+                   f"{self.host}:{HTTP_PORT}=127.0.0.1:{http}", f"{self.host}:{S3_PORT}=127.0.0.1:{s3}"], logs, "relay")
+            wait_port(self.reader_ns, self.host, HTTP_PORT)
+            wait_port(self.reader_ns, self.host, S3_PORT)
+        self.http = f"http://{self.host}:{HTTP_PORT}/{shard_dir.name}/"
+        self.s3_env = {**S3_KEYS, "AWS_ENDPOINT_URL": f"http://{self.host}:{S3_PORT}"}
+
+    def source(self, reader: str) -> tuple[str, dict]:
+        if reader == "hasten-s3":
+            return f"s3://{BUCKET}/shards/", self.s3_env
+        if reader == "litdata":
+            return f"s3://{BUCKET}/litdata", self.s3_env
+        return self.http, {}
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+# --- the table -------------------------------------------------------------------------------------
+
+def summarize(runs: dict[str, list[list[dict]]], epochs: int) -> dict:
+    local = {c.split()[0]: mean_ci([r[0]["images"] / r[0]["wall_s"] for r in reps])["mean"]
+             for c, reps in runs.items() if c.endswith(" local") and reps}
+    summary = {}
+    for config, reps in runs.items():
+        if not reps:
+            continue
+        reader, rate = config.split()[0], None if config.endswith(" local") else float(config.split()[2])
+        row = {}
+        for epoch in range(epochs):
+            per = [r[epoch] for r in reps]
+            row[f"epoch{epoch + 1}"] = {
+                "images_per_s": mean_ci([p["images"] / p["wall_s"] for p in per]),
+                "images_per_cpu_s": mean_ci([p["images"] / p["cpu_s"] for p in per]),
+                "link_mb_per_s": mean_ci([p["link_bytes"] / 1e6 / p["wall_s"] for p in per]),
+                "link_mb": mean_ci([p["link_bytes"] / 1e6 for p in per]),
+                "peak_pss_mb": mean_ci([p["peak_pss_bytes"] / 1e6 for p in per if p["peak_pss_bytes"]] or [0.0]),
+                "images": sorted({p["images"] for p in per}),
+            }
+        if epochs > 1:
+            # Memory flat: the last epoch's peak over epoch 2's (both from the cache where there is one).
+            row["peak_growth"] = row[f"epoch{epochs}"]["peak_pss_mb"]["mean"] / row["epoch2"]["peak_pss_mb"]["mean"]
+        if rate is not None:
+            row["link_fraction"] = row["epoch1"]["link_mb_per_s"]["mean"] * 8 / (rate * 1e3)
+        own = local.get("hasten" if reader == "hasten-s3" else reader)
+        if own:
+            row["vs_own_local"] = row["epoch1"]["images_per_s"]["mean"] / own
+        if local.get("hasten"):
+            row["vs_hasten_local"] = row["epoch1"]["images_per_s"]["mean"] / local["hasten"]
+        summary[config] = row
+    return summary
+
+
+def print_table(summary: dict, epochs: int) -> None:
+    last = f"epoch{epochs}"
+    print(f"{'reader and link':<26} {'epoch 1 img/s':>14} {'img/CPU-s':>10} {'link MB/s':>10} {'of link':>8} "
+          f"{'vs local':>9} {'peak MB':>8} {last + ' img/s':>14} {'peak MB':>8} {'link MB':>8}")
+    for config, row in summary.items():
+        e1, en = row["epoch1"], row[last]
+        print(f"{config:<26} {plus_minus(e1['images_per_s']['mean'], e1['images_per_s']['ci95'], '.0f'):>14} "
+              f"{e1['images_per_cpu_s']['mean']:>10.0f} {e1['link_mb_per_s']['mean']:>10.1f} "
+              f"{row.get('link_fraction', float('nan')):>8.2f} {row.get('vs_own_local', float('nan')):>9.2f} "
+              f"{e1['peak_pss_mb']['mean']:>8.0f} "
+              f"{plus_minus(en['images_per_s']['mean'], en['images_per_s']['ci95'], '.0f'):>14} "
+              f"{en['peak_pss_mb']['mean']:>8.0f} {en['link_mb']['mean']:>8.1f}")
 
 
 def main() -> None:
@@ -110,75 +301,98 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=4000, help="training JPEGs of the ImageNet-like set")
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--rates", default="0.1,1,10", help="link rates, Gbit/s, comma-separated")
-    ap.add_argument("--workers", type=int, default=2, help="decode processes of the reader")
+    ap.add_argument("--rtt-ms", type=float, default=20.0, help="request round trip added by the relay (0: none)")
+    ap.add_argument("--readers", default=",".join(READERS), help=f"comma-separated, of {', '.join(READERS)}")
+    ap.add_argument("--workers", type=int, default=2, help="decode processes of every reader")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--epochs", type=int, default=2, help="epoch 1 over the link, then from the cache")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=3, help="epoch 1 over the link, then from the cache")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="96 images, 0.1 and 1 Gbit/s, one repeat: checks it runs")
     ap.add_argument("--out", type=Path, default=None, help=f"default {RESULTS / 'remote_shards.json'}")
     ap.add_argument("--read", help=argparse.SUPPRESS)
+    ap.add_argument("--reader", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
+    ap.add_argument("--names", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.read:
-        read(args.read, args.cache, args.epochs, args.workers, args.image_size, args.batch)
+        sys.path.insert(0, str(Path(__file__).parent))
+        read(args)
         return
-    from hasten.harness.netns import probe
+    readers = [r.strip() for r in args.readers.split(",") if r.strip()]
+    unknown = sorted(set(readers) - set(READERS))
+    if unknown or not readers:
+        raise SystemExit(f"--readers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(READERS)}")
+    from hasten.harness.netns import EmulatedCluster, probe
 
     reason = probe(PREFIX)
     if reason is not None:
         raise SystemExit(f"cannot emulate links here: {reason}")
     if args.smoke:
-        args.images, args.classes, args.rates, args.repeats, args.workers = 96, 4, "0.1,1", 1, 1
+        args.images, args.classes, args.rates, args.repeats, args.workers, args.epochs = 96, 4, "0.1,1", 1, 1, 2
     sys.path.insert(0, str(Path(__file__).parent))
     from imagenet_pipeline import make_dataset
 
     cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
     _, shard_dir = make_dataset(cache, args.images, args.classes, 2, args.seed, procs=max(1, min(2, os.cpu_count())))
+    litdata_dir = None
+    if "litdata" in readers:
+        from remote_peers import convert_litdata
+
+        litdata_dir = convert_litdata(shard_dir, shard_dir.parent / "litdata")
     rates = [float(r) for r in args.rates.split(",")]
-    configs = ["local", *[f"{r:g} Gbit/s" for r in rates]]
+    configs = [f"{r} local" for r in readers if r != "hasten-s3"]
+    if "hasten-s3" in readers and "hasten" not in readers:
+        configs.append("hasten local")
+    configs += [f"{r} @ {rate:g} Gbit/s" for rate in rates for r in readers]
     runs: dict[str, list[list[dict]]] = {c: [] for c in configs}
+    index = json.loads((shard_dir / "index.json").read_text())
+    link = (f"tc htb rate on veth + bridge; request RTT +{args.rtt_ms:g} ms by a userspace relay "
+            "(hasten.harness.delay_relay; no sch_netem: not packet-level delay), no loss" if args.rtt_ms > 0
+            else "tc htb rate on veth + bridge; no added latency, no loss")
     with MeasuredConditions("cpu", seconds=0.2 if args.smoke else 1.0) as cond, \
-            tempfile.TemporaryDirectory() as tmp:
-        for repeat, config in interleaved(configs, args.repeats, seed=args.seed):
-            work = Path(tmp) / f"{repeat}-{config.replace(' ', '').replace('/', '')}"
-            work.mkdir()
-            if config == "local":
-                runs[config].append(run_reader(reader_argv(str(shard_dir), work / "cache", args)))
-            else:
-                runs[config].append(over_link(shard_dir, float(config.split()[0]), args, work))
-    summary = {}
-    local_rate = mean_ci([r[0]["images"] / r[0]["wall_s"] for r in runs["local"]])["mean"]
-    for config, reps in runs.items():
-        row = {}
-        for epoch in range(args.epochs):
-            per = [r[epoch] for r in reps]
-            row[f"epoch{epoch + 1}"] = {
-                "images_per_s": mean_ci([p["images"] / p["wall_s"] for p in per]),
-                "images_per_cpu_s": mean_ci([p["images"] / p["cpu_s"] for p in per]),
-                "store_mb_per_s": mean_ci([p["bytes_from_store"] / 1e6 / p["wall_s"] for p in per]),
-            }
-        if config != "local":
-            rate = float(config.split()[0])
-            row["link_fraction"] = row["epoch1"]["store_mb_per_s"]["mean"] * 8 / (rate * 1e3)
-        row["vs_local"] = row["epoch1"]["images_per_s"]["mean"] / local_rate
-        summary[config] = row
-    print(f"{args.images} images, {args.workers} decode worker(s), {args.repeats} repeat(s), "
-          f"{hardware_label(cond.as_dict()['environment'])}; links: rate only (no sch_netem: no latency, no loss)")
-    print(f"{'source':<12} {'epoch 1 img/s':>15} {'img/CPU-s':>11} {'MB/s':>8} {'of link':>8} {'epoch 2 img/s':>15}")
-    for config, row in summary.items():
-        e1, e2 = row["epoch1"], row.get("epoch2", row["epoch1"])
-        print(f"{config:<12} {plus_minus(e1['images_per_s']['mean'], e1['images_per_s']['ci95'], '.0f'):>15} "
-              f"{e1['images_per_cpu_s']['mean']:>11.0f} {e1['store_mb_per_s']['mean']:>8.0f} "
-              f"{row.get('link_fraction', float('nan')):>8.2f} "
-              f"{plus_minus(e2['images_per_s']['mean'], e2['images_per_s']['ci95'], '.0f'):>15}")
+            tempfile.TemporaryDirectory() as tmp, EmulatedCluster(2, rate_gbit=rates[0], prefix=PREFIX) as cluster:
+        tmp = Path(tmp)
+        names = tmp / "names.json"
+        names.write_text(json.dumps([s["name"] for s in index["splits"]["train"]["shards"]]))
+        (tmp / "logs").mkdir()
+        store = Store(cluster, shard_dir, litdata_dir, args.rtt_ms, tmp / "logs")
+        try:
+            for repeat, config in interleaved(configs, args.repeats, seed=args.seed):
+                work = tmp / f"{repeat}-{config.replace(' ', '').replace('/', '')}"
+                work.mkdir()
+                reader = config.split()[0]
+                print(f"repeat {repeat + 1}/{args.repeats}: {config}", file=sys.stderr, flush=True)
+                # Local readings run in the reader's namespace too: the same surroundings, and its
+                # byte counters see only this reader's traffic (none).
+                if config.endswith(" local"):
+                    source, env = str(litdata_dir if reader == "litdata" else shard_dir), {}
+                else:
+                    cluster.set_rate(float(config.split()[2]))
+                    source, env = store.source(reader)
+                argv = in_ns(store.reader_ns, *reader_argv(reader, source, work / "cache", names, args))
+                runs[config].append(run_reader(argv, env))
+        finally:
+            store.close()
+    summary = summarize(runs, args.epochs)
+    print(f"{args.images} images, {args.workers} decode worker(s) per reader, batch {args.batch}, "
+          f"{args.image_size}px, {args.repeats} repeat(s), {hardware_label(cond.as_dict()['environment'])}; {link}")
+    print_table(summary, args.epochs)
     print(cond.summary())
     out = args.out or (cache / "remote_shards_smoke.json" if args.smoke else RESULTS / "remote_shards.json")
+    versions = {}
+    for pkg in ("webdataset", "litdata", "obstore", "moto", "rangehttpserver"):
+        try:
+            from importlib.metadata import version
+
+            versions[pkg] = version(pkg)
+        except Exception:  # noqa: BLE001 - not installed: not used
+            pass
     write_json(out, {"command": " ".join(sys.argv), "images": args.images, "workers": args.workers,
-                     "image_size": args.image_size, "batch": args.batch, "rates_gbit": rates,
-                     "link": "tc htb rate on veth + bridge; no added latency or loss (no sch_netem)",
-                     "summary": summary, "runs": runs, "conditions": cond.as_dict()})
+                     "image_size": args.image_size, "batch": args.batch, "rates_gbit": rates, "rtt_ms": args.rtt_ms,
+                     "readers": readers, "link": link, "versions": versions, "summary": summary, "runs": runs,
+                     "conditions": cond.as_dict()})
     print(f"wrote {out}")
 
 

@@ -74,3 +74,23 @@ def test_bad_cluster_options():
         EmulatedCluster(4, 1.0, inter_rate_gbit=0.25)
     with pytest.raises(ValueError, match="must divide"):
         EmulatedCluster(6, 1.0, inter_rate_gbit=0.25, local_size=4)
+
+
+def test_set_rate_changes_every_link_in_place(namespaces):
+    def rates(cluster):
+        shown = []
+        for rank in range(cluster.world_size):
+            ns, host, inner = f"{PREFIX}{rank}", f"{PREFIX}{rank}h", f"{PREFIX}{rank}n"
+            for cmd in (["ip", "netns", "exec", ns, "tc", "class", "show", "dev", inner],
+                        ["tc", "class", "show", "dev", host]):
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                shown += [line.split(" rate ")[1].split()[0] for line in out.splitlines()
+                          if "1:10 " in line or "1:20 " in line]
+        return shown
+
+    with EmulatedCluster(2, 1.0, prefix=PREFIX) as cluster:
+        assert rates(cluster) == ["1Gbit"] * 8
+        cluster.set_rate(0.25)
+        assert rates(cluster) == ["250Mbit"] * 8 and cluster.rate_gbit == 0.25
+        with pytest.raises(ValueError, match="positive"):
+            cluster.set_rate(0)

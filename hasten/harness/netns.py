@@ -182,6 +182,20 @@ class EmulatedCluster:
         self.close()
         atexit.unregister(self.close)
 
+    def set_rate(self, rate_gbit: float) -> None:
+        """Every link's rate changed in place (both directions, both classes): one cluster,
+        and the servers running in it, serve a sweep of rates."""
+        if rate_gbit <= 0:
+            raise ValueError(f"link rates must be positive, got {rate_gbit}")
+        for rank in range(self.world_size):
+            ns, host, inner = f"{self.prefix}{rank}", f"{self.prefix}{rank}h", f"{self.prefix}{rank}n"
+            for cmd, dev in ((["ip", "netns", "exec", ns, "tc"], inner), (["tc"], host)):
+                for cls in ("1:10", "1:20"):
+                    _ip(*cmd, "class", "change", "dev", dev, "parent", "1:", "classid", cls, "htb",
+                        "rate", _gbit(rate_gbit), "ceil", _gbit(rate_gbit), "quantum", _QUANTUM)
+        self.rate_gbit = rate_gbit
+        self.inter_rate_gbit = None if self.inter_rate_gbit is None else rate_gbit
+
     def describe(self) -> str:
         text = f"emulated: {self.world_size} network namespaces, {self.rate_gbit:g} Gbit/s links"
         if self.inter_rate_gbit is not None:
