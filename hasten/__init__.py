@@ -4,7 +4,7 @@ Every technique works on its own in a plain PyTorch loop and is also wired into 
 and the ``hasten`` command line. Subpackages, each named for what it holds:
 
 - ``hasten.data``: CIFAR-10 and image-folder datasets decoded once; device and host loaders, augmentation.
-- ``hasten.stream``: the input pipeline that decodes every epoch (``StreamLoader``; tar shards, ``ShardLoader``).
+- ``hasten.stream``: the input pipeline that decodes every epoch (``ShardLoader`` over shards, their URL, a folder or an archive; echo as a stage on it).
 - ``hasten.echo``: data echoing (Choi et al., 2019): echo stages, the shuffle buffer, AutoEcho.
 - ``hasten.distributed``: ring, torus and naive all-reduce, DDP hooks, data-parallel set-up, lost ranks.
 - ``hasten.harness``: what the all-reduce benchmarks run on: rank launcher, emulated cluster, timing.

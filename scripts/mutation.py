@@ -77,7 +77,7 @@ MODULES: dict[str, Target] = {
         "tests/test_data_host_loader.py")),
     "data.host_augment": Target("hasten/data/host_augment.py", (
         "tests/test_data_host_augment.py",
-        "tests/test_stream_loader.py::test_stream_augmentation_is_a_reference_crop_flip_covering_pad_4")),
+        "tests/test_stream_echo_stage.py::test_stream_augmentation_is_a_reference_crop_flip_covering_pad_4")),
     "nn.whitening": Target("hasten/nn/whitening.py", ("tests/test_nn_whitening.py",)),
     "nn.ema": Target("hasten/nn/ema.py", (
         "tests/test_nn_ema.py",

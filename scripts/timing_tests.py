@@ -50,7 +50,7 @@ TIMING_TESTS = [
     "tests/test_profile_profiler.py",
     "tests/test_commands_profile.py",
     "tests/test_profile_attach_check.py",  # a silent Python named within 10 s
-    "tests/test_stream_loader_autoecho.py",
+    "tests/test_stream_echo_stage_autoecho.py",
     "tests/test_stream_slow_storage.py",
     "tests/test_distributed_algorithms.py::test_torus_groups_rows_columns_subgroups_and_errors",
 ]

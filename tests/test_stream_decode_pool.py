@@ -1,4 +1,4 @@
-"""decode_stream: records decoded in the worker pool, in order, bad files counted by name."""
+"""decode_records: records decoded into one chunk in order, bad files listed by name."""
 
 import io
 
@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from hasten.errors import DataError
-from hasten.stream.decode_pool import decode_records, decode_stream
+from hasten.stream.decode_pool import decode_records, read_records
 
 
 def _records(n, bad=(), size=8):
@@ -20,37 +20,12 @@ def _records(n, bad=(), size=8):
     return out
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_chunks_come_in_order_with_their_labels_and_keys(workers):
-    records = _records(20)
-    chunks = [np.arange(i, min(i + 6, 20)) for i in range(0, 20, 6)]
-    got = list(decode_stream(records, chunks, workers=workers, prefetch=2))
-    keys = np.concatenate([c.keys for c in got])
-    assert keys.tolist() == list(range(20))
-    assert np.concatenate([c.labels for c in got]).tolist() == [i % 3 for i in range(20)]
-    assert all((c.images[j] == k).all() for c in got for j, k in enumerate(c.keys))  # image i is filled with i
-
-
-def test_augment_runs_on_each_decoded_chunk_with_its_keys():
-    seen = []
-
-    def augment(images, keys):
-        seen.append(keys.tolist())
-        return 255 - images
-
-    (chunk,) = decode_stream(_records(4), [np.array([3, 1])], augment=augment)
-    assert seen == [[3, 1]] and (chunk.images[0] == 252).all()
-
-
-def test_bad_records_are_named_and_counted_against_at_least_100():
-    reported = []
-    chunks = [np.arange(i, i + 10) for i in range(0, 30, 10)]
-    # 1 bad of 30: 1% of 100 counted, so it passes; 2 do not.
-    decoded = list(decode_stream(_records(30, bad={4}), chunks, max_bad_fraction=0.01, on_bad=reported.extend))
-    assert sum(len(c.keys) for c in decoded) == 29
-    assert reported == [("img4.png", reported[0][1])] and not reported[0][1].startswith("img4.png")
-    with pytest.raises(DataError, match=r"2 of 20 files .*max_bad_fraction=0.01: img4\.png .*img17\.png"):
-        list(decode_stream(_records(30, bad={4, 17}), chunks, max_bad_fraction=0.01))
+def test_records_come_in_order_with_their_labels_and_keys_and_bad_ones_are_named():
+    records = _records(12, bad={4})
+    chunk = decode_records(read_records(records, np.array([7, 4, 0, 11])))
+    assert chunk.keys.tolist() == [7, 0, 11] and chunk.labels.tolist() == [1, 0, 2]
+    assert all((chunk.images[j] == k).all() for j, k in enumerate(chunk.keys))  # image i is filled with i
+    assert [name for name, _ in chunk.bad] == ["img4.png"] and not chunk.bad[0][1].startswith("img4.png")
 
 
 def test_images_of_different_sizes_need_image_size():

@@ -1,8 +1,8 @@
 """Per-example random crop and flip on the host, vectorised over a chunk (numpy).
 
 Augmentation where the data is when it is prepared on the host: in the
-streaming pipeline's decode workers or after its echo stage
-(``hasten.stream.loader``), and per batch in ``hasten.data.host_loader``. Each
+streaming pipeline's decode workers (``hasten.stream.chunk_decode``'s ``pad-crop``)
+or after its echo stage (``hasten.stream.echo_stage``), and per batch in ``hasten.data.host_loader``. Each
 example gets its own random shift and flip, but the work is one pad for the
 whole chunk and one slice copy per image. The device-resident path has its
 batched torch equivalent in ``hasten.data.device_augment``.

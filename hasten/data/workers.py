@@ -3,8 +3,8 @@
 Every parallel decode in hasten goes through ``ordered_map``: the image-folder
 reader (``hasten.data.image_folder``: chunks of file bytes as they come out of
 the archive, so decompression overlaps decoding) and the streaming pipeline
-(``hasten.stream.decode_pool``: chunks of record indices; the record store
-reaches the workers by fork, not through a pipe).
+(``hasten.stream.shard_loader``: chunks of shard records, their bytes in shared
+memory or left in their files for the worker to read).
 
 A feeder thread draws tasks from the caller's iterable, which may itself be slow
 (reading an archive, waiting on storage), and hands them to the worker

@@ -148,7 +148,7 @@ class AutoEcho:
         while a buffer after the stage fills and no step has run, has almost no downstream
         time and reads as a huge R: ``hasten echo`` measured R 541 in its first window behind
         a buffer sized for ``e_max``, and e started (and, at R 3.5, stayed) at ``e_max``.
-        ``StreamLoader`` calls it."""
+        ``hasten.stream.echo_stage.EchoStage`` calls it."""
         with self._lock:
             self._loop_reports = True
 
@@ -359,7 +359,7 @@ class AutoEcho:
     def setup_distributed(self) -> None:
         """Create AutoEcho's own gloo process group. Call it on the training thread of
         every rank, at the same point, before an echo stage runs on another thread
-        (``StreamLoader`` does); a no-op without ``torch.distributed``, with ``sync=False``
+        (``hasten.stream.echo_stage.EchoStage`` does); a no-op without ``torch.distributed``, with ``sync=False``
         or when done already.
 
         Why: the ranks agree inside the echo stage, on whatever thread runs it. From a

@@ -1,18 +1,19 @@
 """The streaming input pipeline: data read, decoded and augmented on the host every epoch.
 
-For data that is not decoded once and held on the device (``hasten.data``):
-``records`` (the raw-bytes record cache), ``rank_split`` (each rank's example indices per epoch),
-``decode_pool`` (decoding in the worker pool of ``hasten.data.workers``),
-``slow_storage`` (emulated slow upstream storage) and ``loader.StreamLoader``,
-which composes them with the host augmentation of ``hasten.data.host_augment``
-and the echo stages of ``hasten.echo``. For sets larger than memory: ``pack``
-(an image folder or archive to tar shards; with ``presize``, JPEGs stored at a
-bounded side), ``shard_loader.ShardLoader`` (streams them, per rank, resumable
-mid-epoch) with its pieces ``shard_store`` (where the shards are), ``tar_members``
-(reading one shard), ``epoch_plan`` (each rank's examples per epoch),
-``chunk_decode`` and ``shared_buffers`` (decode in workers into reused batches),
-``virtual_shards`` and ``sources`` (an image folder or archive streamed without packing),
-``fused_crop`` (JPEG decode fused with the random-resized crop) and ``shard_cache``
-(a local copy of shards read from slow storage); ``shards`` gathers the public
-names of all of these. Import from the submodules.
+For data that is not decoded once and held on the device (``hasten.data``), one
+pipeline: ``sources.open_source`` (tar shards, their URL, an image folder or an
+archive, as one store of shards), ``shard_loader.ShardLoader`` (streams them, per
+rank, exactly once per epoch, resumable mid-epoch) and ``echo_stage.EchoStage``
+(data echoing as a stage on its output). Their pieces: ``shard_store`` (where the
+shards are), ``remote_store`` and ``store_url`` (shards behind a URL), ``tar_members``
+(reading one shard), ``virtual_shards`` (a folder or the record blob of ``records``
+cut into shards), ``epoch_plan`` (each rank's examples per epoch), ``chunk_decode``
+and ``shared_buffers`` (decode in workers into reused batches), ``fused_crop`` (JPEG
+decode fused with the random-resized crop), ``device_copy`` (pinned, non-blocking
+copies to the device), ``shard_cache`` (a local copy of shards read from slow
+storage) and ``slow_storage`` (emulated slow upstream storage). Beside them:
+``pack`` (an image folder or archive to tar shards; with ``presize``, JPEGs stored at
+a bounded side), ``rank_split`` (each rank's example indices per epoch, for any
+indexable set), ``decode_pool`` (a list of records decoded into one array);
+``shards`` gathers the public names of the shard pipeline. Import from the submodules.
 """

@@ -13,8 +13,9 @@ a module named for what it holds:
 - ``hasten.stream.shared_buffers``: shared-memory buffers reused between the loading
   process and the decode workers (``shared_uint8``, ``BufferPool``, ``BatchPool``);
 - ``hasten.stream.chunk_decode``: fused decode + crop of chunks of records in the
-  workers (``pack_chunk``, ``decode_chunk``, ``default_image_size``);
+  workers (``pack_chunk``, ``decode_chunk``, ``CROPS``, ``default_image_size``);
 - ``hasten.stream.shard_loader``: ``ShardLoader``, which composes them;
+- ``hasten.stream.echo_stage``: ``EchoStage``, data echoing as a stage on its output;
 - ``hasten.stream.virtual_shards`` and ``hasten.stream.sources``: an image folder or
   archive streamed without packing (``FolderShards``, ``RecordShards``), and
   ``open_source``, which opens whichever a path holds.
@@ -22,7 +23,8 @@ a module named for what it holds:
 Changes the training math: no (an order of the data, like any shuffling sampler).
 """
 
-from hasten.stream.chunk_decode import default_image_size
+from hasten.stream.chunk_decode import CROPS, default_image_size
+from hasten.stream.echo_stage import EchoStage
 from hasten.stream.epoch_plan import EpochPlan, epoch_plan, plan_records
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.shard_store import INDEX, ShardFiles, is_shard_dir, open_shards
@@ -30,6 +32,6 @@ from hasten.stream.sources import open_source
 from hasten.stream.tar_members import Record, read_shard, scan_shard
 from hasten.stream.virtual_shards import FolderShards, RecordShards
 
-__all__ = ["INDEX", "EpochPlan", "FolderShards", "Record", "RecordShards", "ShardFiles", "ShardLoader",
+__all__ = ["CROPS", "INDEX", "EchoStage", "EpochPlan", "FolderShards", "Record", "RecordShards", "ShardFiles", "ShardLoader",
            "default_image_size", "epoch_plan", "is_shard_dir", "open_shards", "open_source", "plan_records",
            "read_shard", "scan_shard"]
