@@ -159,3 +159,15 @@ def test_item_s_is_a_throughput_that_concurrent_requests_cannot_beat():
     assert time.perf_counter() - t0 >= 20 * 0.01 - 0.02
     with pytest.raises(ValueError, match="item_s"):
         SlowStorage([], item_s=-1)
+
+
+def test_items_of_makes_item_s_a_time_per_item_of_each_record():
+    # A store of shards of 3, 1 and 2 examples: item_s is the time per example, so the link is
+    # busy 6 x item_s, whatever the number of requests; without items_of it would be 3 x item_s.
+    examples = [3, 1, 2]
+    storage = SlowStorage([b"a", b"b", b"c"], item_s=0.01, items_of=examples.__getitem__)
+    t0 = time.monotonic()
+    assert [storage[i] for i in range(3)] == [b"a", b"b", b"c"]
+    assert storage.reads == 3 and storage.items == 6
+    assert storage.link_busy_s == pytest.approx(0.06)
+    assert time.monotonic() - t0 >= 0.06  # the reads waited that long, one after the other
