@@ -1,0 +1,345 @@
+"""Data echoing against a real source: the real-target echo experiment with its shards
+served over an emulated link, every second measured (issue 33, item 6).
+
+The experiment of ``benchmarks/echo_target.py`` (all 50,000 CIFAR-10-JPEG training
+images, the speedrun network at widths 16, 32, 64, batch 256, 75% on 5,000 fixed test
+images; the learning rates and budgets it tuned, read from its results JSON), with the
+modelled clock replaced by a real upstream:
+
+- the training set packed once into tar shards (``hasten.stream.pack``, shuffled,
+  about ``--shard-kb`` each), served by RangeHTTPServer in a network namespace
+  (``hasten.harness.netns``: veth, bridge, tc htb on the server's side);
+- this process reads them over HTTP with ``RemoteShards`` (obstore), no local cache,
+  ``--prefetch`` shards ahead, and decodes each image as it arrives
+  (``hasten.recipes.echo.shard_source``); the echo stage, shuffle buffer and keyed
+  augmentation after it are the modelled runs' own (``train_budget``);
+- before each run, a 16-step probe of the step time sets the link's rate so that a
+  batch takes R step times to arrive; the run's R is then *measured*: by a read of 3
+  batches through the source right after setting the rate, and, for runs without
+  echoing, as (wait + step) / step over the whole run.
+
+e = 1, 2, 4 and AutoEcho (not told R) at R = 2 and 4, ``--seeds`` seeds, each seed's
+runs in a fresh shuffled order (``hasten.timing.interleaved``), every run stopped at
+the target. Each run goes to a journal as it finishes; the same command resumes.
+The results compare with the modelled ones in ``echo_target.json`` (same settings).
+
+    python benchmarks/echo_link.py [--seeds 3] [--ratios 2,4] [--smoke]
+
+Needs root and iproute2 (network namespaces, tc) and ``pip install -e '.[remote]'``
+plus ``rangehttpserver`` (the ``test`` extra). Writes ``benchmarks/results/echo_link.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hasten.progress import progress
+from hasten.recipes.echo.config import RunSpec, SweepConfig
+from hasten.recipes.echo.data import load_data
+from hasten.recipes.echo.shard_source import ShardSource
+from hasten.recipes.echo.sweep import _brief, add_journal_arguments, current_step_time, open_journal, train_budget
+from hasten.rundir import write_json
+from hasten.stats import mean_ci, paired_ratios
+from hasten.timing import interleaved
+
+from _common import RESULTS, MeasuredConditions, add_data_argument, require_data
+
+PREFIX = "hel"  # this benchmark's namespaces, veths and bridge (the tests and other benchmarks use others)
+PORT = 8000
+# The link's own subnet: the netns tests and other benchmarks use hasten.harness.netns's, and
+# this process joins the bridge with an address (a route in the root namespace).
+SUBNET = "10.219"
+HOST_ADDRESS = f"{SUBNET}.0.250"
+PROBE_BATCHES = 3
+
+
+# ----------------------------------------------------------------------------- The shards
+def shards_for(data_path: str, root: Path, shard_kb: int) -> tuple[Path, np.ndarray]:
+    """The training set packed into shuffled shards under ``root`` (once), and the
+    training index of each shard example (pack's order: a seeded permutation of the
+    layout's order, which is also the record order ``load_data`` decodes in)."""
+    from hasten.stream.pack import pack
+
+    out = root / f"shards-{shard_kb}k"
+    if not (out / "index.json").is_file():
+        pack(data_path, out, shard_bytes=shard_kb * 1024, seed=0, shuffle=True)
+    index = json.loads((out / "index.json").read_text())
+    n = index["splits"]["train"]["examples"]
+    return out, np.random.default_rng(0).permutation(n)
+
+
+# ----------------------------------------------------------------------------- The link
+class Link:
+    """A store namespace behind a shaped veth; this process reaches it over the bridge."""
+
+    def __init__(self, shard_dir: Path):
+        from hasten.harness.netns import EmulatedCluster
+
+        class Cluster(EmulatedCluster):
+            def address(self, rank: int) -> str:
+                return f"{SUBNET}.0.{rank + 1}"
+
+        self.cluster = Cluster(1, rate_gbit=10.0, prefix=PREFIX)
+        self.shard_dir = shard_dir
+        self.server = None
+
+    def __enter__(self) -> "Link":
+        self.cluster.__enter__()
+        try:
+            subprocess.run(["ip", "addr", "add", f"{HOST_ADDRESS}/16", "dev", self.cluster.bridge],
+                           check=True)
+            self.ns, self.dev = self.cluster.placement[0].netns, f"{PREFIX}0n"
+            host = self.cluster.address(0)
+            self.server = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns, sys.executable, "-m", "RangeHTTPServer", str(PORT), "-b", host],
+                cwd=self.shard_dir.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            import socket
+
+            for _ in range(400):
+                try:
+                    socket.create_connection((host, PORT), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            else:
+                raise RuntimeError(f"the shard server at {host}:{PORT} did not start")
+            self.url = f"http://{host}:{PORT}/{self.shard_dir.name}/"
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def set_rate(self, bytes_per_s: float) -> None:
+        """The store's uploads (our downloads) at ``bytes_per_s``: both htb classes of its veth."""
+        kbit = max(8, int(bytes_per_s * 8 / 1000))
+        for cls in ("1:10", "1:20"):
+            subprocess.run(["ip", "netns", "exec", self.ns, "tc", "class", "change", "dev", self.dev, "parent", "1:",
+                            "classid", cls, "htb", "rate", f"{kbit}kbit", "ceil", f"{kbit}kbit", "quantum", "1514"],
+                           check=True)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.kill()
+            self.server.wait()
+            self.server = None
+        self.cluster.close()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- One run
+def measured_ratio(store, index_of, labels, image_size: int, batch: int, step_s: float) -> float:
+    """R as read: seconds for PROBE_BATCHES batches through a fresh source, per batch, over the
+    step, after its start-up (the shuffle buffer's first fill and one batch)."""
+    source = ShardSource(store, index_of, labels, image_size, prefetch=4)
+    keys = source.keys(seed=10_000 + int(time.time()) % 1000)  # (another order than any run's)
+    for _ in range(source.buffer + batch):
+        next(keys)
+    t0 = time.perf_counter()
+    for _ in range(PROBE_BATCHES * batch):
+        next(keys)
+    elapsed = time.perf_counter() - t0
+    keys.close()
+    return elapsed / PROBE_BATCHES / step_s
+
+
+def one_run(cfg: SweepConfig, data, store, index_of, link: Link, spec: RunSpec, ratio: float, args) -> dict:
+    step_s = current_step_time(cfg, data)
+    wire_per_example = sum(store.sizes) / sum(store.examples)  # JPEG bytes and tar headers: what crosses the link
+    link.set_rate(cfg.batch_size * wire_per_example / (ratio * step_s))
+    time.sleep(0.5)  # reads of the previous run still in flight drain at the old rate
+    probe_r = measured_ratio(store, index_of, data.train_labels, cfg.image_size, cfg.batch_size, step_s)
+    before = (store.bytes_read, store.requests, store.retries)
+    source = ShardSource(store, index_of, data.train_labels, cfg.image_size, prefetch=args.prefetch)
+    result = train_budget(cfg, data, spec, upstream=source, target=cfg.target, stop_at_target=True,
+                          final_eval=False)
+    return {**result, "nominal_ratio": ratio, "calibration_step_s": step_s, "probe_ratio": probe_r,
+            "link_bytes_per_s": cfg.batch_size * wire_per_example / (ratio * step_s),
+            "bytes_read": store.bytes_read - before[0], "requests": store.requests - before[1],
+            "retries": store.retries - before[2]}
+
+
+# ----------------------------------------------------------------------------- Summary
+def summarize(runs: list[dict], ratios, factors) -> list[dict]:
+    rows = []
+    for ratio in ratios:
+        group = [r for r in runs if r["nominal_ratio"] == ratio]
+        base = {r["seed"]: r["wall_time_to_target_s"] for r in group if r["echo_factor"] == 1.0 and r["reached_target"]}
+        for factor in factors:
+            these = sorted((r for r in group if str(r["echo_factor"]) == str(factor)), key=lambda r: r["seed"])
+            if not these:
+                continue
+            reached = [r for r in these if r["reached_target"]]
+            speedups = paired_ratios(base, {r["seed"]: r["wall_time_to_target_s"] for r in reached})
+            rows.append({
+                "ratio": ratio, "echo_factor": str(factor), "n": len(these), "reached": len(reached),
+                "probe_ratio": mean_ci([r["probe_ratio"] for r in these]),
+                "run_ratio": mean_ci([r["upstream_ratio"] for r in these if r["upstream_ratio"]]),
+                "step_ms": mean_ci([r["step_time_s"] * 1e3 for r in these]),
+                "wall_time_to_target_s": mean_ci([r["wall_time_to_target_s"] for r in reached]),
+                "fresh_examples_to_target": mean_ci([r["fresh_examples_to_target"] for r in reached]),
+                "steps_to_target": mean_ci([r["steps_to_target"] for r in reached]),
+                "idle_fraction": mean_ci([r["idle_fraction"] for r in reached]),
+                "mean_echo_factor": mean_ci([r["mean_echo_factor"] for r in these]),
+                "speedup": mean_ci(speedups) if speedups and len(speedups) == len(these) else None,
+                "speedup_per_seed": speedups})
+    return rows
+
+
+def goals(rows: list[dict], ratios) -> dict:
+    def row(ratio, factor):
+        return next((r for r in rows if r["ratio"] == ratio and r["echo_factor"] == factor), None)
+    out = {"per_ratio": []}
+    for ratio in ratios:
+        fixed = [r for r in rows if r["ratio"] == ratio and r["echo_factor"] not in ("auto", "1.0") and r["speedup"]]
+        best = max(fixed, key=lambda r: r["speedup"]["mean"], default=None)
+        auto = row(ratio, "auto")
+        a = auto["speedup"]["mean"] if auto and auto["speedup"] else None
+        entry = {"ratio": ratio, "best_fixed_e": best["echo_factor"] if best else None,
+                 "best_fixed_speedup": best["speedup"]["mean"] if best else None, "autoecho_speedup": a,
+                 "autoecho_vs_best": a / best["speedup"]["mean"] if a and best else None,
+                 "autoecho_goal_met": bool(a and best and a >= 0.9 * best["speedup"]["mean"])}
+        if ratio == 4.0:
+            entry["best_fixed_goal_met"] = bool(best and best["speedup"]["mean"] >= 2.5)
+        out["per_ratio"].append(entry)
+    return out
+
+
+def against_model(rows: list[dict]) -> list[dict]:
+    """The modelled experiment's speed-ups (echo_target.json) beside the measured ones."""
+    path = RESULTS / "echo_target.json"
+    if not path.is_file():
+        return []
+    modelled = json.loads(path.read_text())["summary"]
+    out = []
+    for r in rows:
+        m = next((x for x in modelled if x["ratio"] == r["ratio"] and x["echo_factor"] == r["echo_factor"]), None)
+        if m is None or not m.get("speedup") or not r["speedup"]:
+            continue
+        out.append({"ratio": r["ratio"], "echo_factor": r["echo_factor"], "modelled": m["speedup"]["mean"],
+                    "measured": r["speedup"]["mean"], "measured_over_modelled": r["speedup"]["mean"] /
+                    m["speedup"]["mean"], "modelled_wall_s": m["wall_time_to_target_s"]["mean"],
+                    "measured_wall_s": r["wall_time_to_target_s"]["mean"]})
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    def ci(stat, digits=0, scale=1.0):
+        if not stat or stat.get("mean") is None:
+            return "-"
+        half = f" ± {stat['ci95'] * scale:.{digits}f}" if stat.get("ci95") is not None else ""
+        return f"{stat['mean'] * scale:,.{digits}f}{half}"
+    lines = ["| R | e | reached | R read (probe) | R over the run (e = 1) | step ms | wall s to target | "
+             "fresh examples to target (k) | speed-up over e = 1 | mean e |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        e = "AutoEcho" if r["echo_factor"] == "auto" else f"{float(r['echo_factor']):g}"
+        lines.append(f"| {r['ratio']:g} | {e} | {r['reached']}/{r['n']} | {ci(r['probe_ratio'], 2)} | "
+                     f"{ci(r['run_ratio'], 2)} | {ci(r['step_ms'])} | {ci(r['wall_time_to_target_s'])} | "
+                     f"{ci(r['fresh_examples_to_target'], 1, 1e-3)} | {ci(r['speedup'], 2)} | "
+                     f"{ci(r['mean_echo_factor'], 2)} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- Main
+def tuned_specs(cfg: SweepConfig) -> dict[str, RunSpec]:
+    """e = 1 and each fixed factor at the learning rate and budget echo_target tuned on seed 0."""
+    path = RESULTS / "echo_target.json"
+    specs = json.loads(path.read_text())["specs"]
+    return {k: RunSpec(**{f: v for f, v in s.items() if f in RunSpec.__dataclass_fields__}) for k, s in specs.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_data_argument(ap)
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per setting (default 3)")
+    ap.add_argument("--ratios", default="2,4", help="upstream ratios R, comma-separated (default 2,4)")
+    ap.add_argument("--factors", default="1,2,4,auto", help="echo factors (default 1,2,4,auto)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--prefetch", type=int, default=4, help="shards read ahead (default 4)")
+    ap.add_argument("--shard-kb", type=int, default=384, help="shard size, KiB (default 384: about 128 images)")
+    ap.add_argument("--shards", default=os.path.join(os.environ.get("HASTEN_CACHE", "~/.cache/hasten"),
+                                                     "echo-link"), help="where the packed shards are kept")
+    ap.add_argument("--smoke", action="store_true", help="a tiny functional run (one seed, R = 2, e = 1 and "
+                                                          "AutoEcho, a few steps, a low target); writes no results")
+    add_journal_arguments(ap, str(RESULTS / "echo_link.json"))
+    args = ap.parse_args()
+    if args.markdown:
+        report = json.loads(Path(args.markdown).read_text())
+        print(table(report["summary"]))
+        return 0
+    if os.geteuid() != 0:
+        ap.error("needs root: network namespaces and tc shape the link to the shard server")
+    require_data(args.data, "echo_link")
+    torch.set_num_threads(args.threads)
+    ratios = [float(r) for r in args.ratios.split(",")]
+    factors = [f if f == "auto" else float(f) for f in args.factors.split(",")]
+    cfg = SweepConfig.at_target(args.data, seeds=args.seeds, ratios=tuple(ratios))
+    if args.smoke:
+        cfg = replace(cfg, target=0.15, test_images=500, epochs=0.3, eval_points=(0.5, 1.0), seeds=1)
+        ratios, factors, args.out = [2.0], [1.0, "auto"], "/dev/null"
+        args.journal = os.devnull
+    specs = tuned_specs(cfg)
+    if args.smoke:
+        specs = {k: replace(s, steps=cfg.steps) for k, s in specs.items()}
+    base = specs["1.0"]
+    journal = open_journal(args, cfg) if not args.smoke else None
+    data = load_data(cfg)
+    shard_dir, index_of = shards_for(args.data, Path(args.shards).expanduser(), args.shard_kb)
+    from hasten.stream.remote_store import RemoteShards
+
+    jobs = [(ratio, e) for ratio in ratios for e in factors]
+    bar = progress(total=len(jobs) * cfg.seeds, desc="echo over a link", unit="run")
+    runs: list[dict] = []
+    with MeasuredConditions("cpu", argv=sys.argv) as cond, Link(shard_dir) as link:
+        store = RemoteShards(link.url, "train", connections=args.prefetch)
+        for seed, (ratio, e) in interleaved(jobs, cfg.seeds, seed=0):
+            spec = replace(base, echo="auto", seed=seed) if e == "auto" else replace(specs[str(e)], seed=seed)
+            key = json.dumps({"ratio": ratio, "spec": spec.__dict__, "prefetch": args.prefetch,
+                              "shard_kb": args.shard_kb, "target": cfg.target}, sort_keys=True)
+
+            def go(spec=spec, ratio=ratio) -> dict:
+                return one_run(cfg, data, store, index_of, link, spec, ratio, args)
+            result = journal.run(key, go) if journal is not None else go()
+            runs.append(result)
+            bar.update(1)
+            brief = _brief(result)
+            print(f"R={ratio:g} e={e} seed={seed}: {brief}, probe R {result['probe_ratio']:.2f}, "
+                  f"wall to target {result['wall_time_to_target_s']}", flush=True)
+            if not args.smoke:
+                rows = summarize(runs, ratios, factors)
+                write_json(Path(args.out), {"benchmark": "echo_link", "conditions": cond.as_dict(),
+                                            "dataset": "CIFAR-10-JPEG", "torch": torch.__version__,
+                                            "torch_threads": torch.get_num_threads(),
+                                            "config": {**cfg.__dict__, "data": os.path.basename(cfg.data)},
+                                            "link": {"server": "RangeHTTPServer in a network namespace",
+                                                     "shaping": "tc htb rate on the server's veth; no added "
+                                                                "latency (no sch_netem on this kernel)",
+                                                     "client": "hasten RemoteShards (obstore), no cache",
+                                                     "prefetch_shards": args.prefetch, "shard_kb": args.shard_kb},
+                                            "runs": runs, "summary": rows, "goals": goals(rows, ratios),
+                                            "against_model": against_model(rows)})
+        bar.close()
+    if args.smoke:
+        ok = all(r["steps"] > 0 and r["upstream_decoded"] > 0 for r in runs)
+        print("smoke:", "ok" if ok else "FAILED")
+        return 0 if ok else 1
+    rows = summarize(runs, ratios, factors)
+    print(table(rows))
+    print(cond.summary())
+    print("goals:", json.dumps(goals(rows, ratios), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

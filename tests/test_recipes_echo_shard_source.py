@@ -1,0 +1,85 @@
+"""hasten.recipes.echo.shard_source: fresh examples for the echo runs read from packed
+shards (the real upstream of benchmarks/echo_link.py): every example once per epoch,
+the pixels the in-memory set decodes, labels checked, and train_budget's runs on it."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hasten.errors import DataError
+from hasten.recipes.echo.config import RunSpec, SweepConfig
+from hasten.recipes.echo.shard_source import ShardSource
+from hasten.recipes.echo.sweep import train_budget
+from hasten.stream.decode_pool import decode_records, read_records
+from hasten.stream.pack import pack
+from hasten.stream.records import open_records
+from hasten.stream.shard_store import open_shards
+from test_recipes_echo import _memory_data
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """32 train JPEGs of 2 classes (16x16) packed shuffled into small shards; their
+    records decoded in record order, as load_data does, and pack's index map."""
+    root = tmp_path_factory.mktemp("echo-shards")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 16), ("test", 4)):
+        for label, name in enumerate(("red", "blue")):
+            (root / "src" / split / name).mkdir(parents=True)
+            for i in range(n):
+                img = rng.integers(0, 120, (16, 16, 3), dtype=np.uint8)
+                img[..., 0 if label == 0 else 2] += 120
+                buf = io.BytesIO()
+                Image.fromarray(img).save(buf, "JPEG", quality=90)
+                (root / "src" / split / name / f"{i:03d}.jpg").write_bytes(buf.getvalue())
+    pack(root / "src", root / "shards", shard_bytes=8 * 1024, seed=0, shuffle=True)
+    records = open_records(root / "src", "train", cache=root / "cache")
+    decoded = decode_records(read_records(records, np.arange(len(records))), 16)
+    return open_shards(root / "shards"), np.random.default_rng(0).permutation(len(records)), decoded
+
+
+def test_each_epoch_delivers_every_example_once_with_the_pixels_of_the_in_memory_set(packed):
+    store, index_of, decoded = packed
+    assert len(store.examples) > 2  # several shards: the plan's order matters
+    source = ShardSource(store, index_of, decoded.labels, 16, buffer=8, prefetch=2, ahead=4)
+    keys = source.keys(seed=3)
+    n = len(decoded.labels)
+    first, second = [next(keys) for _ in range(n)], [next(keys) for _ in range(n)]
+    keys.close()
+    assert sorted(first) == list(range(n)) and sorted(k - n for k in second) == list(range(n))
+    assert first != [k - n for k in second]  # a new order each epoch
+    assert np.array_equal(source.images, decoded.images)  # the bytes that came through, decoded
+    assert source.arrived >= 2 * n and not source.skipped
+
+
+def test_a_shard_label_that_disagrees_with_the_training_set_is_one_data_error(packed):
+    store, index_of, decoded = packed
+    wrong = decoded.labels.copy()
+    wrong[index_of[0]] = 1 - wrong[index_of[0]]
+    keys = ShardSource(store, index_of, wrong, 16, buffer=0, prefetch=1).keys(seed=0)
+    with pytest.raises(DataError, match="label"):
+        for _ in range(2 * len(wrong)):
+            next(keys)
+
+
+def test_an_index_map_that_is_not_a_permutation_is_refused(packed):
+    store, index_of, decoded = packed
+    with pytest.raises(DataError, match="permutation"):
+        ShardSource(store, np.zeros_like(index_of), decoded.labels, 16)
+
+
+def test_train_budget_trains_on_the_source_and_counts_its_examples(packed, one_thread):
+    store, index_of, decoded = packed
+    data = _memory_data(n=len(decoded.labels), m=40)
+    data.train, data.train_labels = decoded.images, decoded.labels
+    cfg = SweepConfig(data="x", train_images=len(decoded.labels), test_images=40, batch_size=3, epochs=1.0,
+                      eval_points=(1.0,))
+    source = ShardSource(store, index_of, decoded.labels, 16, buffer=8, prefetch=2)
+    run = train_budget(cfg, data, RunSpec(steps=20, echo=2.0, lr=0.05), upstream=source, final_eval=False)
+    assert run["steps"] == 20 and run["upstream_decoded"] == source.arrived
+    # e = 2: 60 items from about 30 fresh examples (the buffer holds a few more); all decoded here.
+    assert 30 <= run["fresh_examples"] <= source.arrived
+    with pytest.raises(ValueError, match="one of"):
+        train_budget(cfg, data, RunSpec(steps=2), upstream=source, clocks=object())
