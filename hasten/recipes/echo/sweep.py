@@ -64,6 +64,7 @@ from hasten.recipes.echo.data import (IdentityStore, MemoryData, Source, fresh_k
                                       test_batches)
 from hasten.recipes.echo.report import goals, summarize
 from hasten.recipes.echo.run import MEAN, STD, SmallNet
+from hasten.recipes.echo.shard_source import ShardSource
 from hasten.rundir import RunJournal
 from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import Stopwatch, interleaved
@@ -80,7 +81,7 @@ def lr_at(step: float, steps: int, peak: float, warmup: float) -> float:
 
 def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: Source | None = None,
                  target: float | None = None, stop_at_target: bool = False, final_eval: bool = True,
-                 clocks: ModelledClocks | None = None, log=None) -> dict:
+                 clocks: ModelledClocks | None = None, upstream: ShardSource | None = None, log=None) -> dict:
     """Train ``spec.steps`` steps with the schedule; evaluate at ``cfg.eval_points``.
 
     With ``target``: the first evaluation at or above it gives the fresh examples,
@@ -97,10 +98,15 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     come at full speed and each clock adds the waits of its modelled upstream to the
     measured time; the result's ``clock_*`` lists hold each clock's wall time, waits and
     wall time to the target. AutoEcho is told the first clock's waits.
+
+    With ``upstream`` (``hasten.recipes.echo.shard_source.ShardSource``; instead of
+    both): fresh examples are read from shards in a store, over whatever link is
+    between, and decoded as they arrive; every second is measured, nothing modelled.
     """
     check_variant(spec.variant)
-    if source is not None and clocks is not None:
-        raise ValueError("train_budget: a run's upstream is either a slow source or modelled clocks, not both")
+    if sum(x is not None for x in (source, clocks, upstream)) > 1:
+        raise ValueError("train_budget: a run's upstream is one of a slow source, modelled clocks or a shard "
+                         "source")
     if spec.echo == "auto" and clocks is not None and len(clocks.per_example_s) > 1:
         raise ValueError("train_budget: AutoEcho decides from one clock's waits; give it one clock, not "
                          f"{len(clocks.per_example_s)}")
@@ -141,7 +147,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     counters = EchoCounters()
     waiting, stepping = Stopwatch(), Stopwatch()
     steps, factors, reached, curve = 0, [], None, []
-    fresh = fresh_keys(n, spec.seed, storage, source)
+    fresh = upstream.keys(spec.seed) if upstream is not None else fresh_keys(n, spec.seed, storage, source)
+    train_images = upstream.images if upstream is not None else data.train  # (the arrived pixels)
     batches = pipeline(clocks.items(fresh) if clocks is not None else fresh, spec, factor, buffer, cfg.batch_size,
                        counters, clock=clocks.time if clocks is not None else None)
     clock_reached = None
@@ -157,7 +164,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
             stepping.start()
             counters.record_batch(keys.tolist())
             idx = keys % n
-            images = keyed_crop_flip(data.train[idx], keys, seed=spec.seed, copies=copies, pad=cfg.pad)
+            images = keyed_crop_flip(train_images[idx], keys, seed=spec.seed, copies=copies, pad=cfg.pad)
             x = normalize(torch.from_numpy(images).permute(0, 3, 1, 2).to(dev), mean, std)
             for g in opt.param_groups:
                 g["lr"] = lr_at(position(), spec.steps, spec.lr, cfg.warmup)
@@ -204,11 +211,12 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "mean_echo_factor": float(np.mean(factors)) if factors else 1.0,
         "source": asdict(source) if source is not None else None,
         # Without echoing an input-bound loop runs at the upstream's pace: (wait + step) / step is R.
-        "upstream_ratio": (wait_s + step_s) / step_s if spec.echo == 1.0 and source is not None else None,
+        "upstream_ratio": ((wait_s + step_s) / step_s if spec.echo == 1.0 and (source is not None or upstream is not None)
+                           else None),
         "reached_target": reached is not None, "target": target,
         "fresh_examples_to_target": reached[0] if reached else None,
         "steps_to_target": reached[1] if reached else None,
-        "wall_time_to_target_s": reached[2] if reached and source is not None else None,
+        "wall_time_to_target_s": reached[2] if reached and (source is not None or upstream is not None) else None,
         "fresh_examples": counters.fresh_examples, "steps": steps, "wall_time_s": wait_s + step_s,
         "end_accuracy": curve[-1][1] if full and curve else None,
         "final_accuracy": evaluate(model, test_batches(data, None, dev)) if full and final_eval else None,
@@ -216,6 +224,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "step_time_s": step_s / max(steps, 1), "duplicate_rate": counters.duplicate_rate,
         "autoecho_cap": auto.cap if auto is not None else None,
         "effective_examples": auto.effective_examples if auto is not None else None,
+        **({} if upstream is None else {"upstream_decoded": upstream.arrived, "upstream_skipped": upstream.skipped[:20],
+                                         "upstream_skipped_count": len(upstream.skipped)}),
         **({} if clocks is None else {
             "clock_per_example_s": clocks.per_example_s, "clock_lead": clocks.lead, "clock_wall_s": list(clocks.now),
             "clock_waited_s": list(clocks.waited), "clock_wall_to_target_s": clock_reached}),
