@@ -16,8 +16,9 @@
   decode before an example-before echo stage, which then augments each copy itself).
 
 Every random choice is keyed by (seed, epoch, example): a crop does not depend on the
-worker that made it, on the chunk it was in, or on a resume. Records that ``hasten.stream.tar_members.scan_shard`` left in their
-shard file are read here, where they are decoded. ``default_image_size`` picks the
+worker that made it, on the chunk it was in, or on a resume. Records that
+``hasten.stream.tar_members.scan_shard`` left in their shard file are read here, where
+they are decoded. ``default_image_size`` picks the
 training size from the images when none is given.
 
 Bad input: an undecodable image, or one whose bytes cannot be read, is listed in

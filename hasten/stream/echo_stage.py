@@ -100,7 +100,8 @@ class EchoStage:
         return isinstance(self.echo, AutoEcho) or self.echo != 1
 
     def _augments_late(self) -> bool:
-        return self.echoing and self.variant == "example-before" and UNAUGMENTED.get(self.loader.crop) != self.loader.crop
+        crop = self.loader.crop
+        return self.echoing and self.variant == "example-before" and UNAUGMENTED.get(crop) != crop
 
     def _buffer_size(self, size: int | None):
         """The shuffle buffer after echoing: an int, or a function of AutoEcho's current e."""
