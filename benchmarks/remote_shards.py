@@ -27,7 +27,9 @@ Per epoch: wall seconds; CPU seconds of the reader and everything it started
 (``getrusage``; the servers and the relay are the store's and not counted); bytes
 received by the reader's namespace (``/proc/net/dev``, wire bytes), their rate and
 fraction of the link; peak memory of the reader's process tree (PSS, summed over the
-processes, sampled every 0.2 s from outside). Configurations run in a fresh shuffled
+processes, sampled every 0.2 s from outside); CPU seconds of the store's processes (the
+servers and the relay run on the same cores as the reader: on a 2-core machine what they
+use is taken from decoding). Configurations run in a fresh shuffled
 order each repeat (``hasten.timing.interleaved``).
 
     python benchmarks/remote_shards.py [--images 4000] [--rates 0.1,1,10] [--rtt-ms 20] [--workers 2]
@@ -81,6 +83,18 @@ def rx_bytes() -> int:
     return total
 
 
+def cpu_of(pids: list[int]) -> float:
+    """CPU seconds (user + system, all threads) of running processes, from /proc/PID/stat."""
+    total = 0
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def make_loader(reader: str, source: str, cache: str, names: list[str], args):
     common = dict(batch=args.batch, workers=args.workers, size=args.image_size, seed=args.seed)
     if reader in ("hasten", "hasten-s3"):
@@ -108,15 +122,17 @@ def read(args) -> None:
 
     torch.set_num_threads(1)
     names = json.loads(Path(args.names).read_text()) if args.names else []
+    store_pids = [int(p) for p in args.store_pids.split(",") if p]
     loader = make_loader(args.reader, args.read, args.cache, names, args)
     for epoch in range(args.epochs):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        t0, c0, r0, w0 = time.perf_counter(), cpu_s(), rx_bytes(), time.time()
+        t0, c0, r0, w0, s0 = time.perf_counter(), cpu_s(), rx_bytes(), time.time(), cpu_of(store_pids)
         images = sum(len(y) for _, y in loader)
         wall, cpu = time.perf_counter() - t0, cpu_s() - c0
         print(json.dumps({"epoch": epoch, "images": images, "wall_s": wall, "cpu_s": cpu,
-                          "link_bytes": rx_bytes() - r0, "start": w0, "end": time.time()}), flush=True)
+                          "link_bytes": rx_bytes() - r0, "store_cpu_s": cpu_of(store_pids) - s0,
+                          "start": w0, "end": time.time()}), flush=True)
 
 
 # --- memory, sampled from outside ------------------------------------------------------------------
@@ -148,6 +164,7 @@ def pss_bytes(pids: list[int]) -> int:
 
 
 def run_reader(argv: list[str], env: dict) -> list[dict]:
+    """The reader's epochs, each with its peak PSS (sampled from here, outside the reader)."""
     samples: list[tuple[float, int]] = []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **env})
@@ -173,9 +190,9 @@ def run_reader(argv: list[str], env: dict) -> list[dict]:
     return epochs
 
 
-def reader_argv(reader: str, source: str, cache: Path, names: Path, args) -> list[str]:
+def reader_argv(reader: str, source: str, cache: Path, names: Path, store_pids: list[int], args) -> list[str]:
     return [sys.executable, __file__, "--read", source, "--reader", reader, "--cache", str(cache),
-            "--names", str(names), "--epochs", str(args.epochs), "--workers", str(args.workers),
+            "--names", str(names), "--store-pids", ",".join(map(str, store_pids)), "--epochs", str(args.epochs), "--workers", str(args.workers),
             "--image-size", str(args.image_size), "--batch", str(args.batch), "--seed", str(args.seed)]
 
 
@@ -231,6 +248,7 @@ class Store:
                    f"{self.host}:{HTTP_PORT}=127.0.0.1:{http}", f"{self.host}:{S3_PORT}=127.0.0.1:{s3}"], logs, "relay")
             wait_port(self.reader_ns, self.host, HTTP_PORT)
             wait_port(self.reader_ns, self.host, S3_PORT)
+        self.pids = [p.pid for p in self.procs]  # (`ip netns exec` execs the server: the same process)
         self.http = f"http://{self.host}:{HTTP_PORT}/{shard_dir.name}/"
         self.s3_env = {**S3_KEYS, "AWS_ENDPOINT_URL": f"http://{self.host}:{S3_PORT}"}
 
@@ -265,6 +283,7 @@ def summarize(runs: dict[str, list[list[dict]]], epochs: int) -> dict:
                 "images_per_cpu_s": mean_ci([p["images"] / p["cpu_s"] for p in per]),
                 "link_mb_per_s": mean_ci([p["link_bytes"] / 1e6 / p["wall_s"] for p in per]),
                 "link_mb": mean_ci([p["link_bytes"] / 1e6 for p in per]),
+                "store_cpu_s": mean_ci([p["store_cpu_s"] for p in per]),
                 "peak_pss_mb": mean_ci([p["peak_pss_bytes"] / 1e6 for p in per if p["peak_pss_bytes"]] or [0.0]),
                 "images": sorted({p["images"] for p in per}),
             }
@@ -285,12 +304,13 @@ def summarize(runs: dict[str, list[list[dict]]], epochs: int) -> dict:
 def print_table(summary: dict, epochs: int) -> None:
     last = f"epoch{epochs}"
     print(f"{'reader and link':<26} {'epoch 1 img/s':>14} {'img/CPU-s':>10} {'link MB/s':>10} {'of link':>8} "
-          f"{'vs local':>9} {'peak MB':>8} {last + ' img/s':>14} {'peak MB':>8} {'link MB':>8}")
+          f"{'vs local':>9} {'store CPU-s':>11} {'peak MB':>8} {last + ' img/s':>14} {'peak MB':>8} {'link MB':>8}")
     for config, row in summary.items():
         e1, en = row["epoch1"], row[last]
         print(f"{config:<26} {plus_minus(e1['images_per_s']['mean'], e1['images_per_s']['ci95'], '.0f'):>14} "
               f"{e1['images_per_cpu_s']['mean']:>10.0f} {e1['link_mb_per_s']['mean']:>10.1f} "
               f"{row.get('link_fraction', float('nan')):>8.2f} {row.get('vs_own_local', float('nan')):>9.2f} "
+              f"{e1['store_cpu_s']['mean']:>11.1f} "
               f"{e1['peak_pss_mb']['mean']:>8.0f} "
               f"{plus_minus(en['images_per_s']['mean'], en['images_per_s']['ci95'], '.0f'):>14} "
               f"{en['peak_pss_mb']['mean']:>8.0f} {en['link_mb']['mean']:>8.1f}")
@@ -315,6 +335,7 @@ def main() -> None:
     ap.add_argument("--reader", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
     ap.add_argument("--names", help=argparse.SUPPRESS)
+    ap.add_argument("--store-pids", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.read:
         sys.path.insert(0, str(Path(__file__).parent))
@@ -371,7 +392,7 @@ def main() -> None:
                 else:
                     cluster.set_rate(float(config.split()[2]))
                     source, env = store.source(reader)
-                argv = in_ns(store.reader_ns, *reader_argv(reader, source, work / "cache", names, args))
+                argv = in_ns(store.reader_ns, *reader_argv(reader, source, work / "cache", names, store.pids, args))
                 runs[config].append(run_reader(argv, env))
         finally:
             store.close()
