@@ -331,6 +331,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="96 images, 0.1 and 1 Gbit/s, one repeat: checks it runs")
     ap.add_argument("--out", type=Path, default=None, help=f"default {RESULTS / 'remote_shards.json'}")
+    ap.add_argument("--netns-prefix", default=PREFIX,
+                    help="names of the namespaces made (a second run, or a test, beside a running one needs another)")
     ap.add_argument("--read", help=argparse.SUPPRESS)
     ap.add_argument("--reader", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
@@ -347,7 +349,7 @@ def main() -> None:
         raise SystemExit(f"--readers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(READERS)}")
     from hasten.harness.netns import EmulatedCluster, probe
 
-    reason = probe(PREFIX)
+    reason = probe(args.netns_prefix)
     if reason is not None:
         raise SystemExit(f"cannot emulate links here: {reason}")
     if args.smoke:
@@ -373,7 +375,7 @@ def main() -> None:
             "(hasten.harness.delay_relay; no sch_netem: not packet-level delay), no loss" if args.rtt_ms > 0
             else "tc htb rate on veth + bridge; no added latency, no loss")
     with MeasuredConditions("cpu", seconds=0.2 if args.smoke else 1.0) as cond, \
-            tempfile.TemporaryDirectory() as tmp, EmulatedCluster(2, rate_gbit=rates[0], prefix=PREFIX) as cluster:
+            tempfile.TemporaryDirectory() as tmp, EmulatedCluster(2, rate_gbit=rates[0], prefix=args.netns_prefix) as cluster:
         tmp = Path(tmp)
         names = tmp / "names.json"
         names.write_text(json.dumps([s["name"] for s in index["splits"]["train"]["shards"]]))
