@@ -301,6 +301,33 @@ def summarize(runs: dict[str, list[list[dict]]], epochs: int) -> dict:
     return summary
 
 
+GOAL = 0.9  # of the link where it limits, of the same reader's local throughput where decoding does
+FLAT = 1.1  # memory flat: the last epoch's peak at most 10% above epoch 2's
+
+
+def goals(summary: dict, epochs: int) -> dict:
+    """Each remote configuration against issue 33's goals. Which limits: the link when the
+    reader's local throughput, in bytes (its images/s x the bytes per image that crossed the
+    link), is more than the link carries; else decoding."""
+    out = {}
+    for config, row in summary.items():
+        if config.endswith(" local"):
+            continue
+        reader, rate = config.split()[0], float(config.split()[2])
+        local = summary.get(f"{'hasten' if reader == 'hasten-s3' else reader} local")
+        e1 = row["epoch1"]
+        mb_per_image = e1["link_mb"]["mean"] / e1["images"][0]
+        local_mb_s = local["epoch1"]["images_per_s"]["mean"] * mb_per_image if local else float("nan")
+        link = "link" if local_mb_s > rate * 1e3 / 8 else "decode"
+        reached = row["link_fraction"] if link == "link" else row.get("vs_own_local", float("nan"))
+        g = {"limit": link, "reached": reached, "met": reached >= GOAL,
+             "epoch2_from_cache": epochs > 1 and row["epoch2"]["link_mb"]["mean"] < 0.01 * e1["link_mb"]["mean"]}
+        if "peak_growth" in row:
+            g["memory_flat"] = row["peak_growth"] <= FLAT
+        out[config] = g
+    return out
+
+
 def print_table(summary: dict, epochs: int) -> None:
     last = f"epoch{epochs}"
     print(f"{'reader and link':<26} {'epoch 1 img/s':>14} {'img/CPU-s':>10} {'link MB/s':>10} {'of link':>8} "
@@ -314,6 +341,33 @@ def print_table(summary: dict, epochs: int) -> None:
               f"{e1['peak_pss_mb']['mean']:>8.0f} "
               f"{plus_minus(en['images_per_s']['mean'], en['images_per_s']['ci95'], '.0f'):>14} "
               f"{en['peak_pss_mb']['mean']:>8.0f} {en['link_mb']['mean']:>8.1f}")
+    for config, g in goals(summary, epochs).items():
+        what = "of the link" if g["limit"] == "link" else "of its local rate"
+        print(f"{config}: {g['limit']}-limited, {g['reached']:.2f} {what} ({'met' if g['met'] else 'missed'}: "
+              f">= {GOAL}); epoch 2 from the cache: {'yes' if g['epoch2_from_cache'] else 'no'}"
+              + (f"; memory flat: {'yes' if g['memory_flat'] else 'no'}" if "memory_flat" in g else ""))
+
+
+def markdown(result: dict) -> str:
+    """The result's table for docs/results/remote-shards.md (mean ± the 95% interval's half-width)."""
+    summary, epochs = result["summary"], result.get("epochs", 2)
+    judged = goals(summary, epochs)
+    last = f"epoch{epochs}"
+    lines = [f"| reader, link | epoch 1 images/s | images per CPU-s | of the link | of its local | store CPU-s "
+             f"| peak MB, epoch 1 / {epochs} | epoch {epochs} images/s | goal |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for config, row in summary.items():
+        e1, en = row["epoch1"], row[last]
+        g = judged.get(config)
+        verdict = "" if g is None else (f"{g['limit']}-limited: {'met' if g['met'] else 'missed'}"
+                                        + ("" if g["epoch2_from_cache"] else "; epoch 2 not from cache")
+                                        + ("" if g.get("memory_flat", True) else "; memory grew"))
+        lines.append(f"| {config} | {plus_minus(e1['images_per_s']['mean'], e1['images_per_s']['ci95'], '.0f')} "
+                     f"| {plus_minus(e1['images_per_cpu_s']['mean'], e1['images_per_cpu_s']['ci95'], '.0f')} "
+                     f"| {row.get('link_fraction', float('nan')):.2f} | {row.get('vs_own_local', float('nan')):.2f} "
+                     f"| {e1['store_cpu_s']['mean']:.1f} | {e1['peak_pss_mb']['mean']:.0f} / {en['peak_pss_mb']['mean']:.0f} "
+                     f"| {plus_minus(en['images_per_s']['mean'], en['images_per_s']['ci95'], '.0f')} | {verdict} |")
+    return "\n".join(lines).replace("| nan |", "| - |")
 
 
 def main() -> None:
@@ -333,6 +387,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help=f"default {RESULTS / 'remote_shards.json'}")
     ap.add_argument("--netns-prefix", default=PREFIX,
                     help="names of the namespaces made (a second run, or a test, beside a running one needs another)")
+    ap.add_argument("--markdown", type=Path, help="print the table of a result JSON for the docs page, and stop")
     ap.add_argument("--read", help=argparse.SUPPRESS)
     ap.add_argument("--reader", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
@@ -342,6 +397,9 @@ def main() -> None:
     if args.read:
         sys.path.insert(0, str(Path(__file__).parent))
         read(args)
+        return
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())))
         return
     readers = [r.strip() for r in args.readers.split(",") if r.strip()]
     unknown = sorted(set(readers) - set(READERS))
@@ -413,7 +471,8 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - not installed: not used
             pass
     write_json(out, {"command": " ".join(sys.argv), "images": args.images, "workers": args.workers,
-                     "image_size": args.image_size, "batch": args.batch, "rates_gbit": rates, "rtt_ms": args.rtt_ms,
+                     "image_size": args.image_size, "batch": args.batch, "epochs": args.epochs, "repeats": args.repeats,
+                     "rates_gbit": rates, "rtt_ms": args.rtt_ms, "goals": goals(summary, args.epochs),
                      "readers": readers, "link": link, "versions": versions, "summary": summary, "runs": runs,
                      "conditions": cond.as_dict()})
     print(f"wrote {out}")
