@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from hasten.profile.contention import workers_delay
 from hasten.profile.shares import product_interval, ratio_interval, wilson
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ def data_split(d: dict, measured: list[dict]) -> dict:
             "batch_found": found}
 
 
-def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_driven: bool, threads: int = 1) -> dict:
+def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_driven: bool, threads: int = 1,
+            window: dict | None = None) -> dict:
     """The CPU the training loader's workers take from the step's cores, and what that costs the step.
 
     The workers' CPU per step c is read from /proc (per step's batches). The step alone (its
@@ -104,11 +106,19 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     upper end). So it never says more than was measured: the delay is at most what the measured
     steps' work (less their wait, the median) took over the replayed step's. Without
     workers, the data CPU is spent in the loop's own thread, in turn with the step: it shows
-    as the data wait."""
+    as the data wait.
+
+    Where the measured window's CPU was read (``window``, Linux's /proc), the estimate is
+    :func:`hasten.profile.contention.workers_delay`'s instead, from the window's totals: the
+    replayed step's numbers above moved from run to run by more than the cost they decide."""
     if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0 or s.step_s <= 0:
         return {}
     c = s.worker_cpu_per_batch_s * max(1.0, micro)
     wait = s.wait_s
+    n, q = s.worker_batches, s.in_flight  # the workers made between n - q and n + q batches over the window
+    c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
+    if window and s.own_cpu_steps:
+        return _from_window(s, c, c_lo, c_hi, cores, threads)
     if s.calm_alone and s.calm_alone[0] > 0 and s.calm_alone[1] is not None:
         wall, own_cpu = s.calm_alone
     else:  # no replay (dropped, or the command ended first): the measured steps outside their wait
@@ -119,10 +129,6 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     observed = math.inf  # the measured steps' work over the replayed step's: the most the delay can be
     if s.calm_alone and s.work_median_s is not None:
         observed = max(0.0, s.work_median_s - s.calm_alone[0])
-    # The workers made between (batches - in flight) and (batches + in flight) batches over the window.
-    n, q = s.worker_batches, s.in_flight
-    c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
-
     rate = min(1.0, cores / max(1, threads))  # of a core, what each of the step's threads gets
 
     def delay(c: float) -> float:
@@ -136,6 +142,29 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
             "demand_cores": (c + own_cpu) / wall, "contended": delay(c) > 0, "data_cpu_delay_s": delay(c),
             "data_cpu_observed_s": observed if math.isfinite(observed) else None,
             "data_cpu_share": share(c), "data_cpu_share_interval": (share(c_lo), share(c_hi))}
+
+
+def _from_window(s: RankSummary, c: float, c_lo: float, c_hi: float, cores: float, threads: int) -> dict:
+    """:func:`cpu_use` from the measured window's totals (:func:`hasten.profile.contention.workers_delay`)."""
+    d = workers_delay((c, c_lo, c_hi), list(s.cpu_steps), list(s.span_steps), list(s.own_cpu_steps),
+                      list(s.work_steps), cores, threads)
+    if not d:
+        return {}
+    own = sum(s.own_cpu_steps) / len(s.own_cpu_steps)
+    t = sum(s.work_steps) / len(s.work_steps)
+
+    def share(delay: float) -> float:  # of the step as measured, what the workers' CPU on its cores adds
+        return min(1.0 - s.wait_s / s.step_s, delay / s.step_s)
+
+    observed = None  # the measured steps' work over the replayed step's, for the record (not a cap: see above)
+    if s.calm_alone and s.work_median_s is not None:
+        observed = max(0.0, s.work_median_s - s.calm_alone[0])
+    lo, hi = d["delay_interval_s"]
+    return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": own, "step_cores": d["step_cores"],
+            "idle_core_s": d["idle_core_s"], "idle_core_interval_s": d["idle_core_interval_s"],
+            "thread_rate": d["thread_rate"], "demand_cores": (c + own) / t, "contended": d["delay_s"] > 0,
+            "data_cpu_delay_s": d["delay_s"], "data_cpu_observed_s": observed, "estimate": "window totals",
+            "data_cpu_share": share(d["delay_s"]), "data_cpu_share_interval": (share(lo), share(hi))}
 
 
 def data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:

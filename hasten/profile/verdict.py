@@ -222,6 +222,10 @@ class RankSummary:
     calm_alone: tuple[float, float] | None = None
     worker_batches: int = 0  # batches drawn from the workers over the window ...
     in_flight: int = 0  # ... give or take the batches they may hold made ahead (workers x prefetch)
+    cpu_steps: tuple[float, ...] = ()  # each measured step's main-process CPU and wall time (contention.py) ...
+    span_steps: tuple[float, ...] = ()
+    own_cpu_steps: tuple[float, ...] = ()  # ... and the same less receiving batches
+    work_steps: tuple[float, ...] = ()
 
 
 def summarise_rank(d: dict) -> RankSummary:
@@ -245,7 +249,11 @@ def summarise_rank(d: dict) -> RankSummary:
     if wc.get("cpu_s") is not None and wc.get("batches"):
         split.update(worker_batches=wc["batches"], in_flight=wc.get("in_flight") or 0)
     calm = min(alone[1:] or alone, key=lambda r: r["work_s"]) if alone else None
+    own = [r for r in measured if r.get("cpu_s") is not None]
     return RankSummary(**split, work_median_s=statistics.median(r["work_s"] for r in measured),
+        cpu_steps=tuple(r["cpu_s"] for r in own), span_steps=tuple(_g(r, "span_s") for r in own),
+        own_cpu_steps=tuple(r["cpu_s"] - (r.get("data_cpu_s") or 0.0) for r in own),
+        work_steps=tuple(r["work_s"] for r in own),
         calm_alone=(calm["work_s"], calm.get("compute_cpu_s", calm.get("cpu_s"))) if calm else None,
         rank=d["rank"], step_s=_mean(_g(r, "span_s") for r in measured),
         own_step_s=_mean(r.get("own_wait_s", r["wait_s"]) + _g(r, "own_s") for r in measured),
@@ -613,7 +621,7 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     r = produce / alone if produce is not None and alone > 0 else None
     cores = cores_for_run(cpus or cpu_available(probe_s=0), d0.get("cpu_window"))
     cpu_use = attribution.cpu_use(s0, alone, cores["available"], micro, loader_driven,
-                                  threads=(d0.get("threads") or {}).get("intra_op") or 1)
+                                  threads=(d0.get("threads") or {}).get("intra_op") or 1, window=d0.get("cpu_window"))
     share, lo, hi, kind = wait, w_lo, w_hi, "wait"
     if cpu_use.get("contended"):  # the workers' CPU on the step's cores adds to the step, beside its wait
         c_lo, c_hi = cpu_use["data_cpu_share_interval"]

@@ -158,7 +158,40 @@ def data_share(st: State) -> tuple[float, float, float]:
          "outside": {"counts": dict(st.outside_counts), "batch_found": bool(st.batch_lines)}}
     split = data_split(d, recs)
     spans = sum(r["span_s"] for r in recs)
-    return (split["data_s"] * len(recs) / spans if spans > 0 else math.nan), split["data_lo"], split["data_hi"]
+    share = split["data_s"] * len(recs) / spans if spans > 0 else math.nan
+    add, add_lo, add_hi = _workers_share(st, recs) if loader_driven and recs and spans > 0 else (0.0, 0.0, 0.0)
+    return share + add, split["data_lo"] + add_lo, min(1.0, split["data_hi"] + add_hi)
+
+
+def _workers_share(st: State, recs: list[dict]) -> tuple[float, float, float]:
+    """What the training loader's workers' CPU on the step's cores adds to the data share so far, with its
+    interval, as the verdict will weigh it (:func:`hasten.profile.contention.workers_delay`, from the
+    window's totals so far): a run whose numbers cannot tell yet goes on measuring."""
+    from hasten.profile.contention import workers_delay
+    q = _in_flight(st)
+    batches = _training_batches(st) - st.worker_cpu.get("batches0", 0)
+    if not q or batches <= 0 or not st.cpu_window:
+        return 0.0, 0.0, 0.0
+    cpu = _worker_cpu_delta(st.worker_cpu.get("start"), _training_worker_cpu(st))
+    window = cpu_window.finish(st, st.cpu_window, cpu)  # reads /proc/stat; the window goes on
+    if not cpu or not window:
+        return 0.0, 0.0, 0.0
+    micro = statistics.median([r.get("micro") or 1 for r in recs])
+    c = cpu / batches * max(1.0, micro)
+    steps = [r for r in recs if r.get("cpu_s") is not None]
+    if not steps:
+        return 0.0, 0.0, 0.0
+    wait = sum(r["wait_s"] for r in recs) / len(recs)
+    step = sum(r["span_s"] for r in recs) / len(recs)
+    d = workers_delay((c, c * batches / (batches + q), c * batches / max(1, batches - q)),
+                      [r["cpu_s"] for r in steps], [r["span_s"] for r in steps],
+                      [r["cpu_s"] - (r.get("data_cpu_s") or 0.0) for r in steps], [r["work_s"] for r in steps],
+                      min(window["cores"], max(0.05, window["free"])), _torch_threads())
+    if not d:
+        return 0.0, 0.0, 0.0
+    most = 1.0 - wait / step
+    lo, hi = d["delay_interval_s"]
+    return min(most, d["delay_s"] / step), min(most, lo / step), min(most, hi / step)
 
 
 def _torch_threads(kind: str = "intra") -> int:

@@ -1,0 +1,82 @@
+"""The workers' CPU on the step's cores, from the measured window's totals (issue 32, items 2 and 4).
+
+chargpt and makemore with 4 workers read `balanced` in one run of three: the cost was decided by the
+replayed step's CPU over its wall time in its least disturbed step, 1.79 cores in one run, 1.99 in the
+next. The window's totals do not depend on the replay."""
+
+import pytest
+
+from hasten.profile.contention import workers_delay
+from hasten.profile.verdict import analyse
+
+
+def _window_rank(replay_cores: float, worker_cpu=0.002, n=48, own=0.040, work=0.020, wait=0.0012, spread=0.0):
+    """A step of two threads keeping both cores busy (``own`` CPU in ``work``, each step +-``spread``), 4 workers
+    taking ``worker_cpu`` a batch, a replayed step that kept ``replay_cores`` busy; the window was read."""
+    from test_profile_verdict import _rank
+    rank = _rank(wait=wait, work=work, alone=0.018, workers=4, n=n)
+    for i, r in enumerate(rank["records"]["measure"]):
+        d = spread * (1 if i % 2 else -1)
+        r.update(cpu_s=own + d + wait, data_cpu_s=wait, compute_s=work)  # the wait: receiving batches
+    for r in rank["records"]["step_alone"]:
+        r["cpu_s"] = replay_cores * r["work_s"]
+    rank["worker_cpu"] = {"cpu_s": worker_cpu * n, "batches": n, "in_flight": 8}
+    rank["cpu_window"] = {"cores": 2, "wall_s": n * (work + wait), "free": 2.0}
+    rank["threads"] = {"intra_op": 2}
+    return rank
+
+
+def test_the_cost_does_not_move_with_the_replayed_steps_cores():
+    runs = [analyse([_window_rank(k)], cpus={"available": 2.0}) for k in (1.79, 1.99)]
+    assert runs[0].cpu["data_cpu_delay_s"] == pytest.approx(runs[1].cpu["data_cpu_delay_s"])
+    assert {a.verdict for a in runs} == {"input-bound"}
+    # the step keeps both cores busy: all 2 ms of the workers' CPU run on its cores, costing it between
+    # 1 ms (work that divides over both cores) and 2 ms (threads held at a barrier); the estimate the middle
+    a = runs[0]
+    assert a.cpu["estimate"] == "window totals" and a.cpu["data_cpu_delay_s"] == pytest.approx(0.0015)
+    lo, hi = a.cpu["data_cpu_share_interval"]
+    step = a.step_time_s
+    assert lo == pytest.approx(0.001 * 48 / 56 / step, rel=0.05) and hi == pytest.approx(0.002 * 48 / 40 / step)
+    # the verdict's interval lower end holds the lower end of the cost, on top of the wait's
+    assert a.data_interval[0] > a.data_wait_fraction
+
+
+def test_a_step_that_leaves_a_core_idle_is_not_slowed_by_the_workers():
+    # one thread: 20 ms CPU in 20 ms of work leaves the other core idle for 20 ms, ten times the workers' 2 ms
+    a = analyse([_window_rank(1.0, own=0.020)], cpus={"available": 2.0})
+    assert not a.cpu["contended"] and a.cpu["data_cpu_delay_s"] == 0.0 and a.verdict != "input-bound"
+
+
+def test_the_interval_widens_with_the_steps_spread_and_holds_the_estimate():
+    c = (0.002, 0.0018, 0.0023)
+    steady = workers_delay(c, [0.037] * 40, [0.020] * 40, [0.036] * 40, [0.019] * 40, 2.0, 2)
+    cpu = [0.037 + (0.006 if i % 2 else -0.006) for i in range(40)]
+    noisy = workers_delay(c, cpu, [0.020] * 40, [u - 0.001 for u in cpu], [0.019] * 40, 2.0, 2)
+    for d in (steady, noisy):
+        lo, hi = d["delay_interval_s"]
+        assert lo <= d["delay_s"] <= hi
+    assert (noisy["delay_interval_s"][1] - noisy["delay_interval_s"][0]
+            > steady["delay_interval_s"][1] - steady["delay_interval_s"][0])
+    # 2 x 20 ms of core time, 37 ms of it the step's and 2 ms the workers': 1 ms idle, the other 1 ms of
+    # the workers' CPU found no idle core
+    assert steady["idle_core_s"] == pytest.approx(0.001) and steady["lost_s"] == pytest.approx(0.001)
+    assert steady["delay_s"] == pytest.approx((0.001 / (0.036 / 0.019) + 0.001) / 2)
+
+
+def test_on_one_core_the_step_and_the_workers_take_turns():
+    # tests/profile_scripts/pinned_workers.py's arithmetic: 48 ms of the step's CPU and 24 ms of the workers'
+    # in a 72 ms step: no idle core time, and every second of theirs is one of the step's, at both ends
+    d = workers_delay((0.024, 0.024, 0.024), [0.048] * 20, [0.072] * 20, [0.048] * 20, [0.071] * 20, 1.0, 1)
+    assert d["delay_s"] == pytest.approx(0.024) and d["delay_interval_s"] == pytest.approx((0.024, 0.024))
+
+
+def test_where_other_jobs_leave_fewer_cores_than_threads_a_second_taken_costs_more():
+    # one thread on 0.4 of a core, busy all along: a second of worker CPU on it is 2.5 s of the step's, at most
+    d = workers_delay((0.010, 0.010, 0.010), [0.040] * 10, [0.100] * 10, [0.040] * 10, [0.100] * 10, 0.4, 1)
+    assert d["thread_rate"] == pytest.approx(0.4)
+    assert d["delay_interval_s"][1] == pytest.approx(0.010 / 0.4)
+    assert d["delay_interval_s"][0] == pytest.approx(0.010)
+
+
+def test_no_steps_no_estimate():
+    assert workers_delay((0.002, 0.002, 0.002), [], [], [], [], 2.0, 2) == {}
