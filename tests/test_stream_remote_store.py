@@ -3,6 +3,9 @@
 shards, every fault retried, a shard that never succeeds named in one line, each
 example once per epoch through faults, a resume and a restart of the store."""
 
+import os
+import time
+
 import pytest
 from store_servers import FaultProxy, moto_s3, range_http, s3_env, upload
 
@@ -217,9 +220,16 @@ def test_a_shard_that_never_succeeds_through_the_cache_leaves_no_file(remote, tm
     cache = open_remote_shards(url, "train", retry=RetryPolicy(retries=1, first_s=0.01, max_s=0.01),
                                cache_dir=tmp_path / "cache", part_bytes=8192)
     proxy.inject("503", cache.store.names[2], times=10**6)
+    open_fds = len(os.listdir("/proc/self/fd"))
     with pytest.raises(StoreError, match=cache.store.names[2]):
         cache.shard_file(2)
     assert list((tmp_path / "cache").iterdir()) == []  # neither the shard nor a temporary
+    # Parts still retrying when the first failed close their descriptors when they give up.
+    for _ in range(200):
+        if len(os.listdir("/proc/self/fd")) <= open_fds:
+            break
+        time.sleep(0.05)
+    assert len(os.listdir("/proc/self/fd")) <= open_fds
 
 
 def test_two_ranks_sharing_one_cache_split_each_epoch_exactly(remote, tmp_path):

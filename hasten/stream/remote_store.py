@@ -52,7 +52,7 @@ import os
 import re
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -241,32 +241,41 @@ class RemoteShards:
         Raises ``StoreError`` as ``store[i]`` does, ``OSError`` when the file cannot be written."""
         name, size = self.names[i], self.sizes[i]
         os.ftruncate(fd, 0)
-        parts = [self._pool.submit(self._part_to_file, name, start, min(start + self.part_bytes, size), fd)
-                 for start in range(0, size, self.part_bytes)]
+        # Each part writes through its own duplicate of fd and closes it: when one part fails, the
+        # error is raised at once, and parts still running (retrying) write into the file (which
+        # the caller discards) through a descriptor that no other file can have reused.
+        parts = []
+        for start in range(0, size, self.part_bytes):
+            part_fd = os.dup(fd)
+            parts.append((self._pool.submit(self._part_to_file, name, start, min(start + self.part_bytes, size),
+                                            part_fd), part_fd))
         try:
-            for p in parts:
+            for p, _ in parts:
                 p.result()
         finally:
-            for p in parts:
-                p.cancel()
-            # Parts already running write into fd: the caller closes it only once they have stopped.
-            wait(parts)
+            for p, part_fd in parts:
+                if p.cancel():  # never ran: its descriptor was never handed over
+                    os.close(part_fd)
         written = os.fstat(fd).st_size
         if written != size:  # (each part was checked; this holds by construction)
             raise StoreError(f"shard {name} of {self.url}: {written} bytes written, the index says {size}")
 
     def _part_to_file(self, name: str, start: int, end: int, fd: int) -> None:
-        body = self._part(name, start, end)
-        with self._lock:
-            self._held += len(body)
-            self.peak_bytes = max(self.peak_bytes, self._held)
+        """One part fetched and written at its offset through ``fd``, which it closes."""
         try:
-            view, done = memoryview(body), 0
-            while done < len(view):
-                done += os.pwrite(fd, view[done:], start + done)
-        finally:
+            body = self._part(name, start, end)
             with self._lock:
-                self._held -= len(body)
+                self._held += len(body)
+                self.peak_bytes = max(self.peak_bytes, self._held)
+            try:
+                view, done = memoryview(body), 0
+                while done < len(view):
+                    done += os.pwrite(fd, view[done:], start + done)
+            finally:
+                with self._lock:
+                    self._held -= len(body)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
