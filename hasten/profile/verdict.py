@@ -42,7 +42,8 @@ from hasten.distributed.cost_model import fit_link
 from hasten.profile import attribution
 from hasten.profile.cores import cores_for_run, cpu_available
 from hasten.profile.inject.fixes import echo_apply, echo_code
-from hasten.profile.loop_kind import resident_code, words_for
+from hasten.profile.loop_kind import resident_code
+from hasten.profile.prepare_once import prepare_once
 from hasten.profile.shares import STALL, stalled, undecided, widened
 
 INPUT_MODERATE = 0.05  # data-wait share of the step: moderate input bottleneck
@@ -77,6 +78,7 @@ class Recommendation:
     verified_step_s: float | None = None
     bound: float | None = None  # the most the measurements allow (Amdahl)
     promoted: bool = False  # rejected by its prediction, recommended by its verification
+    low: float | None = None  # the prediction at the low end of the data share's interval (rerank)
 
     @property
     def prediction_error(self) -> float | None:
@@ -466,17 +468,9 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
         per_row = _per_row_fix(a, lines, d, t, bound)
         if per_row is not None:
             recs.append(per_row)
-        # Advice to do what the script does already is no advice: a batch function that reads a
-        # memmap has prepared its data once; its cost is elsewhere (a loop per row, above).
-        prepared = any(x.get("prepared") for x in lines)
-        if data_cpu > 0.5 * d and not prepared and per_row is None:
-            w = words_for(d0.get("batch_layout"))
-            recs.append(Recommendation(
-                fix=f"prepare the data once ({w.prepare})",
-                how=f"{w.once}   # once, before training; then {_batch_function(a)} only indexes it",
-                predicted_speedup=bound, changes_math=False, bound=bound,
-                basis=f"{data_cpu * 1e3:.1f} ms of the {d * 1e3:.1f} ms spent making the batch is CPU in the "
-                      f"loop; at best the step with data made free, {rest * 1e3:.1f} ms"))
+        once = prepare_once(d0, lines, data_cpu, d, rest, bound, a.data_interval[0], _batch_function(a))
+        if once is not None and per_row is None:
+            recs.append(Recommendation(**once))
     return recs
 
 
@@ -731,4 +725,14 @@ def rerank(a: Analysis) -> None:
     # predictions, a fix --verify can apply without code edits first.
     keep.sort(key=lambda x: (x.verified_speedup is None, -round(x.verified_speedup or 0.0, 2),
                              -round(x.predicted_speedup, 1), x.apply is None))
+    # A code change nothing verifies ranks below a fix --verify can apply whose prediction reaches the low end
+    # of its own (the data share's interval): within what is known, the one that can be measured goes first.
+    for i, rec in enumerate(keep):
+        if rec.verified_speedup is None and rec.apply is None and rec.low is not None:
+            j = next((j for j in range(i + 1, len(keep)) if keep[j].apply and keep[j].verified_speedup is None
+                      and keep[j].predicted_speedup >= rec.low), None)
+            if j is not None:
+                keep.insert(i, keep.pop(j))
+                keep[i].basis += (f"; ranked above '{rec.fix}' (x{rec.predicted_speedup:.2f}, x{rec.low:.2f} at the "
+                                  "low end): within its uncertainty, and --verify can measure this one")
     a.recommendations = keep

@@ -72,6 +72,7 @@ def time_calls(st: State, frame) -> None:
         return
     ns, name, fn = found
     st.batch_fn_code = fn.__code__
+    st.batch_fn_shape = batch_source.function_shape(fn)
     ns[name] = timed(st, fn)
 
 

@@ -382,3 +382,42 @@ def batch_function(frame, lines: dict):
                                                  | inspect.CO_COROUTINE)):
                     return f.f_globals, call.func.id, obj
     return None
+
+
+# Calls that draw the values of data (not indices into data already made): a batch function built on
+# them makes its data fresh each call, and a fixed set made once is other data (it changes the math).
+_VALUE_DRAWS = {"randn", "rand", "normal", "randn_like", "rand_like", "normal_", "uniform_", "uniform",
+                "standard_normal", "random", "random_sample", "gauss", "multivariate_normal", "bernoulli",
+                "poisson", "exponential_"}
+IN_MEMORY_ROWS = 10_000  # an array of at least this many elements that the function reads: its data, made once
+
+
+def function_shape(fn) -> dict:
+    """What the script's batch function does with its data, for "prepare the data once" to fit it:
+
+    - ``draws_values``: it calls a random value generator (``torch.randn``, ``np.random.normal``, ...):
+      its data is made fresh each call, and a set made once is other data (it changes the math);
+    - ``in_memory``: it reads an array of its module's (a tensor or numpy array of at least
+      :data:`IN_MEMORY_ROWS` elements, ng-video-lecture's ``train_data``): its data is made once
+      already, and advice to prepare it is advice to do what it does.
+
+    Empty where the source cannot be read."""
+    code = fn.__code__
+    node = _function_node(code.co_filename, code.co_firstlineno, code.co_name)
+    if node is None:
+        return {}
+    draws = any(isinstance(n, ast.Call) and ((isinstance(n.func, ast.Attribute) and n.func.attr in _VALUE_DRAWS)
+                                             or (isinstance(n.func, ast.Name) and n.func.id in _VALUE_DRAWS))
+                for n in ast.walk(node))
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    in_memory = [n for n in sorted(names) if _elements(fn.__globals__.get(n)) >= IN_MEMORY_ROWS]
+    return {"name": code.co_name, "draws_values": draws, "in_memory": in_memory}
+
+
+def _elements(obj) -> int:
+    numel = getattr(obj, "numel", None)  # a tensor
+    if callable(numel) and type(obj).__module__.startswith("torch"):
+        return int(numel())
+    size = getattr(obj, "size", None)  # a numpy array
+    return int(size) if isinstance(size, int) and type(obj).__module__.startswith("numpy") else 0
+

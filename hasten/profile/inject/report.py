@@ -45,7 +45,7 @@ def report(st: State, complete: bool) -> dict:
             "pid": os.getpid(), "device": st.device, "num_workers": first["workers"] if first else 0,
             "loader_driven": bool(train), "batch_size": first["batch_size"] if first else None,
             "dataset_len": first["dataset_len"] if first else None, "batch_bytes": st.cached_bytes,
-            "batch_layout": st.batch_layout,
+            "batch_layout": st.batch_layout, "batch_fn": st.batch_fn_shape,
             "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "warmup": st.warmup, "steps": st.steps, "steps_seen": st.steps_seen, "phase": st.phase,
             "extended": st.extended,
