@@ -182,7 +182,8 @@ def run_reader(argv: list[str], env: dict) -> list[dict]:
         stop.set()
         sampler.join()
     if proc.returncode:
-        raise SystemExit(f"the reader failed: {' '.join(argv[-12:])}:\n{err.strip()[-3000:]}")
+        raise SystemExit(f"the reader failed (the readings so far: $HASTEN_CACHE/*.partial.json): "
+                         f"{' '.join(argv[-12:])}:\n{err.strip()[-3000:]}")
     epochs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     for e in epochs:
         inside = [m for t, m in samples if e["start"] <= t <= e["end"]]
@@ -192,8 +193,9 @@ def run_reader(argv: list[str], env: dict) -> list[dict]:
 
 def reader_argv(reader: str, source: str, cache: Path, names: Path, store_pids: list[int], args) -> list[str]:
     return [sys.executable, __file__, "--read", source, "--reader", reader, "--cache", str(cache),
-            "--names", str(names), "--store-pids", ",".join(map(str, store_pids)), "--epochs", str(args.epochs), "--workers", str(args.workers),
-            "--image-size", str(args.image_size), "--batch", str(args.batch), "--seed", str(args.seed)]
+            "--names", str(names), "--store-pids", ",".join(map(str, store_pids)), "--epochs", str(args.epochs),
+            "--workers", str(args.workers), "--image-size", str(args.image_size), "--batch", str(args.batch),
+            "--seed", str(args.seed)]
 
 
 # --- the store's namespace -------------------------------------------------------------------------
@@ -242,7 +244,8 @@ class Store:
         start([sys.executable, "-m", "moto.server", "-H", bind, "-p", str(s3)], logs, "moto")
         wait_port(self.ns, bind, http)
         wait_port(self.ns, bind, s3)
-        upload(self.ns, f"http://{bind}:{s3}", {"shards": shard_dir, **({"litdata": litdata_dir} if litdata_dir else {})})
+        folders = {"shards": shard_dir, **({"litdata": litdata_dir} if litdata_dir else {})}
+        upload(self.ns, f"http://{bind}:{s3}", folders)
         if relay:
             start([sys.executable, "-m", "hasten.harness.delay_relay", "--delay-ms", str(rtt_ms / 2),
                    f"{self.host}:{HTTP_PORT}=127.0.0.1:{http}", f"{self.host}:{S3_PORT}=127.0.0.1:{s3}"], logs, "relay")
@@ -365,7 +368,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {config} | {plus_minus(e1['images_per_s']['mean'], e1['images_per_s']['ci95'], '.0f')} "
                      f"| {plus_minus(e1['images_per_cpu_s']['mean'], e1['images_per_cpu_s']['ci95'], '.0f')} "
                      f"| {row.get('link_fraction', float('nan')):.2f} | {row.get('vs_own_local', float('nan')):.2f} "
-                     f"| {e1['store_cpu_s']['mean']:.1f} | {e1['peak_pss_mb']['mean']:.0f} / {en['peak_pss_mb']['mean']:.0f} "
+                     f"| {e1['store_cpu_s']['mean']:.1f} "
+                     f"| {e1['peak_pss_mb']['mean']:.0f} / {en['peak_pss_mb']['mean']:.0f} "
                      f"| {plus_minus(en['images_per_s']['mean'], en['images_per_s']['ci95'], '.0f')} | {verdict} |")
     return "\n".join(lines).replace("| nan |", "| - |")
 
@@ -422,6 +426,9 @@ def main() -> None:
         from remote_peers import convert_litdata
 
         litdata_dir = convert_litdata(shard_dir, shard_dir.parent / "litdata")
+    out = args.out or (cache / "remote_shards_smoke.json" if args.smoke else RESULTS / "remote_shards.json")
+    # Every reading so far, kept as it comes: a run that stops keeps what it measured.
+    partial = cache / f"{out.stem}.partial.json"
     rates = [float(r) for r in args.rates.split(",")]
     configs = [f"{r} local" for r in readers if r != "hasten-s3"]
     if "hasten-s3" in readers and "hasten" not in readers:
@@ -433,7 +440,8 @@ def main() -> None:
             "(hasten.harness.delay_relay; no sch_netem: not packet-level delay), no loss" if args.rtt_ms > 0
             else "tc htb rate on veth + bridge; no added latency, no loss")
     with MeasuredConditions("cpu", seconds=0.2 if args.smoke else 1.0) as cond, \
-            tempfile.TemporaryDirectory() as tmp, EmulatedCluster(2, rate_gbit=rates[0], prefix=args.netns_prefix) as cluster:
+            tempfile.TemporaryDirectory() as tmp, \
+            EmulatedCluster(2, rate_gbit=rates[0], prefix=args.netns_prefix) as cluster:
         tmp = Path(tmp)
         names = tmp / "names.json"
         names.write_text(json.dumps([s["name"] for s in index["splits"]["train"]["shards"]]))
@@ -454,6 +462,7 @@ def main() -> None:
                     source, env = store.source(reader)
                 argv = in_ns(store.reader_ns, *reader_argv(reader, source, work / "cache", names, store.pids, args))
                 runs[config].append(run_reader(argv, env))
+                write_json(partial, {"command": " ".join(sys.argv), "runs": runs})
         finally:
             store.close()
     summary = summarize(runs, args.epochs)
@@ -461,7 +470,6 @@ def main() -> None:
           f"{args.image_size}px, {args.repeats} repeat(s), {hardware_label(cond.as_dict()['environment'])}; {link}")
     print_table(summary, args.epochs)
     print(cond.summary())
-    out = args.out or (cache / "remote_shards_smoke.json" if args.smoke else RESULTS / "remote_shards.json")
     versions = {}
     for pkg in ("webdataset", "litdata", "obstore", "moto", "rangehttpserver"):
         try:
@@ -475,6 +483,7 @@ def main() -> None:
                      "rates_gbit": rates, "rtt_ms": args.rtt_ms, "goals": goals(summary, args.epochs),
                      "readers": readers, "link": link, "versions": versions, "summary": summary, "runs": runs,
                      "conditions": cond.as_dict()})
+    partial.unlink(missing_ok=True)
     print(f"wrote {out}")
 
 
