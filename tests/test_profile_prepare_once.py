@@ -60,7 +60,7 @@ def _rank(shape, interval_low=None):
 
 def test_data_drawn_fresh_each_call_is_offered_a_fixed_set_that_says_it_changes_the_math():
     a = analyse([_rank({"name": "get_batch", "draws_values": True, "in_memory": []})], cpus={"available": 2.0})
-    fixed = next(r for r in a.recommendations if r.fix.startswith("make a fixed set of batches once"))
+    fixed = next(r for r in a.recommendations if r.fix.startswith("make a fixed set"))
     assert fixed.changes_math and "draws random values" in fixed.basis
     assert not any(r.fix.startswith("prepare the data once") for r in a.recommendations)
     compile(fixed.how, "<fixed set>", "exec")
@@ -93,3 +93,24 @@ def test_a_fix_verify_can_apply_goes_first_when_its_prediction_reaches_the_unver
     assert a.recommendations[0].fix.startswith(first)
     if first == "make batches":
         assert "within its uncertainty, and --verify can measure this one" in a.recommendations[0].basis
+
+
+def test_the_fixed_set_is_verifiable_and_hands_out_its_batches_in_turn():
+    from hasten.profile.inject.batch_fn import kind_of, pooled
+    a = analyse([_rank({"name": "get_batch", "draws_values": True, "in_memory": []})], cpus={"available": 2.0})
+    fixed = next(r for r in a.recommendations if r.fix.startswith("make a fixed set"))
+    kind, n = kind_of(fixed.apply)
+    assert kind == "pool" and f"range({n})" in fixed.how
+    calls = []
+
+    def get_batch(split):
+        calls.append(split)
+        return torch.full((2,), float(len(calls)))
+
+    fn = pooled(get_batch, 3)
+    out = [fn("train")[0].item() for _ in range(7)]
+    assert out == [1, 2, 3, 1, 2, 3, 1] and len(calls) == 3  # made once, then in turn
+    assert fn("val")[0].item() == 4  # other arguments, a set of their own
+    first = fn("train")
+    first += 100  # the loop changes its batch in place: the kept one stays
+    assert fn("train")[0].item() == 3

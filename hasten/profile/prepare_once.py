@@ -9,10 +9,11 @@ regression: ``torch.randn`` features), a set made once is other data: the fix is
 a fixed set of batches and marked as changing the math. What the function does is read from
 its source when its calls are timed (:func:`hasten.profile.inject.batch_source.function_shape`).
 
-No verification run can make this change (it is the script's own data pipeline), so its
-prediction is the most the measurements allow, with a low end from the data share's interval:
-a fix ``--verify`` can apply that reaches that low end ranks above it
-(:func:`hasten.profile.verdict.rerank`).
+No verification run can prepare a script's data for it, so that prediction is the most the
+measurements allow, with a low end from the data share's interval: a fix ``--verify`` can
+apply that reaches that low end ranks above it (:func:`hasten.profile.verdict.rerank`). The
+fixed set of batches can be verified: its first batches made once and handed out in turn
+(``batch_fn=pool:N``, :func:`hasten.profile.inject.batch_fn.pooled`).
 
 Changes the training math: no (analysis only); the fix says whether it does.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 from hasten.profile.loop_kind import words_for
 
 CPU_MOST = 0.5  # the batch's making is CPU in the loop for at least this share of its time
+POOL = 1024  # batches in the fixed set: a dataset of its own, drawn once (32k examples at regression's 32)
 
 
 def prepare_once(d0: dict, lines: list[dict], data_cpu: float, d: float, rest: float, bound: float,
@@ -39,10 +41,11 @@ def prepare_once(d0: dict, lines: list[dict], data_cpu: float, d: float, rest: f
              f"the step with data made free, {rest * 1e3:.1f} ms (x{low:.2f} at the low end of the data share's "
              "interval)")
     if shape.get("draws_values"):
-        return {"fix": "make a fixed set of batches once (its data is drawn fresh each call)",
-                "how": f"batches = [{fn} for _ in range(n_batches)]   # once, before training; then "
-                       "x, y = batches[step % n_batches]",
+        return {"fix": f"make a fixed set of {POOL} batches once (its data is drawn fresh each call)",
+                "how": f"batches = [{fn} for _ in range({POOL})]   # once, before training; then "
+                       f"x, y = batches[step % {POOL}]",
                 "predicted_speedup": bound, "changes_math": True, "bound": bound, "low": low,
+                "apply": f"batch_fn=pool:{POOL}",  # hasten.profile.inject.batch_fn.pooled
                 "basis": basis + f"; {shape.get('name', 'the batch function')}() draws random values each call: a "
                                  "fixed set trains on other data"}
     w = words_for(d0.get("batch_layout"))

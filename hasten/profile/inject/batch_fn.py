@@ -12,7 +12,8 @@ and the fix is applied at the model's first training forward, in the warm-up:
   distinct arguments (``'train'`` and ``'val'``);
 - ``batch_fn=echo:E``: each batch handed out ``E`` times, a fresh copy each time;
 - ``batch_fn=rows``: the function's per-row comprehensions rewritten as one index of every
-  row (:func:`batch_source.rewrite_rows`).
+  row (:func:`batch_source.rewrite_rows`);
+- ``batch_fn=pool:N``: its first ``N`` results made once and handed out in turn (:func:`pooled`).
 
 In a profiling run (no fix applied), the function's calls are timed instead (:func:`time_calls`).
 
@@ -20,7 +21,7 @@ A fix that cannot be applied (no such function, nothing to rewrite) is said in t
 report (``apply_error``): the launcher then reports the verification as failed, never the
 unchanged run as the fix's.
 
-Changes the training math: ``echo`` yes (batches repeated), ``workers`` (the batches come
+Changes the training math: ``echo`` and ``pool`` yes (batches repeated), ``workers`` (the batches come
 from other processes' random streams) and ``rows`` (the same rows) no; only in the
 verification runs.
 """
@@ -55,6 +56,8 @@ def install(st: State, frame) -> None:
         found[0][found[1]] = in_workers(found[2], n)
     elif kind == "echo":
         found[0][found[1]] = echoed(found[2], n)
+    elif kind == "pool":
+        found[0][found[1]] = pooled(found[2], n)
     else:
         st.apply_error = f"unknown batch function fix {kind!r}"
     if st.apply_error:
@@ -142,5 +145,24 @@ def echoed(fn, factor: int):
             left, value = factor, fn(*args, **kwargs)
         kept[key] = (left - 1, value)
         return fresh_copy(value)
+
+    return batch
+
+
+def pooled(fn, batches: int):
+    """``fn``'s first ``batches`` results per arguments made once, then handed out in turn (a fresh copy
+    each): the fixed set of batches made once that the report prints for a function drawing its data at
+    random each call (:mod:`hasten.profile.prepare_once`)."""
+    kept: dict = {}
+
+    def batch(*args, **kwargs):
+        key = _key(args, kwargs)
+        pool = kept.setdefault(key, [])
+        if len(pool) < batches:
+            pool.append(fn(*args, **kwargs))
+            return fresh_copy(pool[-1])
+        i = kept.setdefault((key, "next"), 0)
+        kept[(key, "next")] = (i + 1) % batches
+        return fresh_copy(pool[i])
 
     return batch
