@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -278,6 +279,8 @@ def main() -> int:
         report = json.loads(Path(args.markdown).read_text())
         print(table(report["summary"]))
         return 0
+    # A stop (SIGTERM) unwinds the with-blocks: the namespaces and the server go with the run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if os.geteuid() != 0:
         ap.error("needs root: network namespaces and tc shape the link to the shard server")
     require_data(args.data, "echo_link")
