@@ -1,3 +1,5 @@
+import time
+
 import numpy as np
 import pytest
 
@@ -117,6 +119,22 @@ def test_shard_file_fetches_once_and_keeps_a_copy_another_rank_placed(packed, tm
 def _copy(data: bytes, path):
     path.write_bytes(data)
     return path
+
+
+def test_another_ranks_use_of_a_cached_shard_leaves_this_ranks_scanned_images_readable(packed, tmp_path):
+    """A hit marks the file used for the other processes sharing the directory; that must not
+    make the shard look rewritten to a rank whose workers still read images from it."""
+    from hasten.stream.epoch_plan import epoch_plan, plan_records
+    from hasten.stream.tar_members import read_member
+
+    shards = open_shards(packed, "train")
+    rank0, rank1 = (ShardCache(shards, tmp_path / "host", max_bytes=sum(shards.sizes)) for _ in range(2))
+    records = [r for _, r in plan_records(rank0, epoch_plan(rank0.examples, epoch=0), lazy=True)
+               if r.reason is None]
+    time.sleep(0.01)  # (a clock that moved on: a new time would differ from the scanned one)
+    for i in range(len(shards)):
+        assert rank1.shard_file(i) is not None and rank1.hits == i + 1  # each use marks the file
+    assert all(read_member(r.where) for r in records)
 
 
 def test_shard_file_only_when_nothing_can_be_evicted(packed, tmp_path):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -56,9 +57,11 @@ class ShardCache:
             raise DataError(f"cannot create the shard cache {str(self.directory)!r}: {e.strerror or e}") from None
         self.max_bytes = max_bytes
         self.hits = self.misses = self.evictions = 0
+        self._split_bytes: int | None = None  # the split's bytes (-1: unknown), once asked
         self._lock = threading.Lock()
         # Least recently used first; files left by an earlier run count, oldest first.
-        found = [(p.stat().st_mtime, p.name, p.stat().st_size) for p in self.directory.glob("*.tar")]
+        # The last use is the access time, which every use sets (``_found``).
+        found = [(st.st_atime, p.name, st.st_size) for p in self.directory.glob("*.tar") for st in [p.stat()]]
         self._files: OrderedDict[str, int] = OrderedDict((n, s) for _, n, s in sorted(found))
         self._bytes = sum(self._files.values())
 
@@ -100,7 +103,11 @@ class ShardCache:
                 self._bytes += size - self._files.pop(file, 0)
                 self._files[file] = size
         try:
-            os.utime(self.directory / file)  # other processes sharing the directory see the use
+            # Other processes sharing the directory see the use. The access time only: a scanned
+            # file's modification time is part of its identity (``tar_members.read_member``), and
+            # a new one would make the images its workers still have to read look rewritten.
+            path = self.directory / file
+            os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
         except OSError:
             pass
 
@@ -109,7 +116,7 @@ class ShardCache:
         known = self._touch(file)
         # Looked for even when this process did not write it: another rank of the host (or
         # a run before) may have, since this cache listed the directory. Files appear only
-        # whole (renamed into place), so one that is there is complete.
+        # whole (linked or renamed into place), so one that is there is complete.
         try:
             data = (self.directory / file).read_bytes()
         except OSError:
@@ -125,8 +132,10 @@ class ShardCache:
 
     def keeps_everything(self) -> bool:
         """Whether nothing can be evicted: the split's sizes are known and fit under the cap."""
-        sizes = getattr(self.store, "sizes", None)
-        return sizes is not None and None not in sizes and sum(sizes) <= self.max_bytes
+        if self._split_bytes is None:  # (summed once: asked for every shard of every epoch)
+            sizes = getattr(self.store, "sizes", None)
+            self._split_bytes = sum(sizes) if sizes is not None and None not in sizes else -1
+        return 0 <= self._split_bytes <= self.max_bytes
 
     def shard_file(self, i: int) -> Path | None:
         """Shard i as a complete file in the cache (its size checked against the index),
