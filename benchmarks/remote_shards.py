@@ -27,7 +27,8 @@ Per epoch: wall seconds; CPU seconds of the reader and everything it started
 (``getrusage``; the servers and the relay are the store's and not counted); bytes
 received by the reader's namespace (``/proc/net/dev``, wire bytes), their rate and
 fraction of the link; peak memory of the reader's process tree (PSS, summed over the
-processes, sampled every 0.2 s from outside); CPU seconds of the store's processes (the
+processes, sampled every 0.2 s from outside; the summed RSS too, which counts pages the
+forked workers share once per process); CPU seconds of the store's processes (the
 servers and the relay run on the same cores as the reader: on a 2-core machine what they
 use is taken from decoding). Configurations run in a fresh shuffled
 order each repeat (``hasten.timing.interleaved``).
@@ -150,29 +151,33 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def pss_bytes(pids: list[int]) -> int:
-    total = 0
+def memory_bytes(pids: list[int]) -> tuple[int, int]:
+    """(PSS, RSS) summed over the processes. PSS splits each shared page among its sharers (the
+    forked workers share much with the reader), so the sum is what the tree holds; RSS counts a
+    shared page once per process, the sum more than that."""
+    pss = rss = 0
     for p in pids:
         try:
             for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-                    break
+                    pss += int(line.split()[1]) * 1024
+                elif line.startswith("Rss:"):
+                    rss += int(line.split()[1]) * 1024
         except OSError:
             pass  # gone meanwhile
-    return total
+    return pss, rss
 
 
 def run_reader(argv: list[str], env: dict) -> list[dict]:
-    """The reader's epochs, each with its peak PSS (sampled from here, outside the reader)."""
-    samples: list[tuple[float, int]] = []
+    """The reader's epochs, each with its peak PSS and RSS (sampled from here, outside the reader)."""
+    samples: list[tuple[float, tuple[int, int]]] = []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **env})
     stop = threading.Event()
 
     def sample():
         while not stop.wait(0.2):
-            samples.append((time.time(), pss_bytes(tree(proc.pid))))
+            samples.append((time.time(), memory_bytes(tree(proc.pid))))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -187,7 +192,8 @@ def run_reader(argv: list[str], env: dict) -> list[dict]:
     epochs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     for e in epochs:
         inside = [m for t, m in samples if e["start"] <= t <= e["end"]]
-        e["peak_pss_bytes"] = max(inside) if inside else None
+        e["peak_pss_bytes"] = max(pss for pss, _ in inside) if inside else None
+        e["peak_rss_bytes"] = max(rss for _, rss in inside) if inside else None
     return epochs
 
 
@@ -288,6 +294,7 @@ def summarize(runs: dict[str, list[list[dict]]], epochs: int) -> dict:
                 "link_mb": mean_ci([p["link_bytes"] / 1e6 for p in per]),
                 "store_cpu_s": mean_ci([p["store_cpu_s"] for p in per]),
                 "peak_pss_mb": mean_ci([p["peak_pss_bytes"] / 1e6 for p in per if p["peak_pss_bytes"]] or [0.0]),
+                "peak_rss_mb": mean_ci([p["peak_rss_bytes"] / 1e6 for p in per if p["peak_rss_bytes"]] or [0.0]),
                 "images": sorted({p["images"] for p in per}),
             }
         if epochs > 1:
