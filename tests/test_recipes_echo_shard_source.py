@@ -3,6 +3,8 @@ shards (the real upstream of benchmarks/echo_link.py): every example once per ep
 the pixels the in-memory set decodes, labels checked, and train_budget's runs on it."""
 
 import io
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -78,7 +80,9 @@ def test_train_budget_trains_on_the_source_and_counts_its_examples(packed, one_t
                       eval_points=(1.0,))
     source = ShardSource(store, index_of, decoded.labels, 16, buffer=8, prefetch=2)
     run = train_budget(cfg, data, RunSpec(steps=20, echo=2.0, lr=0.05), upstream=source, final_eval=False)
+    time.sleep(0.2)  # a reader left running would go on decoding
     assert run["steps"] == 20 and run["upstream_decoded"] == source.arrived
+    assert not any(t.name == "hasten-shard-source" for t in threading.enumerate())  # the run stopped its reader
     # e = 2: 60 items from about 30 fresh examples (the buffer holds a few more); all decoded here.
     assert 30 <= run["fresh_examples"] <= source.arrived
     with pytest.raises(ValueError, match="one of"):

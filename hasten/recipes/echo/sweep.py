@@ -203,6 +203,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
                         break
     finally:
         batches.close()  # ends the reads in flight (outside the clocks)
+        if upstream is not None:
+            fresh.close()  # (the stages hold it until they are freed): its reader stops now, not later
     wait_s, step_s = waiting.elapsed, stepping.elapsed
     full = position() >= spec.steps
     return {
