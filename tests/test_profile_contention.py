@@ -71,11 +71,14 @@ def test_on_one_core_the_step_and_the_workers_take_turns():
 
 
 def test_where_other_jobs_leave_fewer_cores_than_threads_a_second_taken_costs_more():
-    # one thread on 0.4 of a core, busy all along: a second of worker CPU on it is 2.5 s of the step's, at most
+    # one thread on 0.4 of a core, busy all along: a second of worker CPU on it is 2.5 s of the step's, at both
+    # ends (the thread is all the step has)
     d = workers_delay((0.010, 0.010, 0.010), [0.040] * 10, [0.100] * 10, [0.040] * 10, [0.100] * 10, 0.4, 1)
     assert d["thread_rate"] == pytest.approx(0.4)
-    assert d["delay_interval_s"][1] == pytest.approx(0.010 / 0.4)
-    assert d["delay_interval_s"][0] == pytest.approx(0.010)
+    assert d["delay_interval_s"] == pytest.approx((0.010 / 0.4, 0.010 / 0.4))
+    # two threads on 0.8 of the two cores: from a second over the 0.8 cores the step keeps busy to 2.5 s
+    two = workers_delay((0.010, 0.010, 0.010), [0.080] * 10, [0.100] * 10, [0.080] * 10, [0.100] * 10, 0.8, 2)
+    assert two["delay_interval_s"] == pytest.approx((0.010 / 0.8, 0.010 / 0.4))
 
 
 def test_no_steps_no_estimate():

@@ -67,7 +67,9 @@ def workers_delay(c: tuple[float, float, float], cpu: list[float], spans: list[f
     def lost(c_: float, idle_: float) -> float:
         return max(0.0, c_ - max(0.0, idle_))
 
-    busy = max(1.0, k)  # work that divides freely over the k cores it keeps busy loses a k-th of a second taken
+    # Work that divides freely over the k cores it keeps busy loses a k-th of a second taken; never less than a
+    # thread's own share of a core (one thread on 0.4 of a core loses 2.5 s of its wall time per second taken).
+    busy = max(rate, k)
     point = (lost(c[0], idle) / busy + lost(c[0], idle) / rate) / 2
     lo = lost(c[1], idle + half) / busy
     hi = lost(c[2], idle - half) / rate
