@@ -46,6 +46,19 @@ def test_stream_input_resumes_the_data_position(shard_dir, photo_folder, source)
     assert sum(len(y) for _, y in data.test_batches()) == 18  # each test image once
 
 
+def test_a_folder_of_photos_gets_the_region_decode_without_packing(tmp_path, photo_jpeg):
+    """An ImageNet-layout folder of photos (shorter side >= 224) is streamed with the fused
+    random-resized crop, as its packed shards would be; small images keep the padded crop."""
+    rng = np.random.default_rng(5)
+    root = write_image_folder(tmp_path / "photos", ("ant", "bee"), {"train": 3, "test": 1},
+                              lambda c, i: photo_jpeg(rng, 240, 320))
+    cfg = TrainConfig(data=str(root), loader="stream", image_size=32, batch_size=2, device="cpu")
+    data = stream_input(cfg, "cpu", 0, 1, 2)
+    assert data.position.crop == "random-resized"
+    x, _ = next(iter(data.epoch_batches(0)))
+    assert tuple(x.shape) == (2, 3, 32, 32)
+
+
 def test_packed_shards_are_named_for_what_they_were_packed_from(shard_dir, photo_folder, tmp_path):
     """Results named a packed CIFAR-10-JPEG `shards`, the folder it was written to."""
     cfg = TrainConfig(data=str(shard_dir), loader="stream", image_size=24, batch_size=6, device="cpu")

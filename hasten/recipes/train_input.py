@@ -25,6 +25,8 @@ from hasten.recipes.training_data import load_training_data
 
 # Normalisation for streamed data, which is never seen whole: the usual ImageNet statistics.
 STREAM_MEAN, STREAM_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# Images whose shorter side reaches this (ImageNet's training size) are photos to crop regions of.
+LARGE_IMAGES = 224
 
 
 class StreamNormalizer:
@@ -103,10 +105,10 @@ def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
     tar shards (``hasten data pack``; a directory or a URL), an image folder or an archive,
     for datasets that do not fit in memory (ImageNet). Each rank reads its own share, never
     the whole set, decoded in ``cfg.workers`` processes at ``cfg.image_size`` (default 224,
-    or the images' own size when smaller). Packed shards: fused JPEG decode + random-resized
-    crop and flip, evaluation on the centre crop; a folder or archive: the whole image with a
-    random crop padded by 4 and a flip, evaluation on the whole image (the choice each had
-    before both went through one loader). The loader is the ``position`` kept in checkpoints:
+    or the images' own size when smaller). Packed shards, and folders or archives of images at
+    least 224 px: fused JPEG decode + random-resized crop and flip, evaluation on the centre
+    crop; a folder or archive of smaller images: the whole image with a random crop padded by
+    4 and a flip, evaluation on the whole image. The loader is the ``position`` kept in checkpoints:
     after ``load_state_dict`` the next epoch's batches are the rest of the saved epoch."""
     from hasten.stream.chunk_decode import default_image_size
     from hasten.stream.retry import RetryPolicy
@@ -117,9 +119,14 @@ def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
     # A URL: each request retried --retries times (hasten.stream.remote_store); local files ignore it.
     retry = RetryPolicy(retries=cfg.retries)
     train_shards, test_shards = (open_source(cfg.data, split, retry=retry) for split in ("train", "test"))
-    train_crop, test_crop = ("random-resized", "center") if is_shard_dir(cfg.data) else ("pad-crop", "whole")
     # Without --image-size: 224, or the images' own size when smaller (32 px CIFAR-10 is not upsampled).
-    size = cfg.image_size or default_image_size(train_shards)
+    native = default_image_size(train_shards, largest=LARGE_IMAGES)
+    size = cfg.image_size or native
+    # Photos (a folder or archive of ImageNet's kind, or packed shards): the fused region decode and
+    # random-resized crop, so that a user need not pack a folder to get it. Small images in a folder
+    # or archive (CIFAR-10's 32 px): the whole image, a padded random crop and a flip, as before.
+    photos = is_shard_dir(cfg.data) or native >= LARGE_IMAGES
+    train_crop, test_crop = ("random-resized", "center") if photos else ("pad-crop", "whole")
     if not train_shards.classes:
         raise ConfigError(f"{cfg.data}: no class names (index.json); pack the data with `hasten data pack`")
     # Every rank must take the same number of steps: ranks' ranges differ by up to one image.
