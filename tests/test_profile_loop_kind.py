@@ -110,3 +110,21 @@ def test_every_snippet_of_every_kind_compiles(layout, make_rank):
     a = analyse([make_rank(layout)], cpus={"available": 2.0})
     for r in a.recommendations + [type("R", (), x) for x in a.rejected if x.get("how")]:
         compile(_printed(r.how), f"<{r.fix}>", "exec")
+
+
+def test_a_segmentation_loop_of_dicts_is_given_code_that_keeps_its_masks_with_its_images():
+    # Pytorch-UNet's dataset: {'image': 3 x H x W floats, 'mask': H x W class indices}. hasten's image loader
+    # crops and flips images, not masks: the code stacks both once and indexes them together.
+    items = [{"image": torch.full((3, 8, 8), float(i)), "mask": torch.full((8, 8), i)} for i in range(7)]
+    layout = tensor_layout({k: v[None] for k, v in items[0].items()})
+    assert loop_kind(layout) == "images" and [t["key"] for t in layout] == ["image", "mask"]
+    code = resident_code(layout, "cpu")
+    assert "HostLoader" not in code
+    seen = []
+    run = _printed(code).replace("   # an epoch of batches", "; seen.append(batch)")
+    exec(compile(run, "<resident>", "exec"), {"torch": torch, "dataset": items, "batch_size": 3, "seen": seen})
+    assert sorted(b["image"][j, 0, 0, 0].item() for b in seen for j in range(len(b["image"]))) == list(range(7))
+    assert all(torch.equal(b["mask"][:, 0, 0].float(), b["image"][:, 0, 0, 0]) for b in seen)  # still paired
+    # images with dense targets as a tuple: the same, by position
+    pair = tensor_layout((torch.zeros(2, 3, 32, 32), torch.zeros(2, 32, 32, dtype=torch.long)))
+    assert "HostLoader" not in resident_code(pair, "cpu") and "labels" not in resident_code(pair, "cpu")

@@ -75,27 +75,45 @@ def words_for(layout: list[dict] | None) -> Words:
     return WORDS[loop_kind(layout)]
 
 
-def _names(w: Words, n: int) -> list[str]:
-    if n <= 1:
+def _names(w: Words, layout: list[dict]) -> list[str]:
+    keys = [t.get("key") for t in layout]
+    if keys and all(isinstance(k, str) and k.isidentifier() for k in keys):
+        return [f"{k}s" if not k.endswith("s") else k for k in keys]  # 'image', 'mask' -> images, masks
+    n = len(layout) or 2
+    targets = w.targets if w.kind != "images" or _labels_only(layout) else "targets"
+    if n == 1:
         return [w.inputs]
     if n == 2:
-        return [w.inputs, w.targets]
+        return [w.inputs, targets]
     return [f"{w.inputs}{i}" if i else w.inputs for i in range(n)]
+
+
+def _labels_only(layout: list[dict]) -> bool:
+    """Whether every tensor besides the images is one value per example (class labels), as hasten's
+    image loader takes them: a segmentation mask is cropped and flipped with its image, which it does not."""
+    return all(len(t.get("shape") or []) <= 1 for t in layout if not _is_image(t))
 
 
 def resident_code(layout: list[dict] | None, device: str) -> str:
     """The device-resident loader, as the report prints it (lines after the first indented by five
-    spaces, as the report indents them): hasten's image loader over the decoded images, or for
-    tokens and other tensors, every item of the dataset stacked once and indexed per batch."""
+    spaces, as the report indents them): hasten's image loader over the decoded images with their
+    labels, or for anything else (tokens, tensors, images with masks, a mapping of tensors) every item
+    of the dataset stacked once and indexed per batch."""
+    layout = layout or []
     w = words_for(layout)
-    if w.kind == "images":
+    keys = [t.get("key") for t in layout]
+    if w.kind == "images" and len(layout) <= 2 and _labels_only(layout) and not any(keys):
         loader = "device_loader.GpuLoader" if device == "cuda" else "host_loader.HostLoader"
         return (f"loader = hasten.data.{loader}(images, labels, batch_size)"
                 "   # images, labels: the dataset decoded once into memory")
-    names = _names(w, len(layout or []) or 2)
+    names = _names(w, layout)
     to = ".to('cuda')" if device == "cuda" else ""
     items = "(dataset[i] for i in range(len(dataset)))"
-    if len(names) == 1:
+    if all(isinstance(k, str) for k in keys) and keys and len(names) == len(keys):
+        once = (f"{', '.join(names)}{',' if len(names) == 1 else ''} = (torch.stack([dataset[i][k] for i in "
+                f"range(len(dataset))]){to} for k in {tuple(keys)!r})")
+        pick = "batch = {" + ", ".join(f"{k!r}: {n}[idx]" for k, n in zip(keys, names)) + "}"
+    elif len(names) == 1:
         once = f"{names[0]} = torch.stack(list({items})){to}"
         pick = f"x = {names[0]}[idx]"
     else:

@@ -23,10 +23,16 @@ def batch_nbytes(batch) -> int:
 
 
 def tensor_layout(batch, most: int = 8) -> list[dict]:
-    """The shape and dtype of each tensor in a batch, in order (at most ``most``): what the report's
-    words for the loop are chosen from (:mod:`hasten.profile.loop_kind`)."""
-    return [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-            for _, t in zip(range(most), tensors_in(batch))]
+    """The shape and dtype of each tensor in a batch, in order (at most ``most``), with its key where the
+    batch is a mapping of tensors: what the report's words and code for the loop are chosen from
+    (:mod:`hasten.profile.loop_kind`)."""
+    import torch
+    if isinstance(batch, Mapping):
+        pairs = [(k, v) for k, v in batch.items() if isinstance(v, torch.Tensor)]
+    else:
+        pairs = [(None, t) for t in tensors_in(batch)]
+    return [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), **({"key": k} if k else {})}
+            for k, t in pairs[:most]]
 
 
 def has_tensor(x) -> bool:
