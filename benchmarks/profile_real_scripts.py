@@ -69,7 +69,7 @@ def _portable(text: str, checkout_dir: Path, scratch: Path) -> str:
 
 
 def _env(case: Case, checkout_dir: Path) -> dict:
-    env = dict(os.environ)
+    env = {**os.environ, **dict(case.env)}
     if case.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout_dir), env.get("PYTHONPATH")) if p)
     return env
@@ -328,7 +328,8 @@ def main() -> int:
     result["hardware"] = hardware_label(result["conditions"]["environment"])
     result["cases"] = [{"case": c.name, "repo": c.source.name, "commit": c.source.commit, "licence": c.source.licence,
                         "script": c.script, "args": list(c.args), "variant": c.variant, "cwd": c.cwd,
-                        "pythonpath": c.pythonpath, "taskset": c.taskset, "data": c.data, "data_fn": c.data_fn}
+                        "pythonpath": c.pythonpath, "taskset": c.taskset, "data": c.data, "data_fn": c.data_fn,
+                        "env": dict(c.env)}
                        for c in CASES]
     result["summary"] = judge(result["runs"])
     write_json(out, result)

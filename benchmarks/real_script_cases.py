@@ -13,6 +13,7 @@ Placeholders in ``args``: ``{checkout}`` (the script's repository at the commit)
 
 from __future__ import annotations
 
+import io
 import pickle
 import random
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ REPOS = {
     "nanoGPT": Repo("karpathy/nanoGPT", "3adf61e154c3fe3fca428ad6bc3818b27a3b8291", "MIT"),
     "examples": Repo("pytorch/examples", "77f55b912142e11fcfdf5b530231fb9c52f181e8", "BSD-3-Clause"),
     "makemore": Repo("karpathy/makemore", "988aa59e4d8fefa526d06f3b453ad116258398d4", "MIT"),
+    "Pytorch-UNet": Repo("milesial/Pytorch-UNet", "a013c80ca6b011ba34ba0700b961b77e0ed003a2",
+                         "GPL-3.0: fetched, never copied"),
     "ng-video-lecture": Repo("karpathy/ng-video-lecture", "52201428ed7b46804849dea0b3ccf0de9df1a5c3",
                              "none stated (all rights reserved): fetched, never copied"),
 }
@@ -52,6 +55,7 @@ class Case:
     in_memory: bool = False   # the whole batch is in memory before the loop: no data path to make free
     taskset: str | None = None    # cores the whole run is pinned to (taskset -c)
     needs: str | None = None  # a package the script imports beyond torch and numpy (skipped without it)
+    env: tuple[tuple[str, str], ...] = ()  # environment variables the run needs (a logger's offline switch)
     truth_warmup: int = 8     # more than 4 workers x 2 prefetched batches
     truth_block: int = 4      # counted steps per block (as run, data free, as run, data free, ...)
     truth_pairs: int = 5      # pairs of blocks
@@ -114,13 +118,42 @@ def sine_waves(checkout: Path, scratch: Path) -> None:
     torch.save(np.sin(x / 1.0 / T).astype("float64"), open(scratch / "traindata.pt", "wb"))
 
 
-DATA = {f.__name__: f for f in (chargpt_text, shakespeare_char_bins, wikitext_like, sine_waves)}
+def carvana_like(checkout: Path, scratch: Path, n: int = 20, distinct: int = 10, size=(3000, 2000)) -> None:
+    """Pytorch-UNet's ``data/imgs/<id>.jpg`` and ``data/masks/<id>_mask.gif`` (Carvana's layout and
+    formats): photographs of 6 megapixels, larger than Carvana's 1918 x 1280 (what a phone or a camera
+    gives), smooth colour fields with blotches as JPEG at quality 90 (about 1 MB), and a two-valued
+    mask; ``distinct`` images, each under ``n / distinct`` names (the decode costs the same whichever
+    file it reads)."""
+    from PIL import Image
+
+    imgs, masks = scratch / "data" / "imgs", scratch / "data" / "masks"
+    imgs.mkdir(parents=True)
+    masks.mkdir(parents=True)
+    w, h = size
+    for k in range(distinct):
+        channels = [Image.effect_noise((w // 16, h // 16), 60 + 10 * c).resize(size, Image.BILINEAR)
+                    for c in range(3)]
+        photo = Image.merge("RGB", channels)
+        mask = channels[0].point(lambda v: 1 if v > 128 else 0)
+        jpeg, gif = io.BytesIO(), io.BytesIO()
+        photo.save(jpeg, "JPEG", quality=90)
+        mask.save(gif, "GIF")
+        for j in range(k, n, distinct):
+            (imgs / f"{j:04d}.jpg").write_bytes(jpeg.getvalue())
+            (masks / f"{j:04d}_mask.gif").write_bytes(gif.getvalue())
+
+
+DATA = {f.__name__: f for f in (chargpt_text, shakespeare_char_bins, wikitext_like, sine_waves, carvana_like)}
 
 
 # --- the cases -----------------------------------------------------------------------------
 
 NANOGPT_CPU = ("config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
                "--log_interval=1", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0")
+# Images scaled to 0.03 (90 x 60) so that a step's U-Net is under a second here; 19 training images in
+# batches of 2: its evaluation round (every n_train // (10 x batch) steps) never comes, and with it the
+# wandb.Image calls that need torchvision in the wandb of the script's time and fail on wandb 0.31.
+UNET = ("--scale", "0.03", "--validation", "5", "--batch-size", "2", "--epochs", "100")
 CHARGPT = ("--model.model_type=gpt-nano", "--trainer.batch_size=16", "--data.block_size=64")
 
 CASES = [
@@ -155,5 +188,13 @@ CASES = [
          variant="slow data: num_workers=0", needs="tensorboard"),
     Case("REINFORCE on CartPole", "examples", "reinforcement_learning/reinforce.py", (), needs="gymnasium"),
     Case("actor-critic on CartPole", "examples", "reinforcement_learning/actor_critic.py", (), needs="gymnasium"),
+    # JPEG decoding in the script's own Dataset (PIL, no torchvision), its 4 workers as shipped at this commit
+    Case("Pytorch-UNet, 4 workers decoding JPEGs", "Pytorch-UNet", "train.py",
+         UNET, variant="as shipped: 4 workers, PIL decode",
+         data="carvana_like", needs="wandb", env=(("WANDB_MODE", "disabled"),)),
+    Case("Pytorch-UNet, 4 workers decoding JPEGs, 1 core", "Pytorch-UNet", "train.py",
+         UNET,
+         variant="few cores: the step and its 4 workers on one core (taskset -c 0)",
+         data="carvana_like", needs="wandb", env=(("WANDB_MODE", "disabled"),), taskset="0"),
     Case("ng-video-lecture bigram", "ng-video-lecture", "bigram.py", (), cwd="checkout", data_fn="get_batch"),
 ]
