@@ -83,3 +83,34 @@ def test_where_other_jobs_leave_fewer_cores_than_threads_a_second_taken_costs_mo
 
 def test_no_steps_no_estimate():
     assert workers_delay((0.002, 0.002, 0.002), [], [], [], [], 2.0, 2) == {}
+
+
+def test_the_wait_and_the_cpu_share_add_their_uncertainties_in_quadrature():
+    from hasten.profile.shares import sum_interval
+    # chargpt with 4 workers, one run: wait 4.8% (4.1%-5.5%), the workers' CPU 3.7% (0.8%-7.8%)
+    point, lo, hi = sum_interval((0.048, 0.041, 0.055), (0.037, 0.008, 0.078))
+    assert point == pytest.approx(0.085)
+    assert lo == pytest.approx(0.085 - (0.007 ** 2 + 0.029 ** 2) ** 0.5)
+    assert 0.049 < lo < 0.085 - 0.029  # narrower than the ends added, wider than either alone
+    assert hi == pytest.approx(0.085 + (0.007 ** 2 + 0.041 ** 2) ** 0.5)
+    assert sum_interval((0.01, 0.0, 0.02), (0.0, 0.0, 0.0)) == pytest.approx((0.01, 0.0, 0.02))
+
+
+def test_idle_time_is_never_more_than_proc_saw():
+    # pinned_workers.py on a core another job took half of, with the probe's 1 core as the cores available:
+    # 152 ms a step, 50 ms of the step's CPU and 26 ms of the workers': its own numbers leave 76 ms "idle",
+    # which the other job had. /proc/stat counted none idle: all of the workers' CPU was on the step's core.
+    c = (0.026, 0.026, 0.026)
+    mine = workers_delay(c, [0.050] * 20, [0.152] * 20, [0.050] * 20, [0.150] * 20, 1.0, 1)
+    seen = workers_delay(c, [0.050] * 20, [0.152] * 20, [0.050] * 20, [0.150] * 20, 1.0, 1, idle_seen=0.0)
+    assert mine["delay_s"] == 0.0 and seen["lost_s"] == pytest.approx(0.026)
+    # where /proc saw more idle than the step's numbers allow, they stand
+    more = workers_delay(c, [0.050] * 20, [0.152] * 20, [0.050] * 20, [0.150] * 20, 1.0, 1, idle_seen=0.5)
+    assert more["idle_core_s"] == pytest.approx(mine["idle_core_s"])
+
+
+def test_the_window_idle_per_step_comes_from_its_proc_totals():
+    from hasten.profile.attribution import idle_seen_per_step
+    assert idle_seen_per_step({"cores": 2, "wall_s": 1.0, "busy_s": 1.9}, 50) == pytest.approx(0.1 / 50)
+    assert idle_seen_per_step({"cores": 2, "wall_s": 1.0, "busy_s": 2.1}, 50) == 0.0
+    assert idle_seen_per_step({}, 50) is None and idle_seen_per_step({"cores": 2, "wall_s": 1, "busy_s": 1}, 0) is None

@@ -118,7 +118,7 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     n, q = s.worker_batches, s.in_flight  # the workers made between n - q and n + q batches over the window
     c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
     if window and s.own_cpu_steps:
-        return _from_window(s, c, c_lo, c_hi, cores, threads)
+        return _from_window(s, c, c_lo, c_hi, cores, threads, idle_seen_per_step(window, s.window_steps))
     if s.calm_alone and s.calm_alone[0] > 0 and s.calm_alone[1] is not None:
         wall, own_cpu = s.calm_alone
     else:  # no replay (dropped, or the command ended first): the measured steps outside their wait
@@ -144,10 +144,18 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
             "data_cpu_share": share(c), "data_cpu_share_interval": (share(c_lo), share(c_hi))}
 
 
-def _from_window(s: RankSummary, c: float, c_lo: float, c_hi: float, cores: float, threads: int) -> dict:
+def idle_seen_per_step(window: dict, steps: int) -> float | None:
+    """Idle core time per step over the measured window, as /proc/stat counted it (None where not read)."""
+    if not steps or window.get("busy_s") is None or not window.get("wall_s") or not window.get("cores"):
+        return None
+    return max(0.0, window["cores"] * window["wall_s"] - window["busy_s"]) / steps
+
+
+def _from_window(s: RankSummary, c: float, c_lo: float, c_hi: float, cores: float, threads: int,
+                 idle_seen: float | None) -> dict:
     """:func:`cpu_use` from the measured window's totals (:func:`hasten.profile.contention.workers_delay`)."""
     d = workers_delay((c, c_lo, c_hi), list(s.cpu_steps), list(s.span_steps), list(s.own_cpu_steps),
-                      list(s.work_steps), cores, threads)
+                      list(s.work_steps), cores, threads, idle_seen)
     if not d:
         return {}
     own = sum(s.own_cpu_steps) / len(s.own_cpu_steps)

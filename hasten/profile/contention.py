@@ -49,18 +49,24 @@ from hasten.profile.shares import t95
 
 
 def workers_delay(c: tuple[float, float, float], cpu: list[float], spans: list[float], own_cpu: list[float],
-                  work: list[float], cores: float, threads: int) -> dict:
+                  work: list[float], cores: float, threads: int, idle_seen: float | None = None) -> dict:
     """The delay the workers' CPU adds to a step, per step, with its interval (see the module).
 
     ``c``: the workers' CPU per step and its interval; per measured step: ``cpu``, the main
     process's CPU, ``spans``, its wall time, ``own_cpu`` and ``work``, the same less receiving
-    batches (for the cores the step keeps busy); ``cores``: available; ``threads``: torch's."""
+    batches (for the cores the step keeps busy); ``cores``: available; ``threads``: torch's;
+    ``idle_seen``: the idle core time per step that /proc/stat counted over the window, where read
+    (:mod:`hasten.profile.inject.cpu_window`): the idle time is never more than that (other jobs
+    took the rest: tests/profile_scripts/pinned_workers.py on a core half taken by another job read
+    76 ms "idle" a step from its own numbers and ``cores``, the probe's, where /proc saw none)."""
     if not spans or sum(spans) <= 0 or sum(work) <= 0 or cores <= 0:
         return {}
     n = len(spans)
     left = [cores * t - u - c[0] for t, u in zip(spans, cpu)]  # core-seconds idle in each step, workers and all
     idle = sum(left) / n
     half = t95(n - 1) * math.sqrt(sum((x - idle) ** 2 for x in left) / (n - 1) / n) if n > 1 else 0.0
+    if idle_seen is not None:
+        idle = min(idle, max(0.0, idle_seen))
     k = min(cores, sum(own_cpu) / sum(work))
     rate = min(1.0, cores / max(1, threads))
 

@@ -73,6 +73,17 @@ def product_interval(a: tuple[float, float, float], b: tuple[float, float, float
     return a[0] * b[0], a[1] * b[1], a[2] * b[2]
 
 
+def sum_interval(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
+    """The sum of two shares known independently (the data wait's, and the CPU the workers take from the
+    step), each ``(estimate, low, high)``: their half-widths add in quadrature, as independent errors do.
+    Adding the ends instead gives the chance that both are at their low end together, far below 5%: one
+    run of chargpt with 4 workers read 4.8% (4.1%-5.5%) + 3.7% (0.8%-7.8%) as 4.9%-13.3%, `balanced`."""
+    point = a[0] + b[0]
+    lo = point - math.hypot(a[0] - a[1], b[0] - b[1])
+    hi = point + math.hypot(a[2] - a[0], b[2] - b[0])
+    return point, max(0.0, lo), min(1.0, hi)
+
+
 def widened(share: float, lo: float, hi: float, dead_band: float) -> tuple[float, float]:
     """The interval, at least ``dead_band`` either side of the estimate."""
     return min(lo, share - dead_band), max(hi, share + dead_band)

@@ -44,7 +44,7 @@ from hasten.profile.cores import cores_for_run, cpu_available
 from hasten.profile.inject.fixes import echo_apply, echo_code
 from hasten.profile.loop_kind import resident_code
 from hasten.profile.prepare_once import prepare_once
-from hasten.profile.shares import STALL, stalled, undecided, widened
+from hasten.profile.shares import STALL, stalled, sum_interval, undecided, widened
 
 INPUT_MODERATE = 0.05  # data-wait share of the step: moderate input bottleneck
 INPUT_HIGH = 0.20  # ... high
@@ -228,6 +228,7 @@ class RankSummary:
     span_steps: tuple[float, ...] = ()
     own_cpu_steps: tuple[float, ...] = ()  # ... and the same less receiving batches
     work_steps: tuple[float, ...] = ()
+    window_steps: int = 0  # every step of the measured window, left out or not (the window's /proc totals)
 
 
 def summarise_rank(d: dict) -> RankSummary:
@@ -255,7 +256,7 @@ def summarise_rank(d: dict) -> RankSummary:
     return RankSummary(**split, work_median_s=statistics.median(r["work_s"] for r in measured),
         cpu_steps=tuple(r["cpu_s"] for r in own), span_steps=tuple(_g(r, "span_s") for r in own),
         own_cpu_steps=tuple(r["cpu_s"] - (r.get("data_cpu_s") or 0.0) for r in own),
-        work_steps=tuple(r["work_s"] for r in own),
+        work_steps=tuple(r["work_s"] for r in own), window_steps=len(d["records"]["measure"]),
         calm_alone=(calm["work_s"], calm.get("compute_cpu_s", calm.get("cpu_s"))) if calm else None,
         rank=d["rank"], step_s=_mean(_g(r, "span_s") for r in measured),
         own_step_s=_mean(r.get("own_wait_s", r["wait_s"]) + _g(r, "own_s") for r in measured),
@@ -618,8 +619,8 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
                                   threads=(d0.get("threads") or {}).get("intra_op") or 1, window=d0.get("cpu_window"))
     share, lo, hi, kind = wait, w_lo, w_hi, "wait"
     if cpu_use.get("contended"):  # the workers' CPU on the step's cores adds to the step, beside its wait
-        c_lo, c_hi = cpu_use["data_cpu_share_interval"]
-        share, lo, hi = wait + cpu_use["data_cpu_share"], w_lo + c_lo, min(1.0, w_hi + c_hi)
+        share, lo, hi = sum_interval((wait, w_lo, w_hi),
+                                     (cpu_use["data_cpu_share"], *cpu_use["data_cpu_share_interval"]))
         kind = "cpu" if cpu_use["data_cpu_share"] > wait else "wait"
     verdict, severity = classify(share, comm_frac, s0.host_fraction, (lo, hi))
     excluded = {}

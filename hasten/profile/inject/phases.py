@@ -20,7 +20,7 @@ import time
 from hasten.profile.inject import autocast_check, cpu_window, ddp, probes
 from hasten.profile.inject.proc_times import pid_cpu_s
 from hasten.profile.inject.state import State, is_training_loader
-from hasten.profile.shares import could_decide, stalled
+from hasten.profile.shares import could_decide, stalled, sum_interval
 
 
 def plan(st: State) -> list[tuple[str, int]]:
@@ -159,14 +159,17 @@ def data_share(st: State) -> tuple[float, float, float]:
     split = data_split(d, recs)
     spans = sum(r["span_s"] for r in recs)
     share = split["data_s"] * len(recs) / spans if spans > 0 else math.nan
-    add, add_lo, add_hi = _workers_share(st, recs) if loader_driven and recs and spans > 0 else (0.0, 0.0, 0.0)
-    return share + add, split["data_lo"] + add_lo, min(1.0, split["data_hi"] + add_hi)
+    add = _workers_share(st, recs) if loader_driven and recs and spans > 0 else (0.0, 0.0, 0.0)
+    if add[0] <= 0:
+        return share, split["data_lo"], split["data_hi"]
+    return sum_interval((share, split["data_lo"], split["data_hi"]), add)  # as the verdict sums them
 
 
 def _workers_share(st: State, recs: list[dict]) -> tuple[float, float, float]:
     """What the training loader's workers' CPU on the step's cores adds to the data share so far, with its
     interval, as the verdict will weigh it (:func:`hasten.profile.contention.workers_delay`, from the
     window's totals so far): a run whose numbers cannot tell yet goes on measuring."""
+    from hasten.profile.attribution import idle_seen_per_step
     from hasten.profile.contention import workers_delay
     q = _in_flight(st)
     batches = _training_batches(st) - st.worker_cpu.get("batches0", 0)
@@ -186,7 +189,8 @@ def _workers_share(st: State, recs: list[dict]) -> tuple[float, float, float]:
     d = workers_delay((c, c * batches / (batches + q), c * batches / max(1, batches - q)),
                       [r["cpu_s"] for r in steps], [r["span_s"] for r in steps],
                       [r["cpu_s"] - (r.get("data_cpu_s") or 0.0) for r in steps], [r["work_s"] for r in steps],
-                      min(window["cores"], max(0.05, window["free"])), _torch_threads())
+                      min(window["cores"], max(0.05, window["free"])), _torch_threads(),
+                      idle_seen_per_step(window, len(st.records["measure"])))
     if not d:
         return 0.0, 0.0, 0.0
     most = 1.0 - wait / step
