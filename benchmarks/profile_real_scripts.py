@@ -50,7 +50,7 @@ from hasten.rundir import write_json
 from hasten.timing import interleaved
 
 from _common import RESULTS, MeasuredConditions, hardware_label
-from real_script_cases import CASES, DATA, Case
+from real_script_cases import CASES, DATA, STUBS, Case
 from real_script_fetch import checkout
 
 HERE = Path(__file__).resolve().parent
@@ -68,10 +68,13 @@ def _portable(text: str, checkout_dir: Path, scratch: Path) -> str:
             .replace(str(ROOT), "<hasten>").replace(sys.prefix, "<python>"))
 
 
-def _env(case: Case, checkout_dir: Path) -> dict:
-    env = {**os.environ, **dict(case.env)}
-    if case.pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout_dir), env.get("PYTHONPATH")) if p)
+def _env(case: Case, checkout_dir: Path, scratch: Path) -> dict:
+    env = dict(os.environ)
+    extra = [str(checkout_dir)] if case.pythonpath else []
+    if case.stubs:  # stand-ins for an online service the script logs to (real_script_cases.STUBS)
+        extra.append(str(scratch / "stubs"))
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (*extra, env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -85,7 +88,7 @@ def _tail(text: str, n: int = 6) -> str:
 
 def truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path) -> dict:
     out = scratch / "truth.json"
-    env = {**_env(case, checkout_dir), "REAL_TRUTH_OUT": str(out), "REAL_TRUTH_WARMUP": str(case.truth_warmup),
+    env = {**_env(case, checkout_dir, scratch), "REAL_TRUTH_OUT": str(out), "REAL_TRUTH_WARMUP": str(case.truth_warmup),
            "REAL_TRUTH_BLOCK": str(case.truth_block), "REAL_TRUTH_PAIRS": str(case.truth_pairs),
            "REAL_TRUTH_DATA_FN": case.data_fn or ""}
     cmd = [*_pin(case), PY, str(HERE / "_real_script_truth.py"), str(checkout_dir / case.script),
@@ -111,7 +114,7 @@ def profile_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, verify
            *_fill(case.args, checkout_dir, scratch)]
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, cwd=cwd, env=_env(case, checkout_dir), capture_output=True, text=True,
+        p = subprocess.run(cmd, cwd=cwd, env=_env(case, checkout_dir, scratch), capture_output=True, text=True,
                            timeout=500)
         code, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
@@ -147,6 +150,9 @@ def run_case(case: Case, repeat: int, verify: bool) -> dict:
     try:
         if case.data:
             DATA[case.data](checkout_dir, scratch)
+        for name in case.stubs:
+            (scratch / "stubs").mkdir(exist_ok=True)
+            (scratch / "stubs" / f"{name}.py").write_text(STUBS[name])
         cwd = checkout_dir if case.cwd == "checkout" else scratch
         row = {"case": case.name, "repeat": repeat, "fetched_from": origin}
         row["truth"] = truth_run(case, checkout_dir, scratch, cwd)
@@ -329,7 +335,7 @@ def main() -> int:
     result["cases"] = [{"case": c.name, "repo": c.source.name, "commit": c.source.commit, "licence": c.source.licence,
                         "script": c.script, "args": list(c.args), "variant": c.variant, "cwd": c.cwd,
                         "pythonpath": c.pythonpath, "taskset": c.taskset, "data": c.data, "data_fn": c.data_fn,
-                        "env": dict(c.env)}
+                        "stubs": list(c.stubs)}
                        for c in CASES]
     result["summary"] = judge(result["runs"])
     write_json(out, result)
