@@ -12,10 +12,12 @@ and ``hasten.stream.device_copy.to_device``. Data echoing is a stage on its outp
 Memory stays bounded whatever the size of the set: ``prefetch`` shards read
 ahead, one shard's worth of examples waiting for their turn in the in-shard
 shuffle, ``shuffle_buffer`` undecoded examples, and ``prefetch`` decoded chunks.
-Local shard files are not read by the loading process: it scans their tar headers
-(``hasten.stream.tar_members.scan_shard``) and the decode workers read each image's
-bytes where they decode it, so the examples in the buffers are a few dozen bytes
-each; shards from other stores (``SlowStorage``, ``ShardCache``) are read whole.
+Shard files on local disk are not read by the loading process: it scans their tar
+headers (``hasten.stream.tar_members.scan_shard``) and the decode workers read each
+image's bytes where they decode it, so the examples in the buffers are a few dozen
+bytes each. That holds for a ``ShardCache`` whose cap holds the whole split too (remote
+shards are streamed into their cache files, then read there); shards from other stores
+(``SlowStorage``, a smaller cache) are read whole.
 
 Bad input: an undecodable image or a missing or unreadable label is skipped and
 counted by name (``shard-000003.tar:00001234.jpg``), as in every hasten reader,
