@@ -281,12 +281,19 @@ def main() -> int:
         return 0
     # A stop (SIGTERM) unwinds the with-blocks: the namespaces and the server go with the run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.seeds < 1 or args.threads < 1 or args.prefetch < 1 or args.shard_kb < 4:
+        ap.error("--seeds, --threads and --prefetch must be >= 1, --shard-kb >= 4")
     if os.geteuid() != 0:
         ap.error("needs root: network namespaces and tc shape the link to the shard server")
     require_data(args.data, "echo_link")
     torch.set_num_threads(args.threads)
-    ratios = [float(r) for r in args.ratios.split(",")]
-    factors = [f if f == "auto" else float(f) for f in args.factors.split(",")]
+    try:
+        ratios = [float(r) for r in args.ratios.split(",")]
+        factors = [f if f == "auto" else float(f) for f in args.factors.split(",")]
+    except ValueError:
+        ap.error(f"--ratios takes numbers, --factors numbers or 'auto'; got {args.ratios!r}, {args.factors!r}")
+    if any(r <= 0 for r in ratios) or any(f != "auto" and f < 1 for f in factors) or 1.0 not in factors:
+        ap.error("ratios must be > 0 and echo factors >= 1, with 1 among them (the speed-ups are over it)")
     cfg = SweepConfig.at_target(args.data, seeds=args.seeds, ratios=tuple(ratios))
     if args.smoke:
         cfg = replace(cfg, target=0.15, test_images=500, epochs=0.3, eval_points=(0.5, 1.0), seeds=1)
