@@ -142,17 +142,27 @@ class _Alternating:
     """A DataLoader iterator that hands out copies of the loader's first batch in data-free blocks."""
 
     def __init__(self, loader, it):
-        self.loader, self.it = loader, it
+        self.loader, self.it, self.handed = loader, it, 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
         key = id(self.loader)
+        self.handed += 1
         if key not in _first_batches:
             _first_batches[key] = next(self.it)
             return _copy(_first_batches[key])
-        return _copy(_first_batches[key]) if _state["free"] else next(self.it)
+        if not _state["free"]:
+            return next(self.it)
+        # A pass ends after as many batches as the loader has, replayed or not: an evaluation loop over
+        # the whole of a validation loader in a data-free block would otherwise never end (Pytorch-UNet).
+        try:
+            if self.handed > len(self.it):
+                raise StopIteration
+        except TypeError:  # an iterable dataset of unknown length: the replay goes on, as the loop asks
+            pass
+        return _copy(_first_batches[key])
 
     def __len__(self):
         return len(self.it)
