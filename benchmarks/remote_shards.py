@@ -299,7 +299,9 @@ def summarize(runs: dict[str, list[list[dict]]], epochs: int) -> dict:
             }
         if epochs > 1:
             # Memory flat: the last epoch's peak over epoch 2's (both from the cache where there is one).
-            row["peak_growth"] = row[f"epoch{epochs}"]["peak_pss_mb"]["mean"] / row["epoch2"]["peak_pss_mb"]["mean"]
+            # (No memory sample in a short epoch, as in --smoke beside other jobs: no ratio, not a crash.)
+            second, last = row["epoch2"]["peak_pss_mb"]["mean"], row[f"epoch{epochs}"]["peak_pss_mb"]["mean"]
+            row["peak_growth"] = last / second if second else None
         if rate is not None:
             row["link_fraction"] = row["epoch1"]["link_mb_per_s"]["mean"] * 8 / (rate * 1e3)
         own = local.get("hasten" if reader == "hasten-s3" else reader)
@@ -332,7 +334,7 @@ def goals(summary: dict, epochs: int) -> dict:
         reached = row["link_fraction"] if link == "link" else row.get("vs_own_local", float("nan"))
         g = {"limit": link, "reached": reached, "met": reached >= GOAL,
              "epoch2_from_cache": epochs > 1 and row["epoch2"]["link_mb"]["mean"] < 0.01 * e1["link_mb"]["mean"]}
-        if "peak_growth" in row:
+        if row.get("peak_growth") is not None:
             g["memory_flat"] = row["peak_growth"] <= FLAT
         out[config] = g
     return out
