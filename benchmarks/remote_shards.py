@@ -446,6 +446,12 @@ def main() -> None:
         configs.append("hasten local")
     configs += [f"{r} @ {rate:g} Gbit/s" for rate in rates for r in readers]
     runs: dict[str, list[list[dict]]] = {c: [] for c in configs}
+    if partial.exists():
+        # Resume: a stopped run of the same command keeps the readings it made.
+        kept = json.loads(partial.read_text())
+        if kept.get("command") == " ".join(sys.argv):
+            runs.update({c: r for c, r in kept["runs"].items() if c in runs})
+            print(f"resuming: {sum(map(len, runs.values()))} reading(s) kept from {partial}", file=sys.stderr)
     index = json.loads((shard_dir / "index.json").read_text())
     link = (f"tc htb rate on veth + bridge; request RTT +{args.rtt_ms:g} ms by a userspace relay "
             "(hasten.harness.delay_relay; no sch_netem: not packet-level delay), no loss" if args.rtt_ms > 0
@@ -459,11 +465,15 @@ def main() -> None:
         (tmp / "logs").mkdir()
         store = Store(cluster, shard_dir, litdata_dir, args.rtt_ms, tmp / "logs")
         try:
-            for repeat, config in interleaved(configs, args.repeats, seed=args.seed):
+            order = [(r, c) for r, c in interleaved(configs, args.repeats, seed=args.seed) if len(runs[c]) <= r]
+            started = time.monotonic()
+            for done, (repeat, config) in enumerate(order):
                 work = tmp / f"{repeat}-{config.replace(' ', '').replace('/', '')}"
                 work.mkdir()
                 reader = config.split()[0]
-                print(f"repeat {repeat + 1}/{args.repeats}: {config}", file=sys.stderr, flush=True)
+                left = "" if not done else f", about {(time.monotonic() - started) / done * (len(order) - done) / 60:.0f} min left"
+                print(f"[{done + 1}/{len(order)}] repeat {repeat + 1}/{args.repeats}: {config}{left}",
+                      file=sys.stderr, flush=True)
                 # Local readings run in the reader's namespace too: the same surroundings, and its
                 # byte counters see only this reader's traffic (none).
                 if config.endswith(" local"):

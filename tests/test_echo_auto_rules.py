@@ -206,12 +206,12 @@ def test_repeated_pauses_within_one_window_all_count(monkeypatch):
 class _FakeRanks:
     """torch.distributed as seen by one rank of two: all_reduce adds the other rank's tensor."""
 
-    def __init__(self, other_estimate, other_cap, backend="gloo", other_loss_ratio=math.nan):
+    def __init__(self, other_estimate, other_cap, backend="gloo", other_loss_ratio=math.nan, other_dots=(0.0, 0.0, 0)):
         import torch
 
         valid, has_loss = not math.isnan(other_estimate), not math.isnan(other_loss_ratio)
         self.other = torch.tensor([other_estimate if valid else 0.0, 1.0 if valid else 0.0, other_cap,
-                                   other_loss_ratio if has_loss else 0.0, 1.0 if has_loss else 0.0],
+                                   other_loss_ratio if has_loss else 0.0, 1.0 if has_loss else 0.0, *other_dots],
                                   dtype=torch.float64)
         self.backend = backend
         self.reduced = []

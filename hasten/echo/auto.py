@@ -65,7 +65,11 @@ class AutoEcho:
     ``later_repeat_value``: what each later repeat is worth; ``repeat_decay``: copies
     over which that falls by 1/e (inf: not at all). Their defaults are measured on
     CIFAR-10-JPEG (``benchmarks/echo_repeat_value.py``, docs/echo.md); other models and
-    data may value repeats differently: calibrate with ``hasten.recipes.echo.value``.
+    data may value repeats differently: a loop that reports
+    ``hasten.echo.repeat_value.gradient_dots`` (``report_repeat_gradients``) has the
+    value measured on its own task while it trains, and the defaults are then only
+    where it starts (``value_after`` reports; ``value_memory``: the weight each report
+    keeps per later report).
     The first window is ignored: it holds the pipeline's start-up.
     """
 
@@ -84,6 +88,8 @@ class AutoEcho:
         repeat_value: float = REPEAT_VALUE,
         later_repeat_value: float = LATER_REPEAT_VALUE,
         repeat_decay: float = REPEAT_DECAY,
+        value_after: int = 8,
+        value_memory: float = 0.99,
         sync: bool = True,
     ):
         if not (isinstance(e_max, (int, float)) and math.isfinite(e_max) and e_max >= 1):
@@ -105,12 +111,23 @@ class AutoEcho:
         for name, v in (("repeat_value", repeat_value), ("later_repeat_value", later_repeat_value)):
             if not (isinstance(v, (int, float)) and 0 < v <= 1):
                 raise ValueError(f"AutoEcho {name} must be in (0, 1] (of a fresh example); got {v!r}")
+        if not (isinstance(value_after, int) and value_after >= 1):
+            raise ValueError(f"AutoEcho value_after must be an integer >= 1 (reports); got {value_after!r}")
+        if not 0 < value_memory <= 1:
+            raise ValueError(f"AutoEcho value_memory must be in (0, 1]; got {value_memory!r}")
         if not (isinstance(repeat_decay, (int, float)) and repeat_decay > 0):
             raise ValueError(f"AutoEcho repeat_decay must be > 0 (repetitions); got {repeat_decay!r}")
         self.e_max = float(e_max)
         self.repeat_value = float(repeat_value)
         self.later_repeat_value = float(later_repeat_value)
         self.repeat_decay = float(repeat_decay)
+        self.value_after = value_after
+        self.value_memory = float(value_memory)
+        # Decayed sums of the reported gradient products (report_repeat_gradients) and their
+        # count; the agreed measured value once there are value_after reports, else None.
+        self._dots = [0.0, 0.0, 0]
+        self.measured_value: float | None = None
+        self.value_history: list[float] = []  # the measured value after each window that set it
         self.effective_examples = 0.0  # fresh items plus repeats at their value (count)
         self.value_ratio = 1.0  # the agreed loss ratio, <= 1, that scales repeats' value
         # [value, items] runs of emitted items not yet counted: without echoing one run of
@@ -217,9 +234,14 @@ class AutoEcho:
         waiting = wait_s / (wait_s + downstream_s)
         input_bound = waiting > self.idle_threshold
         estimate = (emitted / fresh) * (1.0 + wait_s / downstream_s) if input_bound else math.nan
-        estimate, self.cap, loss_ratio = self._agree(estimate, self.cap, self.loss_ratio)
+        with self._lock:
+            repeat_dot, fresh_dot, reports = self._dots
+        estimate, self.cap, loss_ratio, (repeat_dot, fresh_dot, reports) = self._agree(
+            estimate, self.cap, self.loss_ratio, (repeat_dot, fresh_dot, reports))
         if not math.isnan(loss_ratio):
             self.value_ratio = min(1.0, max(0.0, loss_ratio))
+        if reports >= self.value_after and fresh_dot > 0:
+            self._set_measured_value(repeat_dot / fresh_dot)
         if self._measured and not math.isnan(estimate) and estimate < self.factor * (1 + self.headroom / 2):
             # (The ranks' agreed estimate against the factor they share: every rank holds.)
             # A short wait at the factor in use (at most half the headroom): the jitter the
@@ -272,6 +294,28 @@ class AutoEcho:
         else:
             self.loss_ratio += self.loss_smoothing * (ratio - self.loss_ratio)
         return self.cap
+
+    def report_repeat_gradients(self, repeat_dot: float, fresh_dot: float) -> None:
+        """One measurement of what a repeat is worth, from ``hasten.echo.repeat_value.gradient_dots``
+        on a batch that holds first copies and repeats: ``repeat_dot`` = g_repeats . g_fresh
+        and ``fresh_dot`` = g_fresh_a . g_fresh_b (two disjoint halves of the first copies).
+        Their ratio of sums estimates E[g_repeat] . grad L / |grad L|^2, a repeat's share of a
+        fresh example's first-order progress. From ``value_after`` reports on (summed over
+        the ranks), every repeat is worth that ratio (clipped to [0.05, 1]) in place of
+        ``repeat_value`` and ``later_repeat_value``, updated at each window."""
+        if not (math.isfinite(repeat_dot) and math.isfinite(fresh_dot)):
+            return
+        with self._lock:
+            keep = self.value_memory
+            self._dots = [keep * self._dots[0] + repeat_dot, keep * self._dots[1] + fresh_dot, self._dots[2] + 1]
+
+    def _set_measured_value(self, ratio: float) -> None:
+        # One value for every repeat: the measurement does not tell copy 1 from later ones.
+        value = min(1.0, max(0.05, ratio))
+        self.measured_value = value
+        self.repeat_value = self.later_repeat_value = value
+        self.repeat_decay = math.inf
+        self.value_history.append(value)
 
     def copy_value(self, copy: int) -> float:
         """What copy number ``copy`` of an example (0: the first) is worth next to a
@@ -370,23 +414,26 @@ class AutoEcho:
         if self.sync and self._group is None and self._distributed() is not None:
             self._group = dist.new_group(backend="gloo")
 
-    def _agree(self, estimate: float, cap: float, loss_ratio: float | None) -> tuple[float, float, float]:
+    def _agree(self, estimate: float, cap: float, loss_ratio: float | None,
+               dots: tuple[float, float, int] = (0.0, 0.0, 0)) -> tuple[float, float, float, tuple[float, float, int]]:
         """The mean estimate over data-parallel ranks (nan, i.e. 'not input-bound', only if
-        no rank waits), the mean cap and the mean loss ratio (nan if no rank has one), so
-        that every rank computes the same e and values repeats alike."""
+        no rank waits), the mean cap, the mean loss ratio (nan if no rank has one) and the
+        sums of the repeat-value reports, so that every rank computes the same e and values
+        repeats alike."""
         loss = math.nan if loss_ratio is None else loss_ratio
         if not self.sync or self._distributed() is None:
-            return estimate, cap, loss
+            return estimate, cap, loss, dots
         group = self._group
         backend = dist.get_backend(group)
         device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
         valid, has_loss = not math.isnan(estimate), not math.isnan(loss)
         t = torch.tensor([estimate if valid else 0.0, 1.0 if valid else 0.0, cap,
-                          loss if has_loss else 0.0, 1.0 if has_loss else 0.0], device=device, dtype=torch.float64)
+                          loss if has_loss else 0.0, 1.0 if has_loss else 0.0, *dots],
+                         device=device, dtype=torch.float64)
         dist.all_reduce(t, group=group)
         world = dist.get_world_size(group)
         return ((math.nan if t[1] == 0 else float(t[0] / t[1])), float(t[2] / world),
-                (math.nan if t[4] == 0 else float(t[3] / t[4])))
+                (math.nan if t[4] == 0 else float(t[3] / t[4])), (float(t[5]), float(t[6]), int(t[7])))
 
     def __repr__(self) -> str:
         return f"AutoEcho(factor={self.factor:.2f}, e_max={self.e_max})"

@@ -47,6 +47,10 @@ class SweepConfig:
     in_flight_grid: tuple[int, ...] = (1, 2, 4, 8, 16)  # the baseline's loader search
     prefetch_grid: tuple[int, ...] = (0, 8)  # requests read ahead of the consumer
     e_max: float = 8.0  # AutoEcho's largest factor
+    # AutoEcho measures what a repeat is worth on the task every this many steps
+    # (hasten.echo.repeat_value; about one more forward and backward each); 0: the fixed
+    # REPEAT_VALUE and LATER_REPEAT_VALUE.
+    value_every: int = 16
     # The sweep at a target (hasten.recipes.echo.target) only: the test accuracy to reach (the
     # paper-regime sweep sets its own, the baseline's mean minus one std) and the modelled
     # source's read-ahead in batches (hasten.recipes.echo.clock).
@@ -65,6 +69,8 @@ class SweepConfig:
         if self.epochs <= 0 or not self.lr > 0 or not self.lr_grid:
             raise ConfigError(f"epochs and lr must be > 0 and lr_grid non-empty; got {self.epochs}, {self.lr}, "
                               f"{self.lr_grid}")
+        if not (isinstance(self.value_every, int) and self.value_every >= 0):
+            raise ConfigError(f"value_every must be an integer >= 0 (steps); got {self.value_every!r}")
         if any(e < 1 for e in (*self.factors, *self.other_factors)) or any(r <= 0 for r in self.ratios):
             raise ConfigError("echo factors must be >= 1 and upstream ratios > 0")
 

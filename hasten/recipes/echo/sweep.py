@@ -55,6 +55,7 @@ from hasten.data.host_augment import keyed_crop_flip
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer, expected_duplicate_rate
 from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
+from hasten.echo.repeat_value import gradient_dots
 from hasten.echo.stages import check_variant
 from hasten.nn.tta import evaluate
 from hasten.progress import progress
@@ -146,6 +147,10 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         return steps if auto is None else min(auto.progress(budget), 1.0) * spec.steps
     counters = EchoCounters()
     waiting, stepping = Stopwatch(), Stopwatch()
+    value_rng = torch.Generator().manual_seed(spec.seed)
+
+    def smoothed_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
     steps, factors, reached, curve = 0, [], None, []
     fresh = upstream.keys(spec.seed) if upstream is not None else fresh_keys(n, spec.seed, storage, source)
     train_images = upstream.images if upstream is not None else data.train  # (the arrived pixels)
@@ -170,6 +175,13 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
                 g["lr"] = lr_at(position(), spec.steps, spec.lr, cfg.warmup)
             losses = F.cross_entropy(model(x), labels[torch.from_numpy(idx)].to(dev),
                                      label_smoothing=cfg.label_smoothing, reduction="none")
+            if (auto is not None and cfg.value_every and spec.variant != "batch"
+                    and steps % cfg.value_every == cfg.value_every - 1):
+                # What a repeat is worth on this task (hasten.echo.repeat_value), at the step's weights.
+                dots = gradient_dots(model, smoothed_loss, x, labels[torch.from_numpy(idx)].to(dev),
+                                     torch.from_numpy(numbers), generator=value_rng)
+                if dots is not None:
+                    auto.report_repeat_gradients(*dots)
             opt.zero_grad(set_to_none=True)
             losses.mean().backward()
             opt.step()
@@ -226,6 +238,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "step_time_s": step_s / max(steps, 1), "duplicate_rate": counters.duplicate_rate,
         "autoecho_cap": auto.cap if auto is not None else None,
         "effective_examples": auto.effective_examples if auto is not None else None,
+        "repeat_value_measured": auto.value_history if auto is not None else None,
         **({} if upstream is None else {"upstream_decoded": upstream.arrived, "upstream_skipped": upstream.skipped[:20],
                                          "upstream_skipped_count": len(upstream.skipped)}),
         **({} if clocks is None else {
@@ -442,7 +455,8 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
         "torch": torch.__version__, "config": asdict(cfg), "budget_steps": cfg.steps, "target": target,
         "step_time_s": step_s, "tuning": tuning, "loader": loader_report,
         "autoecho": {"e_max": cfg.e_max, "repeat_value": REPEAT_VALUE, "later_repeat_value": LATER_REPEAT_VALUE,
-                     "repeat_decay": REPEAT_DECAY},
+                     "repeat_decay": REPEAT_DECAY,
+                     "value_measured_every": cfg.value_every},  # 0: the fixed values above throughout
         "baseline": [e for e in entries if e["echo_factor"] == 1.0],
         "results": entries, "summary": rows, "goals": goals(rows, cfg.ratios),
         "sweep_wall_s": time.perf_counter() - t_start,
