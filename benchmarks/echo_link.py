@@ -193,6 +193,9 @@ def summarize(runs: list[dict], ratios, factors) -> list[dict]:
                 "steps_to_target": mean_ci([r["steps_to_target"] for r in reached]),
                 "idle_fraction": mean_ci([r["idle_fraction"] for r in reached]),
                 "mean_echo_factor": mean_ci([r["mean_echo_factor"] for r in these]),
+                # AutoEcho: what a repeat was worth at the end, measured on the run (hasten.echo.repeat_value).
+                "repeat_value": mean_ci([r["repeat_value_measured"][-1] for r in these
+                                         if r.get("repeat_value_measured")]),
                 "speedup": mean_ci(speedups) if speedups and len(speedups) == len(these) else None,
                 "speedup_per_seed": speedups})
     return rows

@@ -133,3 +133,27 @@ def test_the_ranks_sum_their_reports_and_agree_on_one_value(monkeypatch):
 def test_bad_measurement_settings_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         AutoEcho(**kw)
+
+
+class _Scaled(torch.nn.Module):
+    """Batch norm, then a fixed scale held as a buffer (saved by autograd for the backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.bn = torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+
+    def forward(self, x):
+        return self.bn(self.lin(x)) * self.scale
+
+
+def test_the_steps_own_backward_still_runs_after_it():
+    # A buffer the step's graph saved must not be written (its version would change): the
+    # step's backward after the measurement would fail.
+    torch.manual_seed(0)
+    model = _Scaled()
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    loss = F.cross_entropy(model(x), y)
+    assert gradient_dots(model, F.cross_entropy, x, y, torch.arange(32) % 2) is not None
+    loss.backward()
+    assert model.lin.weight.grad is not None

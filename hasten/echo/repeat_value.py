@@ -21,8 +21,8 @@ is first-order: it sees a memorised repeat's smaller, less aligned gradient, not
 repeats do to the gradient noise.
 
 Changes the training math: no. The gradients are taken at the step's weights with
-``torch.autograd.grad`` (``.grad`` is untouched) and the buffers (batch-norm running
-statistics) are restored; it costs about one more forward and backward of the batch
+``torch.autograd.grad`` (``.grad`` is untouched) and the forwards run on copies of the
+buffers (batch-norm running statistics are left as they were); it costs about one more forward and backward of the batch
 on each step that measures.
 """
 
@@ -42,7 +42,8 @@ def gradient_dots(model: torch.nn.Module, loss_of: Callable[[torch.Tensor, torch
 
     ``loss_of(outputs, targets)`` gives the mean loss of a part of the batch; ``copies``
     holds each item's copy number (0: first copy of its example, from the echo stage).
-    Call it before the step's ``optimizer.step()``, on the step's inputs."""
+    Call it before the step's ``optimizer.step()`` (before or after its backward), on the
+    step's inputs: the gradients are then at the step's weights."""
     copies = torch.as_tensor(copies).reshape(-1)
     if copies.numel() != len(inputs):
         raise ValueError(f"copies has {copies.numel()} entries for a batch of {len(inputs)}")
@@ -53,20 +54,20 @@ def gradient_dots(model: torch.nn.Module, loss_of: Callable[[torch.Tensor, torch
     first = first[torch.randperm(len(first), generator=generator)]
     half = len(first) // 2
     a, b = first[:half], first[half:2 * half]
-    params = [p for p in model.parameters() if p.requires_grad]
-    # Batch norm updates its running statistics on every forward in training mode: the
-    # three extra forwards must leave them as they were.
-    saved = [buf.detach().clone() for buf in model.buffers()]
-    try:
-        def grad(part: torch.Tensor) -> list[torch.Tensor]:
-            idx = part.to(inputs.device)
-            return list(torch.autograd.grad(loss_of(model(inputs[idx]), targets[idx.to(targets.device)]), params))
+    named = dict(model.named_parameters())
+    params = [v for v in named.values() if v.requires_grad]
+    # Batch norm updates its running statistics on every forward in training mode, and the
+    # step's own graph saved them (its backward checks they are unchanged): the extra
+    # forwards run on copies of the buffers, so the model's are neither changed nor written.
+    buffers = dict(model.named_buffers())
 
-        ga, gb, gr = grad(a), grad(b), grad(repeats)
-    finally:
-        with torch.no_grad():
-            for buf, old in zip(model.buffers(), saved):
-                buf.copy_(old)
+    def grad(part: torch.Tensor) -> list[torch.Tensor]:
+        idx = part.to(inputs.device)
+        state = {**named, **{k: v.clone() for k, v in buffers.items()}}
+        out = torch.func.functional_call(model, state, (inputs[idx],))
+        return list(torch.autograd.grad(loss_of(out, targets[idx.to(targets.device)]), params))
+
+    ga, gb, gr = grad(a), grad(b), grad(repeats)
     fresh = sum(float((x.double() * y.double()).sum()) for x, y in zip(ga, gb))
     repeat = sum(float((r.double() * (x.double() + y.double())).sum()) / 2 for r, x, y in zip(gr, ga, gb))
     return repeat, fresh

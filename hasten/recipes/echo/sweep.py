@@ -175,6 +175,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
                 g["lr"] = lr_at(position(), spec.steps, spec.lr, cfg.warmup)
             losses = F.cross_entropy(model(x), labels[torch.from_numpy(idx)].to(dev),
                                      label_smoothing=cfg.label_smoothing, reduction="none")
+            opt.zero_grad(set_to_none=True)
+            losses.mean().backward()
             if (auto is not None and cfg.value_every and spec.variant != "batch"
                     and steps % cfg.value_every == cfg.value_every - 1):
                 # What a repeat is worth on this task (hasten.echo.repeat_value), at the step's weights.
@@ -182,8 +184,6 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
                                      torch.from_numpy(numbers), generator=value_rng)
                 if dots is not None:
                     auto.report_repeat_gradients(*dots)
-            opt.zero_grad(set_to_none=True)
-            losses.mean().backward()
             opt.step()
             if auto is not None and spec.variant != "batch" and numbers.any():
                 repeat = torch.from_numpy(numbers > 0)
