@@ -328,3 +328,23 @@ def test_a_stopped_sweep_resumes_from_its_journal_without_rerunning_finished_run
     again = sweep.run(cfg, journal=RunJournal(path, dataclasses.asdict(cfg)))
     assert trained == [] and again["target"] == report["target"]
     assert [r["end_accuracy"] for r in again["results"]] == [r["end_accuracy"] for r in report["results"]]
+
+
+@pytest.mark.parametrize("every", [0, 2])
+def test_autoecho_in_the_sweep_measures_the_repeat_value_only_when_asked(one_thread, every):
+    from hasten.echo.auto import REPEAT_VALUE
+    from hasten.recipes.echo.clock import ModelledClocks
+
+    cfg = SweepConfig(data="x", train_images=1024, test_images=200, batch_size=64, value_every=every,
+                      eval_points=(1.0,))
+    # An upstream of 1 ms per example (64 ms a batch) against a step of a few ms: AutoEcho echoes
+    # (at most 3 copies), so every batch holds first copies and repeats.
+    r = train_budget(cfg, _memory_data(n=1024), _spec(steps=60, echo="auto", e_max=3.0),
+                     clocks=ModelledClocks([0.001], lead=128))
+    assert r["mean_echo_factor"] > 1.5
+    values = r["repeat_value_measured"]
+    if every == 0:
+        assert values == []
+    else:
+        assert values and all(0.05 <= v <= 1.0 for v in values)
+        assert values[-1] != REPEAT_VALUE  # the run's own measurement, not the constant
