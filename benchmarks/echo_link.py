@@ -48,7 +48,8 @@ from hasten.progress import progress
 from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import load_data
 from hasten.recipes.echo.shard_source import ShardSource
-from hasten.recipes.echo.sweep import _brief, add_journal_arguments, current_step_time, open_journal, train_budget
+from hasten.recipes.echo.sweep import (_brief, add_journal_arguments, auto_settings, current_step_time, open_journal,
+                                      train_budget)
 from hasten.rundir import write_json
 from hasten.stats import mean_ci, paired_ratios
 from hasten.timing import interleaved
@@ -274,6 +275,9 @@ def main() -> int:
     ap.add_argument("--shard-kb", type=int, default=384, help="shard size, KiB (default 384: about 128 images)")
     ap.add_argument("--shards", default=os.path.join(os.environ.get("HASTEN_CACHE", "~/.cache/hasten"),
                                                      "echo-link"), help="where the packed shards are kept")
+    ap.add_argument("--value-every", type=int, default=None,
+                    help="AutoEcho measures the repeat value every this many steps (default: the recipe's, "
+                         "SweepConfig.value_every; 0: the constant)")
     ap.add_argument("--smoke", action="store_true", help="a tiny functional run (one seed, R = 2, e = 1 and "
                                                           "AutoEcho, a few steps, a low target); writes no results")
     add_journal_arguments(ap, str(RESULTS / "echo_link.json"))
@@ -284,8 +288,8 @@ def main() -> int:
         return 0
     # A stop (SIGTERM) unwinds the with-blocks: the namespaces and the server go with the run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.seeds < 1 or args.threads < 1 or args.prefetch < 1 or args.shard_kb < 4:
-        ap.error("--seeds, --threads and --prefetch must be >= 1, --shard-kb >= 4")
+    if args.seeds < 1 or args.threads < 1 or args.prefetch < 1 or args.shard_kb < 4 or (args.value_every or 0) < 0:
+        ap.error("--seeds, --threads and --prefetch must be >= 1, --shard-kb >= 4, --value-every >= 0")
     if os.geteuid() != 0:
         ap.error("needs root: network namespaces and tc shape the link to the shard server")
     require_data(args.data, "echo_link")
@@ -297,7 +301,8 @@ def main() -> int:
         ap.error(f"--ratios takes numbers, --factors numbers or 'auto'; got {args.ratios!r}, {args.factors!r}")
     if any(r <= 0 for r in ratios) or any(f != "auto" and f < 1 for f in factors) or 1.0 not in factors:
         ap.error("ratios must be > 0 and echo factors >= 1, with 1 among them (the speed-ups are over it)")
-    cfg = SweepConfig.at_target(args.data, seeds=args.seeds, ratios=tuple(ratios))
+    cfg = SweepConfig.at_target(args.data, seeds=args.seeds, ratios=tuple(ratios),
+                                **({} if args.value_every is None else {"value_every": args.value_every}))
     if args.smoke:
         cfg = replace(cfg, target=0.15, test_images=500, epochs=0.3, eval_points=(0.5, 1.0), seeds=1)
         ratios, factors, args.out = [2.0], [1.0, "auto"], "/dev/null"
@@ -319,7 +324,8 @@ def main() -> int:
         for seed, (ratio, e) in interleaved(jobs, cfg.seeds, seed=0):
             spec = replace(base, echo="auto", seed=seed) if e == "auto" else replace(specs[str(e)], seed=seed)
             key = json.dumps({"ratio": ratio, "spec": spec.__dict__, "prefetch": args.prefetch,
-                              "shard_kb": args.shard_kb, "target": cfg.target}, sort_keys=True)
+                              "shard_kb": args.shard_kb, "target": cfg.target, **auto_settings(cfg, spec)},
+                             sort_keys=True)
 
             def go(spec=spec, ratio=ratio) -> dict:
                 return one_run(cfg, data, store, index_of, link, spec, ratio, args)
@@ -330,28 +336,31 @@ def main() -> int:
             print(f"R={ratio:g} e={e} seed={seed}: {brief}, probe R {result['probe_ratio']:.2f}, "
                   f"wall to target {result['wall_time_to_target_s']}", flush=True)
             if not args.smoke:
-                rows = summarize(runs, ratios, factors)
-                write_json(Path(args.out), {"benchmark": "echo_link", "conditions": cond.as_dict(),
-                                            "dataset": "CIFAR-10-JPEG", "torch": torch.__version__,
-                                            "torch_threads": torch.get_num_threads(),
-                                            "config": {**cfg.__dict__, "data": os.path.basename(cfg.data)},
-                                            "link": {"server": "RangeHTTPServer in a network namespace",
-                                                     "shaping": "tc htb rate on the server's veth; no added "
-                                                                "latency (no sch_netem on this kernel)",
-                                                     "client": "hasten RemoteShards (obstore), no cache",
-                                                     "prefetch_shards": args.prefetch, "shard_kb": args.shard_kb},
-                                            "runs": runs, "summary": rows, "goals": goals(rows, ratios),
-                                            "against_model": against_model(rows)})
+                write_report(args, cfg, cond, runs, ratios, factors)
         bar.close()
     if args.smoke:
         ok = all(r["steps"] > 0 and r["upstream_decoded"] > 0 for r in runs)
         print("smoke:", "ok" if ok else "FAILED")
         return 0 if ok else 1
+    write_report(args, cfg, cond, runs, ratios, factors)  # again, with the conditions after the last run
     rows = summarize(runs, ratios, factors)
     print(table(rows))
     print(cond.summary())
     print("goals:", json.dumps(goals(rows, ratios), indent=1))
     return 0
+
+
+def write_report(args, cfg: SweepConfig, cond, runs: list[dict], ratios, factors) -> None:
+    """The results JSON, rewritten after every run (a stopped run keeps what it measured)."""
+    rows = summarize(runs, ratios, factors)
+    write_json(Path(args.out), {
+        "benchmark": "echo_link", "conditions": cond.as_dict(), "dataset": "CIFAR-10-JPEG", "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(), "config": {**cfg.__dict__, "data": os.path.basename(cfg.data)},
+        "link": {"server": "RangeHTTPServer in a network namespace",
+                 "shaping": "tc htb rate on the server's veth; no added latency (no sch_netem on this kernel)",
+                 "client": "hasten RemoteShards (obstore), no cache", "prefetch_shards": args.prefetch,
+                 "shard_kb": args.shard_kb},
+        "runs": runs, "summary": rows, "goals": goals(rows, ratios), "against_model": against_model(rows)})
 
 
 if __name__ == "__main__":

@@ -354,7 +354,7 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
 
     def budget(phase: str, spec: RunSpec, **kw) -> dict:
         """One training run, through the journal: the key is what decides its result."""
-        key = json.dumps({"phase": phase, "spec": asdict(spec), **kw}, sort_keys=True)
+        key = json.dumps({"phase": phase, "spec": asdict(spec), **kw, **auto_settings(cfg, spec)}, sort_keys=True)
         return journal.run(key, lambda: train_budget(cfg, data, spec, **kw))
     entries: list[dict] = []
     timed_jobs = _timed_jobs(cfg)
@@ -440,7 +440,7 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
         # The link is set from the step time measured just before the run, so the key holds R, not the link.
         # The job's place in the interleaved order too: two jobs with the same settings are two runs.
         key = json.dumps({"phase": f"timed R={ratio!r}", "job": job, "spec": asdict(replace(spec, seed=seed_idx)),
-                          "target": target}, sort_keys=True)
+                          "target": target, **auto_settings(cfg, spec)}, sort_keys=True)
         record(journal.run(key, timed), group)
     bar.close()
     # R of an echoed run is the one measured without echoing at the same R and seed.
@@ -471,6 +471,9 @@ def journal_settings(cfg: SweepConfig) -> dict:
     from hasten.environment import cpu_name
 
     settings = asdict(cfg)
+    # Only AutoEcho's runs read it: it goes in their keys (auto_settings), so that the runs
+    # without AutoEcho of a journal stay valid when it changes.
+    del settings["value_every"]
     if cfg.net_widths is None and cfg.target is None and cfg.lead_batches == 2:
         # The paper-regime sweep, which reads none of these fields: its journals from before
         # they existed keep their digest (and `hasten echo --sweep` its run directory).
@@ -478,6 +481,12 @@ def journal_settings(cfg: SweepConfig) -> dict:
             del settings[name]
     return {**settings, "data": os.path.abspath(cfg.data), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads()}
+
+
+def auto_settings(cfg: SweepConfig, spec: RunSpec) -> dict:
+    """What an AutoEcho run's result depends on beyond its spec, for its journal key (the
+    journal's digest leaves it out, see journal_settings); nothing for other runs."""
+    return {"value_every": cfg.value_every} if spec.echo == "auto" else {}
 
 
 def add_journal_arguments(parser, out_default: str) -> None:

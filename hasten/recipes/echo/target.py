@@ -47,7 +47,7 @@ from hasten.progress import progress
 from hasten.recipes.echo.clock import ModelledClocks
 from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import load_data
-from hasten.recipes.echo.sweep import _brief, _rank, current_step_time, train_budget, tune
+from hasten.recipes.echo.sweep import _brief, _rank, auto_settings, current_step_time, train_budget, tune
 from hasten.rundir import RunJournal
 from hasten.stats import mean_ci, paired_ratios
 from hasten.timing import interleaved
@@ -94,7 +94,8 @@ def run_target(cfg: SweepConfig, *, log: Callable[..., None] | None = None,
                eval_points: tuple[float, ...] | None = None, **_) -> dict:
         """One training run through the journal; fixed settings time every R at once."""
         stop = phase != "baseline" if stop_at_target is None else stop_at_target
-        key = {"phase": phase, "spec": asdict(spec), "ratios": list(clock_ratios), "target": cfg.target, "stop": stop}
+        key = {"phase": phase, "spec": asdict(spec), "ratios": list(clock_ratios), "target": cfg.target, "stop": stop,
+               **auto_settings(cfg, spec)}
         run_cfg = cfg if eval_points is None else replace(cfg, eval_points=eval_points)
         if eval_points is not None:
             key["eval_points"] = list(eval_points)
