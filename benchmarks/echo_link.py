@@ -184,6 +184,12 @@ def summarize(runs: list[dict], ratios, factors) -> list[dict]:
                 continue
             reached = [r for r in these if r["reached_target"]]
             speedups = paired_ratios(base, {r["seed"]: r["wall_time_to_target_s"] for r in reached})
+            # The same in units of each run's own probe step time: takes out the machine's speed
+            # changing between runs (a rerun of some settings on another day, say).
+            in_steps = paired_ratios(
+                {r["seed"]: r["wall_time_to_target_s"] / r["calibration_step_s"] for r in group
+                 if r["echo_factor"] == 1.0 and r["reached_target"]},
+                {r["seed"]: r["wall_time_to_target_s"] / r["calibration_step_s"] for r in reached})
             rows.append({
                 "ratio": ratio, "echo_factor": str(factor), "n": len(these), "reached": len(reached),
                 "probe_ratio": mean_ci([r["probe_ratio"] for r in these]),
@@ -198,7 +204,8 @@ def summarize(runs: list[dict], ratios, factors) -> list[dict]:
                 "repeat_value": mean_ci([r["repeat_value_measured"][-1] for r in these
                                          if r.get("repeat_value_measured")]),
                 "speedup": mean_ci(speedups) if speedups and len(speedups) == len(these) else None,
-                "speedup_per_seed": speedups})
+                "speedup_per_seed": speedups,
+                "speedup_in_step_times": mean_ci(in_steps) if in_steps and len(in_steps) == len(these) else None})
     return rows
 
 
@@ -215,6 +222,9 @@ def goals(rows: list[dict], ratios) -> dict:
                  "best_fixed_speedup": best["speedup"]["mean"] if best else None, "autoecho_speedup": a,
                  "autoecho_vs_best": a / best["speedup"]["mean"] if a and best else None,
                  "autoecho_goal_met": bool(a and best and a >= 0.9 * best["speedup"]["mean"])}
+        if auto and best and auto.get("speedup_in_step_times") and best.get("speedup_in_step_times"):
+            entry["autoecho_vs_best_in_step_times"] = (auto["speedup_in_step_times"]["mean"]
+                                                      / best["speedup_in_step_times"]["mean"])
         if ratio == 4.0:
             entry["best_fixed_goal_met"] = bool(best and best["speedup"]["mean"] >= 2.5)
         out["per_ratio"].append(entry)
