@@ -30,7 +30,11 @@ def test_cli_single_run_writes_json(colours, tmp_path, capsys, one_thread):
     assert base["upstream_ratio"] > 0.7 * base["storage_ratio"] and base["idle_fraction"] > 0.5
     assert base["upstream_ratio"] == pytest.approx(1 / (1 - base["idle_fraction"]))
     assert echoed["upstream_ratio"] == base["upstream_ratio"]
-    assert echoed["idle_fraction"] < base["idle_fraction"]  # echoing hides part of the wait
+    # Echoing hides part of the wait: fewer seconds waited for input. (Not a smaller idle share: on a
+    # loaded machine the echoed run's shorter steps can leave its share higher, 0.94 against 0.88.)
+    def waited(e):
+        return e["idle_fraction"] * e["wall_time_s"]
+    assert waited(echoed) < 0.8 * waited(base)
     out = capsys.readouterr().out
     assert "speedup" in out and "step time" in out
 
