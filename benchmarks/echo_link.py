@@ -352,16 +352,16 @@ def main() -> int:
         ok = all(r["steps"] > 0 and r["upstream_decoded"] > 0 for r in runs)
         print("smoke:", "ok" if ok else "FAILED")
         return 0 if ok else 1
-    write_report(args, cfg, cond, runs, ratios, factors)  # again, with the conditions after the last run
-    rows = summarize(runs, ratios, factors)
+    rows = write_report(args, cfg, cond, runs, ratios, factors)  # again, with the conditions after the last run
     print(table(rows))
     print(cond.summary())
     print("goals:", json.dumps(goals(rows, ratios), indent=1))
     return 0
 
 
-def write_report(args, cfg: SweepConfig, cond, runs: list[dict], ratios, factors) -> None:
-    """The results JSON, rewritten after every run (a stopped run keeps what it measured)."""
+def write_report(args, cfg: SweepConfig, cond, runs: list[dict], ratios, factors) -> list[dict]:
+    """The results JSON, rewritten after every run (a stopped run keeps what it measured);
+    returns its summary rows."""
     rows = summarize(runs, ratios, factors)
     write_json(Path(args.out), {
         "benchmark": "echo_link", "conditions": cond.as_dict(), "dataset": "CIFAR-10-JPEG", "torch": torch.__version__,
@@ -371,6 +371,7 @@ def write_report(args, cfg: SweepConfig, cond, runs: list[dict], ratios, factors
                  "client": "hasten RemoteShards (obstore), no cache", "prefetch_shards": args.prefetch,
                  "shard_kb": args.shard_kb},
         "runs": runs, "summary": rows, "goals": goals(rows, ratios), "against_model": against_model(rows)})
+    return rows
 
 
 if __name__ == "__main__":

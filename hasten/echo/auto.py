@@ -123,10 +123,8 @@ class AutoEcho:
         self.repeat_decay = float(repeat_decay)
         self.value_after = value_after
         self.value_memory = float(value_memory)
-        # Decayed sums of the reported gradient products (report_repeat_gradients) and their
-        # count; the agreed measured value once there are value_after reports, else None.
+        # Decayed sums of the reported gradient products (report_repeat_gradients) and their count.
         self._dots = [0.0, 0.0, 0]
-        self.measured_value: float | None = None
         self.value_history: list[float] = []  # the measured value after each window that set it
         self.effective_examples = 0.0  # fresh items plus repeats at their value (count)
         self.value_ratio = 1.0  # the agreed loss ratio, <= 1, that scales repeats' value
@@ -235,9 +233,9 @@ class AutoEcho:
         input_bound = waiting > self.idle_threshold
         estimate = (emitted / fresh) * (1.0 + wait_s / downstream_s) if input_bound else math.nan
         with self._lock:
-            repeat_dot, fresh_dot, reports = self._dots
+            dots = tuple(self._dots)
         estimate, self.cap, loss_ratio, (repeat_dot, fresh_dot, reports) = self._agree(
-            estimate, self.cap, self.loss_ratio, (repeat_dot, fresh_dot, reports))
+            estimate, self.cap, self.loss_ratio, dots)
         if not math.isnan(loss_ratio):
             self.value_ratio = min(1.0, max(0.0, loss_ratio))
         if reports >= self.value_after and fresh_dot > 0:
@@ -312,10 +310,14 @@ class AutoEcho:
     def _set_measured_value(self, ratio: float) -> None:
         # One value for every repeat: the measurement does not tell copy 1 from later ones.
         value = min(1.0, max(0.05, ratio))
-        self.measured_value = value
         self.repeat_value = self.later_repeat_value = value
         self.repeat_decay = math.inf
         self.value_history.append(value)
+
+    @property
+    def measured_value(self) -> float | None:
+        """The agreed measured value of a repeat in use, or None before ``value_after`` reports."""
+        return self.value_history[-1] if self.value_history else None
 
     def copy_value(self, copy: int) -> float:
         """What copy number ``copy`` of an example (0: the first) is worth next to a
