@@ -10,8 +10,8 @@ modelled clock replaced by a real upstream:
   about ``--shard-kb`` each), served by RangeHTTPServer in a network namespace
   (``hasten.harness.netns``: veth, bridge, tc htb on the server's side);
 - this process reads them over HTTP with ``RemoteShards`` (obstore), no local cache,
-  ``--prefetch`` shards ahead, and decodes each image as it arrives
-  (``hasten.recipes.echo.shard_source``); the echo stage, shuffle buffer and keyed
+  through the streaming pipeline's ``ShardLoader`` (its plan, ``--prefetch`` shards read
+  ahead, its decode as the shards arrive; ``hasten.recipes.echo.shard_source``); the echo stage, shuffle buffer and keyed
   augmentation after it are the modelled runs' own (``train_budget``);
 - before each run, a 16-step probe of the step time sets the link's rate so that a
   batch takes R step times to arrive; the run's R is then *measured*: by a read of 3
@@ -63,6 +63,7 @@ PORT = 8000
 SUBNET = "10.219"
 HOST_ADDRESS = f"{SUBNET}.0.250"
 PROBE_BATCHES = 3
+UPSTREAM = "ShardLoader"  # what the source reads through (a journal key: runs of another upstream are not reused)
 
 
 # ----------------------------------------------------------------------------- The shards
@@ -333,7 +334,8 @@ def main() -> int:
         store = RemoteShards(link.url, "train", connections=args.prefetch)
         for seed, (ratio, e) in interleaved(jobs, cfg.seeds, seed=0):
             spec = replace(base, echo="auto", seed=seed) if e == "auto" else replace(specs[str(e)], seed=seed)
-            key = json.dumps({"ratio": ratio, "spec": spec.__dict__, "prefetch": args.prefetch,
+            # "upstream": runs before the source read through ShardLoader (its own decode thread) do not count.
+            key = json.dumps({"ratio": ratio, "spec": spec.__dict__, "prefetch": args.prefetch, "upstream": UPSTREAM,
                               "shard_kb": args.shard_kb, "target": cfg.target, **auto_settings(cfg, spec)},
                              sort_keys=True)
 
@@ -369,6 +371,7 @@ def write_report(args, cfg: SweepConfig, cond, runs: list[dict], ratios, factors
         "link": {"server": "RangeHTTPServer in a network namespace",
                  "shaping": "tc htb rate on the server's veth; no added latency (no sch_netem on this kernel)",
                  "client": "hasten RemoteShards (obstore), no cache", "prefetch_shards": args.prefetch,
+                 "upstream": f"hasten.recipes.echo.shard_source over {UPSTREAM}",
                  "shard_kb": args.shard_kb},
         "runs": runs, "summary": rows, "goals": goals(rows, ratios), "against_model": against_model(rows)})
     return rows

@@ -87,3 +87,45 @@ def test_train_budget_trains_on_the_source_and_counts_its_examples(packed, one_t
     assert 30 <= run["fresh_examples"] <= source.arrived
     with pytest.raises(ValueError, match="one of"):
         train_budget(cfg, data, RunSpec(steps=2), upstream=source, clocks=object())
+
+
+def test_the_keys_follow_the_stream_loaders_plan(packed):
+    """The source is the streaming pipeline's loader: its first epoch is that loader's
+    training plan for the seed, mapped to training indices."""
+    from hasten.stream.shard_loader import ShardLoader
+
+    store, index_of, decoded = packed
+    source = ShardSource(store, index_of, decoded.labels, 16, buffer=8, prefetch=2, chunk=5)
+    keys = source.keys(seed=4)
+    got = [next(keys) for _ in range(len(decoded.labels))]
+    keys.close()
+    loader = ShardLoader(store, batch_size=7, image_size=16, seed=4, shuffle_buffer=8, crop="whole", with_keys=True)
+    expected = np.concatenate([k.numpy() for _, _, k in loader])
+    assert got == index_of[expected].tolist()
+
+
+def test_an_undecodable_image_is_skipped_and_counted_by_name(tmp_path, packed):
+    _, _, decoded = packed
+    rng = np.random.default_rng(1)
+    for split in ("train", "test"):
+        for name in ("red", "blue"):
+            (tmp_path / "src" / split / name).mkdir(parents=True)
+            for i in range(4):
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(buf, "JPEG")
+                (tmp_path / "src" / split / name / f"{i:03d}.jpg").write_bytes(buf.getvalue())
+    (tmp_path / "src" / "train" / "blue" / "002.jpg").write_bytes(b"not a jpeg at all")
+    pack(tmp_path / "src", tmp_path / "shards", shard_bytes=4 * 1024, seed=0, shuffle=False)
+    store = open_shards(tmp_path / "shards")
+    labels = np.repeat([0, 1], 4)
+    source = ShardSource(store, np.arange(8), labels, 16, buffer=0, prefetch=1, chunk=3, max_bad_fraction=0.05)
+    keys = source.keys(seed=0)
+    got = [next(keys) for _ in range(14)]  # two epochs of the 7 readable examples
+    keys.close()
+    first, second = sorted(got[:7]), sorted(k - 8 for k in got[7:])
+    assert first == second and len(set(first)) == 7 and set(first) < set(range(8))  # one left out, each epoch
+    assert source.skipped and all("002.jpg" in name for name, _ in source.skipped)
+    with pytest.raises(DataError, match="max_bad_fraction"):  # the loader's bound holds here too
+        keys = ShardSource(store, np.arange(8), labels, 16, buffer=0, prefetch=1, max_bad_fraction=0.0).keys(0)
+        for _ in range(14):
+            next(keys)

@@ -1,22 +1,22 @@
 """A real upstream for the echo runs: fresh examples read from tar shards in a store
-(a URL: over a real, emulated link), decoded as they arrive, in an epoch plan.
+(a URL: over a real, emulated link) by the streaming pipeline's own loader, decoded as
+they arrive.
 
 The modelled runs (``hasten.recipes.echo.clock``) take their fresh examples from host
-memory and add the waits a slow upstream would cause. Here nothing is modelled: each
-epoch is the streaming pipeline's plan (``hasten.stream.epoch_plan``: a shuffled shard
-order, each shard's examples in a permutation, a shuffle buffer), the shards are read
-``prefetch`` ahead from the store (``RemoteShards`` over HTTP or S3, no local cache:
-every epoch crosses the link, as when the data set does not fit on the host), and each
-image is decoded from the bytes that arrived (``decode_fitted``, the decode that made
-the in-memory set, so the pixels are the same) into the slot of its training index,
-where the training loop reads it. A fresh key names (epoch, index) as in
+memory and add the waits a slow upstream would cause. Here nothing is modelled: the
+examples come from ``hasten.stream.shard_loader.ShardLoader`` (its epoch plan: a shuffled
+shard order, each shard's examples in a permutation, a shuffle buffer; its reads
+``prefetch`` shards ahead from the store, ``RemoteShards`` over HTTP or S3 with no local
+cache, so every epoch crosses the link, as when the data set does not fit on the host;
+its decode, crop ``whole``: ``decode_fitted``, the decode that made the in-memory set, so
+the pixels are the same). Each decoded chunk is written into the slots of its training
+indices, where the training loop reads it. A fresh key names (epoch, index) as in
 ``hasten.recipes.echo.data.fresh_keys``, so the echo stage, shuffle buffer and keyed
 augmentation downstream are the modelled runs' own.
 
-Read-ahead: a thread reads and decodes at most ``ahead`` examples before the consumer,
-and the plan's reads go at most ``prefetch`` shards before that; so while the loop
-evaluates, the link delivers at most that much more (the modelled source stops its
-clock instead).
+Read-ahead: a thread runs the loader at most ``ahead`` examples before the consumer, and
+the loader reads at most ``prefetch`` shards before that; so while the loop evaluates,
+the link delivers at most that much more (the modelled source stops its clock instead).
 
 Changes the training math: no (where the fresh examples come from, not what they are).
 """
@@ -30,9 +30,8 @@ import threading
 
 import numpy as np
 
-from hasten.data.decode import BadImageError, decode_fitted
 from hasten.errors import DataError
-from hasten.stream.epoch_plan import epoch_plan, plan_records
+from hasten.stream.shard_loader import ShardLoader
 
 
 class ShardSource:
@@ -42,10 +41,14 @@ class ShardSource:
     ``index_of``: the training index of each of the store's examples (its global
     example number); ``labels``: the training labels, checked against the shards' own.
     ``image_size``: the decoded size. ``buffer``: the plan's shuffle buffer (examples);
-    ``prefetch``: shards read ahead; ``ahead``: decoded examples held for the consumer."""
+    ``prefetch``: shards read ahead; ``ahead``: decoded examples held for the consumer;
+    ``chunk``: examples decoded per task; ``workers``: the loader's decode processes
+    (0: decoded on the reading thread). An undecodable image is skipped and counted
+    (``skipped``), up to the loader's ``max_bad_fraction``."""
 
     def __init__(self, store, index_of: np.ndarray, labels: np.ndarray, image_size: int, *,
-                 buffer: int = 512, prefetch: int = 4, ahead: int = 512) -> None:
+                 buffer: int = 512, prefetch: int = 4, ahead: int = 512, chunk: int = 32, workers: int = 0,
+                 max_bad_fraction: float = 0.01) -> None:
         n = int(sum(store.examples))
         index_of = np.asarray(index_of, dtype=np.int64)
         if len(index_of) != n or len(labels) != n:
@@ -55,6 +58,7 @@ class ShardSource:
             raise DataError("the index map is not a permutation of the training set")
         self.store, self.index_of, self.labels = store, index_of, np.asarray(labels)
         self.image_size, self.buffer, self.prefetch, self.ahead = image_size, buffer, prefetch, ahead
+        self.chunk, self.workers, self.max_bad_fraction = chunk, workers, max_bad_fraction
         self.images = np.zeros((n, image_size, image_size, 3), dtype=np.uint8)
         self.arrived = 0  # images decoded so far, every epoch
         self.skipped: list[tuple[str, str]] = []
@@ -62,22 +66,32 @@ class ShardSource:
     def __len__(self) -> int:
         return len(self.images)
 
+    def loader(self, seed: int) -> ShardLoader:
+        """The streaming loader this source reads through: the training plan (shuffled shards,
+        examples and buffer), the whole image at ``image_size``, no augmentation."""
+        return ShardLoader(self.store, batch_size=self.chunk, image_size=self.image_size, seed=seed, train=True,
+                           shuffle_buffer=self.buffer, prefetch=self.prefetch, workers=self.workers,
+                           crop="whole", with_keys=True, max_bad_fraction=self.max_bad_fraction)
+
     def keys(self, seed: int) -> Iterator[int]:
         """Keys ``epoch * N + index`` of fresh examples, epoch after epoch, as they arrive.
 
-        A thread reads and decodes, at most ``ahead`` examples before the consumer (and
+        A thread runs the loader, at most ``ahead`` examples before the consumer (and
         ``prefetch`` shards before that): the next epoch's reads start while the consumer
         still takes the last of this one's, as a repeated tf.data pipeline's do."""
-        out: queue.Queue = queue.Queue(maxsize=self.ahead)
+        out: queue.Queue = queue.Queue(maxsize=max(1, self.ahead // self.chunk))
         stop = threading.Event()
-        thread = threading.Thread(target=self._read, args=(seed, out, stop), name="hasten-shard-source", daemon=True)
+        loader = self.loader(seed)
+        self.skipped = loader.skipped  # (the loader's own list: counted as it skips)
+        thread = threading.Thread(target=self._read, args=(loader, out, stop), name="hasten-shard-source",
+                                  daemon=True)
         thread.start()
         try:
             while True:
                 item = out.get()
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                yield from item.tolist()
         finally:
             stop.set()
             while thread.is_alive():  # (unblocks a reader waiting on a full queue)
@@ -86,38 +100,31 @@ class ShardSource:
                 except queue.Empty:
                     thread.join(0.05)
 
-    def _read(self, seed: int, out: queue.Queue, stop: threading.Event) -> None:
+    def _read(self, loader: ShardLoader, out: queue.Queue, stop: threading.Event) -> None:
         n = len(self.images)
-        epoch = 0
         try:
             while not stop.is_set():
-                plan = epoch_plan(self.store.examples, epoch=epoch, seed=seed, shuffle=True, buffer=self.buffer)
-                records = plan_records(self.store, plan, prefetch=self.prefetch)
+                epoch = loader.epoch
+                chunks = loader.host_batches(augment=False)  # (the loader moves to the next epoch after)
                 try:
-                    for _, record in records:
+                    for chunk in chunks:
                         if stop.is_set():
                             return
-                        key = self._decode(record)
-                        if key is not None:
-                            out.put(epoch * n + key)
+                        out.put(epoch * n + self._place(chunk))
                 finally:
-                    records.close()
-                epoch += 1
+                    chunks.close()
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
             out.put(e)
 
-    def _decode(self, record) -> int | None:
-        i = int(self.index_of[record.key])
-        if record.reason is not None:
-            self.skipped.append((record.name, record.reason))
-            return None
-        if record.label != self.labels[i]:
-            raise DataError(f"{record.name}: label {record.label} in the shard, {self.labels[i]} in the "
-                            "training set (shards packed from another data set or order?)")
-        try:
-            self.images[i] = decode_fitted(record.data, record.name, self.image_size)
-        except BadImageError as e:
-            self.skipped.append((record.name, str(e)))
-            return None
-        self.arrived += 1
-        return i
+    def _place(self, chunk) -> np.ndarray:
+        """The chunk's images written into their training slots; their training indices."""
+        idx = self.index_of[chunk.keys]
+        wrong = np.flatnonzero(chunk.labels != self.labels[idx])
+        if len(wrong):
+            j = int(wrong[0])
+            raise DataError(f"example {int(chunk.keys[j])} of the shards: label {int(chunk.labels[j])} in the "
+                            f"shard, {int(self.labels[idx[j]])} in the training set (shards packed from another "
+                            "data set or order?)")
+        self.images[idx] = chunk.images.numpy()
+        self.arrived += len(idx)
+        return idx
