@@ -80,3 +80,51 @@ def test_a_killed_worker_raises_within_seconds():
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ordered_map(_sleep, range(3), **kwargs)
+
+
+_ORPHAN_PARENT = """
+import multiprocessing as mp, sys, time
+from hasten.data.workers import ordered_map
+
+def tasks():
+    yield 1
+    time.sleep(600)  # no more tasks: the workers wait on the task queue
+
+def square(x):
+    return x * x
+
+it = ordered_map(square, tasks(), workers=2, prefetch=2)
+next(it)
+print(" ".join(str(p.pid) for p in mp.active_children() if p.name.startswith("hasten-decode-")), flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"  # (a zombie has exited)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc")
+def test_workers_exit_when_their_parent_is_killed_outright():
+    """A parent killed with SIGKILL cannot stop its workers; each notices on its own."""
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(_running(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30  # PARENT_CHECK_S is 1 s; the margin is for a loaded machine
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if _running(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)  # (not left behind by a failing run)
+    assert not left, f"decode workers {left} outlived their killed parent"

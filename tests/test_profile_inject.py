@@ -72,6 +72,31 @@ def test_a_dataloader_iterator_class_without_next_is_left_alone(monkeypatch, tmp
     assert "__next__" not in vars(Iter)
 
 
+def test_a_loaders_worker_processes_are_noted_and_no_line_says_they_are_missing(monkeypatch, tmp_path, capsys):
+    """The multiprocessing iterator starts its workers after the base class's __init__ (the
+    hook): they are noted at its first batch. Checked in __init__, every run with workers
+    said "this torch's DataLoader iterator has no _workers", on a torch that has them."""
+    import os
+
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import dataloader as dl
+
+    base = dl._BaseDataLoaderIter
+    for name in ("__init__", "__next__"):  # (put back after the test)
+        monkeypatch.setattr(base, name, vars(base)[name])
+    monkeypatch.setenv("HASTEN_PROFILE_DIR", str(tmp_path))
+    st = state.State(Settings.from_environment())
+    monkeypatch.setattr(state, "current", st)
+    loader.patch_dataloader(st)
+    it = iter(DataLoader(TensorDataset(torch.arange(16.0)), batch_size=4, num_workers=2))
+    workers = [w.pid for w in it._workers]
+    next(it), next(it)
+    del it
+    (d,) = st.loaders.values()
+    assert set(d["pids"]) == set(workers) and os.getpid() not in d["pids"]
+    assert "_workers" not in capsys.readouterr().err
+
+
 def test_the_inject_modules_import_one_another_without_a_cycle():
     # Each module named for its concern imports only those below it (function-level imports included):
     # a cycle is a module that has grown two concerns (output.py mixed messages with the rank's report).

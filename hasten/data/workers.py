@@ -12,7 +12,8 @@ processes at most ``prefetch`` ahead of the consumer, which receives the results
 in task order. An exception raised by the function or by the task iterable is
 re-raised in the consumer. A worker process that dies (killed, out of memory, a
 crash in a native decoder) makes the iterator raise ``DecodeWorkerError`` within
-about ``poll_s`` seconds instead of waiting forever for its result.
+about ``poll_s`` seconds instead of waiting forever for its result; a worker whose
+parent dies without stopping it (killed outright) exits within ``PARENT_CHECK_S``.
 ``workers=0`` runs the function in the feeder thread: no processes (inside a
 DataLoader worker, for small jobs, and to see where a crash happens).
 
@@ -42,6 +43,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 WORKER_NAME = "hasten-decode"  # process names: hasten-decode-0, hasten-decode-1, ...
+PARENT_CHECK_S = 1.0  # an idle worker checks this often that its parent is alive (it exits if not)
 
 
 class DecodeWorkerError(HastenError, RuntimeError):
@@ -121,8 +123,18 @@ def _worker_main(fn, tasks, results) -> None:
     # for spawn): otherwise the collections that a decode loop's allocations trigger walk
     # all of it (13% of a decode worker's CPU).
     gc.freeze()
+    parent = mp.parent_process()
     while True:
-        task = tasks.get()
+        try:
+            task = tasks.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            # A parent killed outright (SIGKILL, the OOM killer, a test runner's worker dying)
+            # never tells its workers to stop, and its daemon flag only acts at its own exit: a
+            # worker waiting here without a timeout sat on the task queue's lock for half an
+            # hour, ignoring Ctrl-C, after its parent was gone.
+            if parent is not None and not parent.is_alive():
+                return
+            continue
         if task is None:
             return
         number, item = task

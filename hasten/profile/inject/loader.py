@@ -90,13 +90,27 @@ def _new_iterator(st: State, it, loader) -> None:
         d["iterable"] = _is_iterable(getattr(loader, "dataset", None))
         if d["workers"] > 1 and d["iterable"]:
             d["worker_firsts"] = []  # _check_workers
-        for attr in ("_num_yielded", "_num_workers") + (("_workers",) if d["workers"] else ()):
+        for attr in ("_num_yielded", "_num_workers"):
             if not hasattr(it, attr):
-                messages.say(st, f"this torch's DataLoader iterator has no {attr}; "
-                               f"{'worker CPU' if attr == '_workers' else 'worker start-up detection'} off")
+                messages.say(st, f"this torch's DataLoader iterator has no {attr}; worker start-up detection off")
     d["iters"] += 1
-    d["pids"] = ([p for p in d["pids"] if pid_cpu_s(p) is not None]
-                 + [w.pid for w in getattr(it, "_workers", [])])
+    d["pids"] = [p for p in d["pids"] if pid_cpu_s(p) is not None]
+    # (The workers themselves are noted at the iterator's first batch, _note_workers: the
+    # multiprocessing iterator starts them after the base class's __init__, which runs this.)
+
+
+def _note_workers(st: State, d: dict, it) -> None:
+    """Note the pids of ``it``'s worker processes, once per iterator, at its first batch."""
+    if not d["workers"] or it.__dict__.get("_hasten_workers_noted"):
+        return
+    it._hasten_workers_noted = True
+    workers = getattr(it, "_workers", None)
+    if workers is None:
+        if not d.get("no_workers_said"):
+            d["no_workers_said"] = True
+            messages.say(st, "this torch's DataLoader iterator has no _workers; its workers' CPU is not counted")
+        return
+    d["pids"] = d["pids"] + [w.pid for w in workers if getattr(w, "pid", None) is not None]
 
 
 def _timed_next(orig):
@@ -127,6 +141,7 @@ def _timed_next(orig):
             if not replaying:
                 t0, c0 = _keep(st, it, orig, batch, training, t0, c0)
                 _check_workers(st, d, batch)
+                _note_workers(st, d, it)
             steps.sync(st)
             _account(st, it, d, lid, t0, c0, rq0, replaying)
         except Exception as exc:
