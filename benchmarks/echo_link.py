@@ -12,7 +12,9 @@ modelled clock replaced by a real upstream:
 - this process reads them over HTTP with ``RemoteShards`` (obstore), no local cache,
   through the streaming pipeline's ``ShardLoader`` (its plan, ``--prefetch`` shards read
   ahead, its decode as the shards arrive; ``hasten.recipes.echo.shard_source``); the echo stage, shuffle buffer and keyed
-  augmentation after it are the modelled runs' own (``train_budget``);
+  augmentation after it are the modelled runs' own (``train_budget``). With ``--pipeline
+  stage`` the run trains on hasten's whole pipeline instead: ``EchoStage`` after the
+  ``ShardLoader`` (its own echo, shuffle buffer and augmentation), as a user's loop has it;
 - before each run, a 16-step probe of the step time sets the link's rate so that a
   batch takes R step times to arrive; the run's R is then *measured*: by a read of 3
   batches through the source right after setting the rate, and, for runs without
@@ -23,7 +25,7 @@ runs in a fresh shuffled order (``hasten.timing.interleaved``), every run stoppe
 the target. Each run goes to a journal as it finishes; the same command resumes.
 The results compare with the modelled ones in ``echo_target.json`` (same settings).
 
-    python benchmarks/echo_link.py [--seeds 3] [--ratios 2,4] [--smoke]
+    python benchmarks/echo_link.py [--seeds 3] [--ratios 2,4] [--pipeline keys|stage] [--smoke]
 
 Needs root and iproute2 (network namespaces, tc) and ``pip install -e '.[remote]'``
 plus ``rangehttpserver`` (the ``test`` extra). Writes ``benchmarks/results/echo_link.json``.
@@ -51,6 +53,7 @@ from hasten.recipes.echo.shard_source import ShardSource
 from hasten.recipes.echo.sweep import (_brief, add_journal_arguments, auto_settings, current_step_time, open_journal,
                                       train_budget)
 from hasten.rundir import write_json
+from hasten.stream.shard_loader import ShardLoader
 from hasten.stats import mean_ci, paired_ratios
 from hasten.timing import interleaved
 
@@ -63,7 +66,9 @@ PORT = 8000
 SUBNET = "10.219"
 HOST_ADDRESS = f"{SUBNET}.0.250"
 PROBE_BATCHES = 3
-UPSTREAM = "ShardLoader"  # what the source reads through (a journal key: runs of another upstream are not reused)
+# What each --pipeline reads through (a journal key: runs of another upstream are not reused).
+UPSTREAMS = {"keys": "ShardLoader", "stage": "EchoStage(ShardLoader)"}
+SHUFFLE_BUFFER = 512  # the loader's shuffle buffer (examples), as ShardSource's
 
 
 # ----------------------------------------------------------------------------- The shards
@@ -164,9 +169,16 @@ def one_run(cfg: SweepConfig, data, store, index_of, link: Link, spec: RunSpec, 
     time.sleep(0.5)  # reads of the previous run still in flight drain at the old rate
     probe_r = measured_ratio(store, index_of, data.train_labels, cfg.image_size, cfg.batch_size, step_s)
     before = (store.bytes_read, store.requests, store.retries)
-    source = ShardSource(store, index_of, data.train_labels, cfg.image_size, prefetch=args.prefetch)
-    result = train_budget(cfg, data, spec, upstream=source, target=cfg.target, stop_at_target=True,
-                          final_eval=False)
+    if args.pipeline == "stage":
+        def stream(seed: int) -> ShardLoader:  # the run's loader; EchoStage goes after it (train_budget)
+            return ShardLoader(store, batch_size=cfg.batch_size, image_size=cfg.image_size, seed=seed,
+                               shuffle_buffer=SHUFFLE_BUFFER, prefetch=args.prefetch, crop="pad-crop",
+                               with_keys=True, drop_last=True)
+        inputs = {"stream": stream}
+    else:
+        inputs = {"upstream": ShardSource(store, index_of, data.train_labels, cfg.image_size,
+                                          buffer=SHUFFLE_BUFFER, prefetch=args.prefetch)}
+    result = train_budget(cfg, data, spec, target=cfg.target, stop_at_target=True, final_eval=False, **inputs)
     return {**result, "nominal_ratio": ratio, "calibration_step_s": step_s, "probe_ratio": probe_r,
             "link_bytes_per_s": cfg.batch_size * wire_per_example / (ratio * step_s),
             "bytes_read": store.bytes_read - before[0], "requests": store.requests - before[1],
@@ -289,6 +301,10 @@ def main() -> int:
     ap.add_argument("--value-every", type=int, default=None,
                     help="AutoEcho measures the repeat value every this many steps (default: the recipe's, "
                          "SweepConfig.value_every; 0: the constant)")
+    ap.add_argument("--pipeline", choices=sorted(UPSTREAMS), default="keys",
+                    help="keys: fresh examples through ShardLoader into the sweep's echo stage on training keys "
+                         "(as the modelled runs); stage: hasten's whole pipeline, EchoStage after ShardLoader "
+                         "(default keys)")
     ap.add_argument("--smoke", action="store_true", help="a tiny functional run (one seed, R = 2, e = 1 and "
                                                           "AutoEcho, a few steps, a low target); writes no results")
     add_journal_arguments(ap, str(RESULTS / "echo_link.json"))
@@ -335,7 +351,8 @@ def main() -> int:
         for seed, (ratio, e) in interleaved(jobs, cfg.seeds, seed=0):
             spec = replace(base, echo="auto", seed=seed) if e == "auto" else replace(specs[str(e)], seed=seed)
             # "upstream": runs before the source read through ShardLoader (its own decode thread) do not count.
-            key = json.dumps({"ratio": ratio, "spec": spec.__dict__, "prefetch": args.prefetch, "upstream": UPSTREAM,
+            key = json.dumps({"ratio": ratio, "spec": spec.__dict__, "prefetch": args.prefetch,
+                              "upstream": UPSTREAMS[args.pipeline],
                               "shard_kb": args.shard_kb, "target": cfg.target, **auto_settings(cfg, spec)},
                              sort_keys=True)
 
@@ -351,7 +368,7 @@ def main() -> int:
                 write_report(args, cfg, cond, runs, ratios, factors)
         bar.close()
     if args.smoke:
-        ok = all(r["steps"] > 0 and r["upstream_decoded"] > 0 for r in runs)
+        ok = all(r["steps"] > 0 and r["fresh_examples"] > 0 for r in runs)
         print("smoke:", "ok" if ok else "FAILED")
         return 0 if ok else 1
     rows = write_report(args, cfg, cond, runs, ratios, factors)  # again, with the conditions after the last run
@@ -371,7 +388,8 @@ def write_report(args, cfg: SweepConfig, cond, runs: list[dict], ratios, factors
         "link": {"server": "RangeHTTPServer in a network namespace",
                  "shaping": "tc htb rate on the server's veth; no added latency (no sch_netem on this kernel)",
                  "client": "hasten RemoteShards (obstore), no cache", "prefetch_shards": args.prefetch,
-                 "upstream": f"hasten.recipes.echo.shard_source over {UPSTREAM}",
+                 "upstream": ("hasten.recipes.echo.shard_source over ShardLoader" if args.pipeline == "keys"
+                              else "EchoStage over ShardLoader (train_budget(stream=...))"),
                  "shard_kb": args.shard_kb},
         "runs": runs, "summary": rows, "goals": goals(rows, ratios), "against_model": against_model(rows)})
     return rows

@@ -32,6 +32,22 @@ def test_echo_run_reaches_target_and_counts(colours, one_thread):
     assert base["fresh_examples_to_target"] >= base["steps_to_target"] * 64 - 64
 
 
+def test_autoecho_in_a_run_measures_what_a_repeat_is_worth_on_the_task(colours, one_thread):
+    """hasten echo's AutoEcho takes the repeat value from the run's own gradients. The
+    storage makes the run input-bound by construction: a batch of 32 takes 0.16 s to read,
+    a step on 16x16 images a few milliseconds, so AutoEcho echoes at e_max = 2, and each
+    batch holds the 8 first copies and 4 repeats a measurement needs."""
+    cfg = EchoRunConfig(data=str(colours), echo="auto", batch_size=32, upstream_delay_s=0.005, target=0.999,
+                        max_fresh=960, eval_every=1000, value_every=2, e_max=2.0)
+    r = train_to_target(cfg, eval_set=EvalSet.of(str(colours), 16, "cpu"))
+    assert r["mean_echo_factor"] > 1.5
+    assert r["repeat_value_measured"], r  # at least value_after (8) reports, then a value per window
+    assert all(0.05 <= v <= 1.0 for v in r["repeat_value_measured"])
+    off = train_to_target(dataclasses.replace(cfg, value_every=0, max_fresh=160),
+                          eval_set=EvalSet.of(str(colours), 16, "cpu"))
+    assert off["repeat_value_measured"] == []  # 0: AutoEcho's constant
+
+
 def test_eval_set_normalises_and_evaluates_through_the_one_evaluator(colours):
     eval_set = EvalSet.of(str(colours), 16, "cpu")
     batches = list(eval_set.batches())
@@ -57,7 +73,8 @@ def test_config_is_frozen_resolved_and_validated():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cpu.target = 0.5
     for bad, match in [({"echo": 0.5}, ">= 1"), ({"variant": "sideways"}, "accepted"),
-                       ({"target": 1.5}, "target"), ({"upstream_delay_s": -1.0}, "delay")]:
+                       ({"target": 1.5}, "target"), ({"upstream_delay_s": -1.0}, "delay"),
+                       ({"value_every": -1}, "value_every"), ({"value_every": 2.5}, "value_every")]:
         with pytest.raises(ConfigError, match=match):
             EchoRunConfig(data="x", **bad)
     with pytest.raises(ConfigError, match="repeats"):
@@ -205,14 +222,18 @@ def test_train_budget_learns_and_the_slow_source_changes_timing_not_math(one_thr
 
 def test_measured_ratio_follows_the_links_bandwidth(one_thread):
     cfg, data = _sweep_cfg(eval_points=(1.0,)), _memory_data()
-    # 32 examples x 900 bytes at 288 kB/s: 0.1 s per batch, far above a step on 16x16 images.
-    source = Source(latency_s=0.01, link_bytes_per_s=288_000, request_examples=32, in_flight=4)
+    # 32 examples x 900 bytes at 144 kB/s: 0.2 s per batch, far above a step on 16x16 images
+    # even beside other jobs (a step there takes milliseconds; the asserts allow up to 0.1 s).
+    source = Source(latency_s=0.01, link_bytes_per_s=144_000, request_examples=32, in_flight=4)
     t0 = time.perf_counter()
     r = train_budget(cfg, data, _spec(steps=8), source=source)
-    assert r["upstream_ratio"] > 3 and r["idle_fraction"] > 0.6
-    assert time.perf_counter() - t0 >= 8 * 0.1 - 0.05
+    assert r["upstream_ratio"] > 2 and r["idle_fraction"] > 0.5
+    assert time.perf_counter() - t0 >= 8 * 0.2 - 0.05
     echoed = train_budget(cfg, data, _spec(steps=8, echo=4.0, shuffle_buffer=0), source=source)
-    assert echoed["wall_time_s"] < 0.6 * r["wall_time_s"]  # a quarter of the reads
+    # A quarter of the reads: seconds waited for input, not the wall time, which a slow step
+    # beside other jobs would make up for both runs alike.
+    waited = [run["idle_fraction"] * run["wall_time_s"] for run in (r, echoed)]
+    assert waited[1] < 0.6 * waited[0]
 
 
 def test_best_loader_finds_enough_requests_in_flight_to_hide_latency():

@@ -129,3 +129,35 @@ def test_an_undecodable_image_is_skipped_and_counted_by_name(tmp_path, packed):
         keys = ShardSource(store, np.arange(8), labels, 16, buffer=0, prefetch=1, max_bad_fraction=0.0).keys(0)
         for _ in range(14):
             next(keys)
+
+
+@pytest.mark.parametrize("echo", [1.0, 2.0, "auto"])
+def test_train_budget_trains_through_the_echo_stage_of_the_stream(packed, one_thread, echo):
+    """With ``stream`` the run's input is hasten's own pipeline end to end: ShardLoader, then
+    EchoStage, which counts the fresh examples and (AutoEcho) reports each batch itself."""
+    from hasten.stream.shard_loader import ShardLoader
+
+    store, _, decoded = packed
+    n = len(decoded.labels)
+    data = _memory_data(n=n, m=40)
+    cfg = SweepConfig(data="x", train_images=n, test_images=40, batch_size=3, epochs=1.0, eval_points=(1.0,),
+                      image_size=16, value_every=2)
+    made = []
+
+    def stream(seed):
+        made.append(ShardLoader(store, batch_size=3, image_size=16, seed=seed, shuffle_buffer=8, crop="pad-crop",
+                                with_keys=True, drop_last=True))
+        return made[-1]
+
+    per_epoch = n // 3  # batches (drop_last)
+    steps = 3 * per_epoch if echo == 1.0 else 24  # three epochs without echoing
+    spec = RunSpec(steps=steps, echo=echo, lr=0.05, e_max=2.0, seed=5)
+    run = train_budget(cfg, data, spec, stream=stream, final_eval=False)
+    assert len(made) == 1 and made[0].seed == 5
+    assert run["steps"] >= steps and run["upstream_skipped_count"] == 0
+    if echo == 1.0:
+        assert run["fresh_examples"] == 3 * per_epoch * 3  # every epoch's full batches, through the stage
+    elif echo == 2.0:
+        assert run["mean_echo_factor"] == 2.0 and run["fresh_examples"] < 24 * 3  # repeats among the items
+    else:
+        assert run["effective_examples"] > 0  # the stage counted its batches to AutoEcho

@@ -97,6 +97,26 @@ def test_example_before_copies_differ_after_copies_identical(folder):
             assert same <= 0.1 * pairs  # a random crop and flip coincide rarely (1 in 162)
 
 
+@pytest.mark.parametrize("variant", ["example-before", "example-after", "batch"])
+def test_with_copies_numbers_each_examples_copies_from_zero(folder, variant):
+    """The copy numbers AutoEcho's repeat-value measurement takes: each example's copies are
+    numbered 0 (its first), 1, 2, once each, wherever the shuffle buffer puts them."""
+    loader = ShardLoader(open_source(folder), batch_size=8, image_size=16, crop="pad-crop", with_keys=True)
+    s = EchoStage(loader, 3, variant=variant, shuffle_buffer=0 if variant == "batch" else 40, with_copies=True)
+    seen: dict[int, list[int]] = {}
+    for images, labels, keys, copies in s:
+        assert copies.dtype == torch.int64 and len(copies) == len(keys) == len(images)
+        for k, c in zip(keys.tolist(), copies.tolist()):
+            seen.setdefault(k, []).append(c)
+    assert len(seen) == 60
+    for numbers in seen.values():
+        # (a repeated batch is not numbered: no repeat shares a batch with its example)
+        assert sorted(numbers) == ([0, 0, 0] if variant == "batch" else [0, 1, 2])
+    plain = ShardLoader(open_source(folder), batch_size=8, image_size=16, crop="pad-crop")
+    (x, y, copies), *_ = EchoStage(plain, 1, with_copies=True)
+    assert not copies.any() and len(copies) == len(y)
+
+
 def test_whole_crop_is_the_fitted_decode_of_each_file(folder):
     store = open_source(folder)
     _, names = by_key(store)

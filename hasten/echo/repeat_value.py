@@ -71,3 +71,18 @@ def gradient_dots(model: torch.nn.Module, loss_of: Callable[[torch.Tensor, torch
     fresh = sum(float((x.double() * y.double()).sum()) for x, y in zip(ga, gb))
     repeat = sum(float((r.double() * (x.double() + y.double())).sum()) / 2 for r, x, y in zip(gr, ga, gb))
     return repeat, fresh
+
+
+def observe_repeat_losses(auto, losses: torch.Tensor, copies: torch.Tensor) -> bool:
+    """Report one step's mean loss on first copies and on repeats to ``auto``
+    (``AutoEcho.observe_loss``, which brings its cap on e down when repeats are being
+    memorised); ``losses``: the step's per-item losses, ``copies``: the items' copy
+    numbers (0: a first copy). Nothing when the batch holds only one of the two kinds;
+    returns whether it reported. (Reads two numbers from the device.)"""
+    repeat = torch.as_tensor(copies).reshape(-1).to(losses.device) > 0
+    n = int(repeat.sum())
+    if n == 0 or n == len(repeat):
+        return False
+    per = losses.detach()
+    auto.observe_loss(float(per[~repeat].mean()), float(per[repeat].mean()))
+    return True

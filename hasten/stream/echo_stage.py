@@ -78,12 +78,18 @@ class EchoStage:
     ``AutoEcho``), 0 without echoing and for batch echoing. A given size too small for a
     fixed e warns. ``clock``: the seconds the echo stage's timings (and AutoEcho's) are read
     from (default ``time.perf_counter``). ``counters`` accumulate over epochs; call
-    ``set_epoch`` as on the loader (iterating also advances it).
+    ``set_epoch`` as on the loader (iterating also advances it). ``with_copies``: each
+    batch also carries its items' copy numbers (int64 (B,), last; 0: the first copy of
+    its example, 1 the first repeat, ...; all 0 for batch echoing and without echoing),
+    which ``hasten.echo.repeat_value.gradient_dots`` takes to measure what a repeat is
+    worth for ``AutoEcho``.
     """
 
     def __init__(self, loader, echo: Factor = 1, *, variant: str = "example-before",
-                 shuffle_buffer: int | None = None, clock: Callable[[], float] | None = None):
+                 shuffle_buffer: int | None = None, clock: Callable[[], float] | None = None,
+                 with_copies: bool = False):
         self.loader = loader
+        self.with_copies = bool(with_copies)
         self.echo = check_factor(echo)
         self.variant = check_variant(variant)
         self.batch_size = loader.batch_size
@@ -159,7 +165,7 @@ class EchoStage:
                 batches = echo_batches(batches, self.echo, seed=loader.seed, epoch=epoch, counters=c,
                                        clock=self.clock)
                 batches = shuffle_buffer(batches, self.buffer, seed=seed)
-        batches = to_device(_as_tensors(batches, loader.with_keys, c), loader.device, depth=2)
+        batches = to_device(_as_tensors(batches, loader.with_keys, self.with_copies, c), loader.device, depth=2)
         if isinstance(self.echo, AutoEcho):
             # Here, on the training thread: before the pipeline may start on a thread of its own
             # (to_device on CUDA), and the one place that sees the training step's own time.
@@ -239,13 +245,18 @@ def _augment_batches(batches, seed: int):
         yield keyed_crop_flip(images, keys, seed=seed, copies=copies), labels, keys, copies
 
 
-def _as_tensors(batches, with_keys: bool, counters: EchoCounters) -> Iterator[tuple[torch.Tensor, ...]]:
-    for images, labels, keys, _ in batches:
+def _as_tensors(batches, with_keys: bool, with_copies: bool, counters: EchoCounters,
+                ) -> Iterator[tuple[torch.Tensor, ...]]:
+    for images, labels, keys, copies in batches:
         counters.batches_emitted += 1
         # A (B, 3, H, W) view in channels_last memory format: no copy (a contiguous
         # NCHW copy of uint8 costs more than decoding on CPU); convolutions take it as is.
         batch = (torch.from_numpy(images).permute(0, 3, 1, 2), torch.from_numpy(labels))
-        yield batch + (torch.from_numpy(keys),) if with_keys else batch
+        if with_keys:
+            batch += (torch.from_numpy(keys),)
+        if with_copies:
+            batch += (torch.zeros(len(labels), dtype=torch.int64) if copies is None else torch.from_numpy(copies),)
+        yield batch
 
 
 def _reported(batches, auto: AutoEcho, per_batch: bool):

@@ -7,8 +7,15 @@
   flight, one link whose bandwidth sets R); ``fresh_keys`` reads a new permutation of
   the subset each epoch through ``hasten.stream.slow_storage``.
 - **The pipeline.** ``pipeline`` puts the echo stage, the shuffle buffer and batching
-  after the source, as ``hasten.stream.loader`` does, and numbers the copies that key
-  the augmentation.
+  after the source, built from the stage functions that ``hasten.stream.echo_stage``
+  composes after ``ShardLoader``, on training keys instead of decoded images, and numbers
+  the copies that key the augmentation.
+
+The fresh examples come from host memory, decoded once, not through ``ShardLoader``:
+the sweep's step (batch 64 at 16x16) is about as short as decoding its batch on the
+same cores, so a decode in the loop would measure that contention rather than echoing
+(docs/echo.md). The real-source experiment, whose step is 20 times its decode, reads
+through ``ShardLoader`` (``hasten.recipes.echo.shard_source``).
 
 Changes the training math: yes with echoing (repeated examples); e = 1 is plain
 training.
@@ -149,7 +156,7 @@ def _counted(items, counters: EchoCounters):
 def pipeline(fresh: Iterator[int], spec: RunSpec, factor, buffer, batch_size: int,
              counters: EchoCounters, clock: Callable[[], float] | None = None) -> Iterator[np.ndarray]:
     """(keys, copy numbers) batches: echo stage, shuffle buffer and batching as in
-    ``hasten.stream.loader``. The copy numbers key the augmentation: example-before
+    ``hasten.stream.echo_stage``. The copy numbers key the augmentation: example-before
     augments every copy afresh, example-after and batch echoing repeat identical copies.
     Row 2 numbers the copies of example echoing (AutoEcho's loss on repeats)."""
     echoing = isinstance(factor, AutoEcho) or factor != 1.0

@@ -38,6 +38,7 @@ from torch import nn
 
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, check_factor, check_variant, default_shuffle_buffer, warn_if_small_buffer
+from hasten.echo.repeat_value import gradient_dots, observe_repeat_losses
 from hasten.errors import ConfigError, DataError
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
@@ -85,6 +86,9 @@ class EchoRunConfig:
     # Examples (batches, for batch echoing) mixed after the echo stage; None: sized from e
     # (e_max for AutoEcho) and the batch by hasten.echo.default_shuffle_buffer, ~1% duplicates.
     shuffle_buffer: int | None = None
+    # AutoEcho measures what a repeat is worth on this task every this many steps
+    # (hasten.echo.repeat_value; one more forward and backward each time); 0: its constant.
+    value_every: int = 16
 
     def __post_init__(self) -> None:
         try:
@@ -96,6 +100,9 @@ class EchoRunConfig:
             raise ConfigError(f"upstream delay must be >= 0 seconds; got {self.upstream_delay_s}")
         if not 0 < self.target < 1:
             raise ConfigError(f"target accuracy must be in (0, 1); got {self.target}")
+        if not isinstance(self.value_every, int) or isinstance(self.value_every, bool) or self.value_every < 0:
+            raise ConfigError(f"value_every must be an integer >= 0 (steps; 0: AutoEcho's constant repeat value); "
+                              f"got {self.value_every!r}")
         if self.batch_size < 1 or self.eval_every < 1 or self.max_fresh < 1:
             raise ConfigError(f"batch_size, eval_every and max_fresh must be >= 1; got "
                               f"{self.batch_size}, {self.eval_every}, {self.max_fresh}")
@@ -242,7 +249,11 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     shards = ShardLoader(storage, batch_size=cfg.batch_size, image_size=cfg.image_size, seed=cfg.seed,
                          workers=cfg.workers, prefetch=4, crop="pad-crop", device=dev)
     loader = EchoStage(shards, auto if auto is not None else cfg.echo, variant=cfg.variant,
-                       shuffle_buffer=shuffle_size(cfg))
+                       shuffle_buffer=shuffle_size(cfg), with_copies=True)
+    # What a repeat is worth, measured on this task (hasten.echo.repeat_value) instead of
+    # AutoEcho's constant; batch echoing puts no repeat beside its first copy, so not there.
+    measure = auto is not None and cfg.variant != "batch"
+    value_rng = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     memory_format, bf16 = fast_formats(dev)
     model = make_model(cfg, len(store.classes)).to(dev, memory_format=memory_format)
@@ -274,10 +285,23 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
                                         f"{cfg.batch_size}")
                     break
                 stepping.start()
-                x, y = batch
+                x, y, copies = batch
+                x = normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last)
+                y = y.to(dev)
+                if measure and cfg.value_every and steps % cfg.value_every == cfg.value_every - 1:
+                    with autocast(dev, bf16):  # at the step's weights, before its update
+                        dots = gradient_dots(model, lambda out, t: cross_entropy(
+                            out, t, label_smoothing=cfg.label_smoothing), x, y, copies, generator=value_rng)
+                    if dots is not None:
+                        auto.report_repeat_gradients(*dots)
                 with autocast(dev, bf16):
-                    logits = model(normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last))
-                optimizer_step(cross_entropy(logits, y.to(dev), label_smoothing=cfg.label_smoothing), opt)
+                    logits = model(x)
+                if measure:
+                    losses = cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none")
+                    optimizer_step(losses.mean(), opt)
+                    observe_repeat_losses(auto, losses, copies)  # repeats memorised: the cap on e comes down
+                else:
+                    optimizer_step(cross_entropy(logits, y, label_smoothing=cfg.label_smoothing), opt)
                 stepped = stepping.stop()
                 if steps < untimed_steps:
                     untimed_s += stepped
@@ -325,6 +349,8 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         "idle_fraction": wait_s / (wait_s + step_s) if steps else 0.0,
         "step_time_s": (step_s - untimed_s) / max(steps - min(steps, untimed_steps), 1),
         "duplicate_rate": c.duplicate_rate,
+        "repeat_value_measured": auto.value_history if auto is not None else None,
+        "autoecho_cap": auto.cap if auto is not None else None,
         "skipped_images": len(loader.skipped),
         "seed": cfg.seed,
         "config": asdict(cfg),

@@ -55,8 +55,9 @@ from hasten.data.host_augment import keyed_crop_flip
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer, expected_duplicate_rate
 from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
-from hasten.echo.repeat_value import gradient_dots
+from hasten.echo.repeat_value import gradient_dots, observe_repeat_losses
 from hasten.echo.stages import check_variant
+from hasten.errors import DataError
 from hasten.nn.tta import evaluate
 from hasten.progress import progress
 from hasten.recipes.echo.clock import ModelledClocks
@@ -67,6 +68,8 @@ from hasten.recipes.echo.report import goals, summarize
 from hasten.recipes.echo.run import MEAN, STD, SmallNet
 from hasten.recipes.echo.shard_source import ShardSource
 from hasten.rundir import RunJournal
+from hasten.stream.echo_stage import EchoStage
+from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import Stopwatch, interleaved
 
@@ -82,7 +85,8 @@ def lr_at(step: float, steps: int, peak: float, warmup: float) -> float:
 
 def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: Source | None = None,
                  target: float | None = None, stop_at_target: bool = False, final_eval: bool = True,
-                 clocks: ModelledClocks | None = None, upstream: ShardSource | None = None, log=None) -> dict:
+                 clocks: ModelledClocks | None = None, upstream: ShardSource | None = None,
+                 stream: Callable[[int], ShardLoader] | None = None, log=None) -> dict:
     """Train ``spec.steps`` steps with the schedule; evaluate at ``cfg.eval_points``.
 
     With ``target``: the first evaluation at or above it gives the fresh examples,
@@ -103,11 +107,17 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     With ``upstream`` (``hasten.recipes.echo.shard_source.ShardSource``; instead of
     both): fresh examples are read from shards in a store, over whatever link is
     between, and decoded as they arrive; every second is measured, nothing modelled.
+
+    With ``stream`` (instead of all three): the whole input pipeline is hasten's own, as a
+    user's loop has it: ``stream(seed)`` gives the run's ``ShardLoader`` (``crop="pad-crop"``,
+    ``with_keys=True``), and the run trains on ``EchoStage(loader, e, with_copies=True)``,
+    epoch after epoch; the stage reports each batch to AutoEcho and counts the fresh
+    examples. Every second is measured.
     """
     check_variant(spec.variant)
-    if sum(x is not None for x in (source, clocks, upstream)) > 1:
-        raise ValueError("train_budget: a run's upstream is one of a slow source, modelled clocks or a shard "
-                         "source")
+    if sum(x is not None for x in (source, clocks, upstream, stream)) > 1:
+        raise ValueError("train_budget: a run's upstream is one of a slow source, modelled clocks, a shard "
+                         "source or a stream")
     if spec.echo == "auto" and clocks is not None and len(clocks.per_example_s) > 1:
         raise ValueError("train_budget: AutoEcho decides from one clock's waits; give it one clock, not "
                          f"{len(clocks.per_example_s)}")
@@ -152,48 +162,58 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     def smoothed_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
     steps, factors, reached, curve = 0, [], None, []
-    fresh = upstream.keys(spec.seed) if upstream is not None else fresh_keys(n, spec.seed, storage, source)
-    train_images = upstream.images if upstream is not None else data.train  # (the arrived pixels)
-    batches = pipeline(clocks.items(fresh) if clocks is not None else fresh, spec, factor, buffer, cfg.batch_size,
-                       counters, clock=clocks.time if clocks is not None else None)
+    stage = None
+    if stream is not None:
+        # (AutoEcho's buffer follows e inside the stage, as auto_shuffle_buffer does here.)
+        stage = EchoStage(stream(spec.seed), factor, variant=spec.variant, with_copies=True,
+                          shuffle_buffer=None if callable(buffer) else buffer)
+        counters = stage.counters
+        batches = _epochs(stage)
+    else:
+        fresh = upstream.keys(spec.seed) if upstream is not None else fresh_keys(n, spec.seed, storage, source)
+        train_images = upstream.images if upstream is not None else data.train  # (the arrived pixels)
+        batches = pipeline(clocks.items(fresh) if clocks is not None else fresh, spec, factor, buffer,
+                           cfg.batch_size, counters, clock=clocks.time if clocks is not None else None)
     clock_reached = None
-    if auto is not None:
+    if auto is not None and stage is None:
         auto.expect_step_reports()  # the loop reports each step: windows before the first wait for it
     try:
         while steps < max_steps and position() < spec.steps:
             waiting.start()
             before = clocks.waited[0] if clocks is not None else 0.0
-            keys, copies, numbers = next(batches)
-            waited = waiting.stop()
+            if stage is not None:  # augmented by the stage (example-before) or the loader
+                images, y, keys, numbers = next(batches)
+                waited = waiting.stop()
+                stepping.start()
+                x, y, keys, numbers = normalize(images.to(dev), mean, std), y.to(dev), keys.numpy(), numbers.numpy()
+            else:
+                keys, copies, numbers = next(batches)
+                waited = waiting.stop()
+                stepping.start()
+                counters.record_batch(keys.tolist())
+                idx = keys % n
+                images = keyed_crop_flip(train_images[idx], keys, seed=spec.seed, copies=copies, pad=cfg.pad)
+                x = normalize(torch.from_numpy(images).permute(0, 3, 1, 2).to(dev), mean, std)
+                y = labels[torch.from_numpy(idx)].to(dev)
             modelled_wait = clocks.waited[0] - before if clocks is not None else 0.0
-            stepping.start()
-            counters.record_batch(keys.tolist())
-            idx = keys % n
-            images = keyed_crop_flip(train_images[idx], keys, seed=spec.seed, copies=copies, pad=cfg.pad)
-            x = normalize(torch.from_numpy(images).permute(0, 3, 1, 2).to(dev), mean, std)
             for g in opt.param_groups:
                 g["lr"] = lr_at(position(), spec.steps, spec.lr, cfg.warmup)
-            losses = F.cross_entropy(model(x), labels[torch.from_numpy(idx)].to(dev),
-                                     label_smoothing=cfg.label_smoothing, reduction="none")
+            losses = F.cross_entropy(model(x), y, label_smoothing=cfg.label_smoothing, reduction="none")
             opt.zero_grad(set_to_none=True)
             losses.mean().backward()
             if (auto is not None and cfg.value_every and spec.variant != "batch"
                     and steps % cfg.value_every == cfg.value_every - 1):
                 # What a repeat is worth on this task (hasten.echo.repeat_value), at the step's weights.
-                dots = gradient_dots(model, smoothed_loss, x, labels[torch.from_numpy(idx)].to(dev),
-                                     torch.from_numpy(numbers), generator=value_rng)
+                dots = gradient_dots(model, smoothed_loss, x, y, torch.from_numpy(numbers), generator=value_rng)
                 if dots is not None:
                     auto.report_repeat_gradients(*dots)
             opt.step()
-            if auto is not None and spec.variant != "batch" and numbers.any():
-                repeat = torch.from_numpy(numbers > 0)
-                if int(repeat.sum()) < len(copies):  # the value of repeats (hasten.echo.auto)
-                    per = losses.detach()
-                    auto.observe_loss(float(per[~repeat].mean()), float(per[repeat].mean()))
+            if auto is not None and spec.variant != "batch":
+                observe_repeat_losses(auto, losses, torch.from_numpy(numbers))  # the value of repeats
             stepped = stepping.stop()
             if clocks is not None:
                 clocks.advance(waited + stepped)  # the pipeline's own time and the step, both measured
-            if auto is not None:
+            if auto is not None and stage is None:  # (the stage reports its batches itself)
                 auto.record_step(waited + modelled_wait, stepped, len(keys))
                 auto.count(per_step)
             steps += 1
@@ -219,18 +239,18 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
             fresh.close()  # (the stages hold it until they are freed): its reader stops now, not later
     wait_s, step_s = waiting.elapsed, stepping.elapsed
     full = position() >= spec.steps
+    measured = source is not None or upstream is not None or stream is not None  # (wall times that mean something)
     return {
         "variant": spec.variant, "echo_factor": spec.echo, "lr": spec.lr, "budget_steps": spec.steps,
         "seed": spec.seed, "shuffle_buffer": buffer if isinstance(buffer, int) else "auto",
         "mean_echo_factor": float(np.mean(factors)) if factors else 1.0,
         "source": asdict(source) if source is not None else None,
         # Without echoing an input-bound loop runs at the upstream's pace: (wait + step) / step is R.
-        "upstream_ratio": ((wait_s + step_s) / step_s if spec.echo == 1.0 and (source is not None or upstream is not None)
-                           else None),
+        "upstream_ratio": ((wait_s + step_s) / step_s if spec.echo == 1.0 and measured else None),
         "reached_target": reached is not None, "target": target,
         "fresh_examples_to_target": reached[0] if reached else None,
         "steps_to_target": reached[1] if reached else None,
-        "wall_time_to_target_s": reached[2] if reached and (source is not None or upstream is not None) else None,
+        "wall_time_to_target_s": reached[2] if reached and measured else None,
         "fresh_examples": counters.fresh_examples, "steps": steps, "wall_time_s": wait_s + step_s,
         "end_accuracy": curve[-1][1] if full and curve else None,
         "final_accuracy": evaluate(model, test_batches(data, None, dev)) if full and final_eval else None,
@@ -241,10 +261,21 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "repeat_value_measured": auto.value_history if auto is not None else None,
         **({} if upstream is None else {"upstream_decoded": upstream.arrived, "upstream_skipped": upstream.skipped[:20],
                                          "upstream_skipped_count": len(upstream.skipped)}),
+        **({} if stage is None else {"upstream_skipped": stage.skipped[:20],
+                                      "upstream_skipped_count": len(stage.skipped)}),
         **({} if clocks is None else {
             "clock_per_example_s": clocks.per_example_s, "clock_lead": clocks.lead, "clock_wall_s": list(clocks.now),
             "clock_waited_s": list(clocks.waited), "clock_wall_to_target_s": clock_reached}),
     }
+
+
+def _epochs(stage: EchoStage):
+    """The stage's batches, epoch after epoch (each pass moves its loader to the next epoch)."""
+    while True:
+        before = stage.counters.batches_emitted
+        yield from stage
+        if stage.counters.batches_emitted == before:
+            raise DataError(f"an epoch of the stream gave no batch ({len(stage.skipped)} unreadable images)")
 
 
 def sweep_model(cfg: SweepConfig, data: MemoryData) -> torch.nn.Module:
