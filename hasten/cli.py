@@ -147,11 +147,13 @@ def _signals_raise():
         yield
         return
     stopping = []
+    stopped = []  # a stop signal came (never emptied, unlike ``stopping``)
 
     def handler(signum, frame):
         if stopping:
             os._exit(128 + signum)
         stopping.append(signum)
+        stopped.append(signum)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise Terminated(signum)
@@ -178,10 +180,22 @@ def _signals_raise():
         else:
             previous_hook(info)
 
+    previous_excepthook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        # The signal reaches the whole process group, so decode workers die with the command.
+        # multiprocessing's resource sharer, handing one of them a shared buffer's descriptor
+        # at that moment, reports the broken connection through sys.excepthook from its own
+        # thread: a traceback under the one line of the stop (CI saw it after a SIGTERM).
+        if stopped and issubclass(kind, (ConnectionError, EOFError)):
+            return
+        previous_excepthook(kind, value, tb)
+
     for sig in installed:
         signal.signal(sig, handler)
     if installed:
         sys.unraisablehook = unraisable
+        sys.excepthook = excepthook
     try:
         yield
     finally:
@@ -189,3 +203,4 @@ def _signals_raise():
             signal.signal(sig, previous[sig])
         if installed:
             sys.unraisablehook = previous_hook
+            sys.excepthook = previous_excepthook

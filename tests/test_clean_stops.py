@@ -182,3 +182,29 @@ def test_a_signal_landing_where_python_ignores_exceptions_still_stops(sig, expec
     finally:
         signal.signal(signal.SIGINT, before)
     assert isinstance(caught.value, KeyboardInterrupt if sig == signal.SIGINT else Terminated)
+
+
+def test_after_a_stop_a_broken_connection_of_a_dying_worker_prints_no_traceback(capsys):
+    """The stop signal kills the decode workers too; multiprocessing's resource sharer, in
+    the middle of handing one a descriptor, reports the reset through sys.excepthook. After
+    a stop that is expected and silent; before one, and any other error, is reported."""
+    from hasten.cli import Terminated, _signals_raise
+
+    before_hook, before_term = sys.excepthook, signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with _signals_raise():
+            sys.excepthook(ConnectionResetError, ConnectionResetError(104, "reset"), None)
+            assert "reset" in capsys.readouterr().err  # no stop yet: reported
+            with pytest.raises(Terminated):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # (the handler raises here)
+            for kind in (ConnectionResetError, BrokenPipeError, EOFError):
+                sys.excepthook(kind, kind("gone"), None)
+            assert capsys.readouterr().err == ""
+            sys.excepthook(ValueError, ValueError("a real bug"), None)
+            assert "a real bug" in capsys.readouterr().err
+        assert sys.excepthook is before_hook  # put back when the command ends
+    finally:
+        sys.excepthook = before_hook
+        signal.signal(signal.SIGTERM, before_term)
