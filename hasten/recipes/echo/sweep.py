@@ -181,15 +181,14 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         while steps < max_steps and position() < spec.steps:
             waiting.start()
             before = clocks.waited[0] if clocks is not None else 0.0
+            batch = next(batches)
+            waited = waiting.stop()
+            stepping.start()
             if stage is not None:  # augmented by the stage (example-before) or the loader
-                images, y, keys, numbers = next(batches)
-                waited = waiting.stop()
-                stepping.start()
+                images, y, keys, numbers = batch
                 x, y, keys, numbers = normalize(images.to(dev), mean, std), y.to(dev), keys.numpy(), numbers.numpy()
             else:
-                keys, copies, numbers = next(batches)
-                waited = waiting.stop()
-                stepping.start()
+                keys, copies, numbers = batch
                 counters.record_batch(keys.tolist())
                 idx = keys % n
                 images = keyed_crop_flip(train_images[idx], keys, seed=spec.seed, copies=copies, pad=cfg.pad)
