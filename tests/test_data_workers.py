@@ -128,3 +128,37 @@ def test_workers_exit_when_their_parent_is_killed_outright():
     for p in left:
         os.kill(p, signal.SIGKILL)  # (not left behind by a failing run)
     assert not left, f"decode workers {left} outlived their killed parent"
+
+
+_SIGTERM_AT_START = """
+import multiprocessing as mp, os, signal, sys
+from hasten.data import workers
+
+def raise_stop(signum, frame):  # what hasten's commands install (hasten.distributed.faults)
+    raise RuntimeError("the parent's stop exception, raised in a worker")
+
+def hit_while_starting(fn, tasks, results):
+    # The group's SIGTERM lands after the fork, before the worker has its own handlers
+    # (a CI run saw it in multiprocessing's bootstrap): sent here, at the same point.
+    os.kill(os.getpid(), signal.SIGTERM)
+    workers._worker_main(fn, tasks, results)
+
+signal.signal(signal.SIGTERM, raise_stop)
+ctx = mp.get_context("fork")
+p = ctx.Process(target=hit_while_starting, args=(abs, ctx.Queue(), ctx.Queue()), daemon=True)
+workers._start_without_stop_signals(p)
+p.join(30)
+print(p.exitcode)
+"""
+
+
+def test_a_sigterm_while_a_worker_starts_ends_it_quietly():
+    """The parent's SIGTERM handler, inherited through fork, must not run in a starting worker:
+    it waits blocked until the worker has the default action, then ends it without a word."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _SIGTERM_AT_START], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(-signal.SIGTERM)]
+    assert "Traceback" not in run.stderr, run.stderr

@@ -44,6 +44,7 @@ R = TypeVar("R")
 
 WORKER_NAME = "hasten-decode"  # process names: hasten-decode-0, hasten-decode-1, ...
 PARENT_CHECK_S = 1.0  # an idle worker checks this often that its parent is alive (it exits if not)
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # blocked while a worker starts, until it has its own handlers
 
 
 class DecodeWorkerError(HastenError, RuntimeError):
@@ -90,15 +91,17 @@ class _Failure:
         self.exc = exc
 
 
-def _start_without_sigint(p) -> None:
-    """Start worker ``p`` with SIGINT blocked, so that a Ctrl-C sent to the process group while
-    it starts waits (in the parent, for its handler) instead of killing the new worker before it
-    ignores SIGINT: a CI run saw such a worker exit 1, and the run end as "a decode worker
-    process died" instead of the one line of a stop."""
+def _start_without_stop_signals(p) -> None:
+    """Start worker ``p`` with SIGINT and SIGTERM blocked, so that a stop signal sent to the
+    process group while it starts waits instead of reaching the new worker before it has set its
+    own handlers: a CI run saw a Ctrl-C make such a worker exit 1 (the run then ended as "a decode
+    worker process died"), and another a SIGTERM raise the parent's inherited exception in the
+    worker's bootstrap (a traceback above the one line of the stop). The parent's own pending
+    signal runs its handler once the mask is restored."""
     if not hasattr(signal, "pthread_sigmask"):
         p.start()
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         p.start()
     finally:
@@ -106,15 +109,16 @@ def _start_without_sigint(p) -> None:
 
 
 def _worker_main(fn, tasks, results) -> None:
-    # Ctrl-C is the parent's to handle; a worker just stops when told to. It starts with
-    # SIGINT blocked (_start_without_sigint): ignored first, then unblocked, one pending is dropped.
+    # Ctrl-C is the parent's to handle; a worker just stops when told to. A forked worker
+    # inherits the parent's SIGTERM handler, which raises an exception for the parent to
+    # report; here it would print a traceback per worker when the whole process group is
+    # stopped (timeout, Slurm): the default action exits quietly. Both signals start blocked
+    # (_start_without_stop_signals) and are unblocked once handled: a pending SIGINT is
+    # dropped, a pending SIGTERM ends the worker quietly.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    # A forked worker inherits the parent's SIGTERM handler, which raises an exception
-    # for the parent to report; here it would print a traceback per worker when the
-    # whole process group is stopped (timeout, Slurm). The default action: exit quietly.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     # The stop signal only comes once the consumer has everything it wants, so a
     # worker may exit without flushing results nobody will read.
     results.cancel_join_thread()
@@ -190,7 +194,7 @@ class _OrderedMap:
             for k in range(self.workers):
                 p = self.ctx.Process(target=_worker_main, args=(self.fn, tasks, results), daemon=True,
                                      name=f"{WORKER_NAME}-{k}")
-                _start_without_sigint(p)
+                _start_without_stop_signals(p)
                 procs.append(p)
 
             def put(number, item):
