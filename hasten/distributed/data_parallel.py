@@ -17,6 +17,7 @@ take the same steps as one process with batch B (up to float rounding); only
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 from dataclasses import dataclass
@@ -131,8 +132,18 @@ def _restart_store(timeout_s: float) -> dist.Store | None:
 
 
 def shutdown() -> None:
-    """Destroy the process group if one exists (safe to call always)."""
+    """Destroy the process group if one exists (safe to call always). Call it at the end of
+    every distributed program.
+
+    Why, and why the garbage collection first: a group still alive when Python exits can
+    abort the exit. gloo's worker threads release their finished work there, and a work
+    that holds a Python object then takes the GIL from a finalizing interpreter ("terminate
+    called without an active exception", SIGABRT, in ProcessGroupGloo::AsyncWork's
+    destructor; pytorch/pytorch#190489). On torch 2.13 the DDP loop of docs/train.md,
+    2 ranks under torchrun beside two busy processes, aborted 11 exits in 78 with plain
+    ``destroy_process_group`` at its end and none in 28 with the collection before it."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
