@@ -99,13 +99,22 @@ def _read_all(storage, keys):
     return [storage[k] for k in keys]
 
 
-def test_forked_workers_read_through_one_shared_storage():
+def test_forked_workers_read_through_one_shared_storage(monkeypatch):
     """Decode workers are forked processes: before the storage's state was shared, each
     worker read through its own copy (the parent counted no reads: a storage ratio of 0),
     and concurrent readers each got the full rate."""
+    import types
     from functools import partial
 
+    import hasten.stream.slow_storage as slow_storage
     from hasten.data.workers import ordered_map
+
+    # The clock of a machine up for 19 hours (CI's was up 18): the summed delays must not lose precision
+    # to it (they were differences of clock readings, 2.7e-10 s short over 40 reads in CI).
+    # (At 70,000 s a clock reading's unit is 1.46e-11 s, and 2 ms rounds down in it.)
+    started = time.monotonic()
+    monkeypatch.setattr(slow_storage, "time", types.SimpleNamespace(
+        monotonic=lambda: 70_000.0 + (time.monotonic() - started), sleep=time.sleep))
 
     chunks = [list(range(i, i + 5)) for i in range(0, 40, 5)]
     store = SlowStorage(list(range(40)), latency_s=0.002)

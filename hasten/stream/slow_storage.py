@@ -152,17 +152,20 @@ class SlowStorage:
         nbytes = self.size_of(record) if (self.bandwidth != math.inf or self.link != math.inf) else 0
         with self._lock:
             start = self._clock()
-            done = start + self.latency_s + (nbytes / self.bandwidth if self.bandwidth != math.inf else 0.0)
+            # The delay as a duration, not as a difference of clock readings: those are hours
+            # of uptime, and (start + d) - start loses about 1e-11 s each time.
+            delay = self.latency_s + (nbytes / self.bandwidth if self.bandwidth != math.inf else 0.0)
             on_link = (nbytes / self.link if self.link != math.inf else 0.0) + self.item_s * items
             if on_link:
                 # Records queue on the shared link in request order, after the latency.
                 link_start = max(start + self.latency_s, self._state[_LINK_FREE_AT])
                 self._state[_LINK_FREE_AT] = link_start + on_link
                 self._state[_LINK_BUSY] += on_link
-                done = max(done, self._state[_LINK_FREE_AT])
+                delay = max(delay, self._state[_LINK_FREE_AT] - start)
+            done = start + delay
             self._reads.value += 1
             self._items.value += items
-            self._state[_DELAY] += done - start
+            self._state[_DELAY] += delay
         while True:
             self._running.wait()
             remaining = done - self.clock()
