@@ -22,6 +22,7 @@ import torch
 
 from hasten.profile.attach import PTH_NAME
 from hasten.profile.launcher import ProfileConfig, profile, run_instrumented
+from profile_helpers import measured_steps
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
 THREE = str(SCRIPTS / "three_steps.py")
@@ -71,7 +72,8 @@ def test_the_issue_a_command_that_sets_pythonpath_is_profiled(tmp_path):
                                "--item-sleep", "0", "--step-sleep", "0.002"),
                               warmup=1, steps=4, probe_steps=2, capture=True, timeout_s=60, decide_s=0),
                 log=lambda m: None)
-    assert a.ranks == 1 and a.steps == 4  # exactly the steps asked for (no stopping rule: attaching is the point)
+    # Exactly the steps asked for (no stopping rule: attaching is the point); CI saw 3 kept and 1 stalled.
+    assert a.ranks == 1 and measured_steps(a) == 4, a.excluded
 
 
 @pytest.mark.parametrize("cmd", [
