@@ -210,3 +210,17 @@ def test_crop_resized_into_its_slot_equals_the_crop_placed_after(photo_jpeg):
         assert placed is batch[i] or np.shares_memory(placed, batch[i])
         assert np.array_equal(batch[i], alone)
     assert np.array_equal(batch[1], batch[0][:, ::-1]) and not batch[2].any()
+
+
+def test_a_large_png_is_cropped_where_its_box_is():
+    """A PNG has no DCT scale: its box is cut at full size, the crop of the reference path
+    (the box's coordinates at a JPEG's 1/8, cut from the full-size image, were another region)."""
+    y, x = np.mgrid[0:800, 0:1000]
+    img = np.stack([x * 255 // 1000, y * 255 // 800, (x // 50 % 2) * 255], axis=-1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, "PNG")
+    for rng in (None, fc.example_rng(0, 0, 1)):
+        fused = fc.fused_crop(buf.getvalue(), "x.png", 64, rng=rng, flip=False)
+        ref = fc.fused_crop(buf.getvalue(), "x.png", 64, rng=fc.example_rng(0, 0, 1) if rng else None, flip=False,
+                            fused=False)
+        assert np.array_equal(fused, ref)
