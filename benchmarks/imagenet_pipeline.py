@@ -68,7 +68,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hasten.data import decode
+from hasten.decode import backends
 from hasten.progress import progress
 from hasten.rundir import write_json
 from hasten.stream.fused_crop import random_resized_box
@@ -205,7 +205,7 @@ def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int, floa
     for p in paths:
         data = Path(p).read_bytes()
         if decoder == "simplejpeg":
-            decode.simplejpeg.decode_jpeg(data, colorspace="RGB")
+            backends.simplejpeg.decode_jpeg(data, colorspace="RGB")
         else:
             with Image.open(io.BytesIO(data)) as img:
                 np.asarray(img.convert("RGB"))
@@ -221,7 +221,7 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
     reuses them once the consumer lets go). Measured by wrapping the
     functions the loader calls, so the split follows the code; "other" is the rest of
     ``decode_chunk``."""
-    from hasten.data import turbojpeg
+    from hasten.decode import turbojpeg
     from hasten.stream import chunk_decode, shared_buffers, tar_members
     from hasten.stream import fused_crop as fc
 
@@ -236,11 +236,11 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
                 spent[label] = spent.get(label, 0.0) + time.process_time() - t
         return wrapper
 
-    originals = [(turbojpeg, "decode_region"), (fc, "resize_whole"), (fc, "_finish"), (fc, "decode_scaled"),
-                 (fc, "resize_box"), (tar_members, "read_member")]
+    originals = [(turbojpeg, "decode_region"), (fc, "resize_whole"), (fc, "_finish"), (backends, "decode_simplejpeg"),
+                 (backends, "decode_pillow"), (tar_members, "read_member")]
     saved = [getattr(o, a) for o, a in originals]
     labels = ["decode (region, libturbojpeg)", "resize (into the batch)", "flip (in the batch)",
-              "decode (simplejpeg/Pillow)", "resize", "read the image's bytes (pread)"]
+              "decode (simplejpeg/Pillow)", "decode (simplejpeg/Pillow)", "read the image's bytes (pread)"]
     records, i, t_scan = [], 0, 0.0
     while len(records) < images and i < len(shards):
         t = time.process_time()
@@ -279,7 +279,7 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
     return {"images": n, "image_size": size, "ms_per_image": {k: round(v * 1e3, 4) for k, v in per.items()},
             "total_ms_per_image": round(sum(per.values()) * 1e3, 4),
             "decoder": "libturbojpeg partial decode" if turbojpeg.available() else
-            ("simplejpeg" if decode.simplejpeg is not None else "pillow")}
+            ("simplejpeg" if backends.simplejpeg is not None else "pillow")}
 
 
 def _memory_mb(pid: int) -> tuple[float, float]:
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> dict:
             configs.append((f"torchvision DataLoader {size}", "torchvision", size))
         if presized is not None:
             configs.append((f"hasten fused {size}, max side {args.max_side}", "presized", size))
-    decoders = ["pillow"] + (["simplejpeg"] if decode.simplejpeg is not None else [])
+    decoders = ["pillow"] + (["simplejpeg"] if backends.simplejpeg is not None else [])
     configs += [(f"decode only, {d}", d, None) for d in decoders]
     samples: dict[str, list] = {name: [] for name, *_ in configs}
     order = []
@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "imagenet_pipeline",
         "hardware": hardware_label(cond.as_dict()["environment"]),
-        "decoder": "simplejpeg" if decode.simplejpeg is not None else "pillow",
+        "decoder": "simplejpeg" if backends.simplejpeg is not None else "pillow",
         "data": {"train_images": shards.total, "classes": len(shards.classes), "shards": len(shards),
                  "shard_mb": round(data_mb / len(shards), 1), "train_mb": round(data_mb, 1),
                  "mean_jpeg_kb": round(data_mb * 1e3 / shards.total, 1), "cache_dir_name": folder.parent.name},

@@ -8,14 +8,15 @@ route (``random_resized_box`` drawn from ``example_rng(0, 0, i)`` for the i-th
 file). The routes:
 
 - ``simplejpeg full``: simplejpeg full decode, crop view, torch's uint8 antialiased bilinear resize;
-- ``simplejpeg DCT-scaled``: hasten's previous path (``decode_scaled`` at ``dct_scale`` + ``resize_box``);
+- ``simplejpeg DCT-scaled``: hasten's previous path (simplejpeg at ``dct_scale``, the box, fractional in
+  pixels of that scale, resized from it: ``_resize_box``);
 - ``Pillow draft``: ``Image.open`` + ``draft`` (DCT scaling) + ``resize(box=...)`` BILINEAR;
 - ``Pillow full``: full decode + ``resize(box=...)`` BILINEAR (torchvision's RandomResizedCrop on a PIL image);
 - ``cv2 full`` / ``cv2 reduced``: ``cv2.imdecode`` at full size or ``IMREAD_REDUCED_COLOR_{2,4,8}`` where the
   box keeps the output's pixels, then ``cv2.resize`` (INTER_AREA or INTER_LINEAR), BGR -> RGB;
 - ``PyTurboJPEG scaled``: ``decode(scaling_factor=...)`` + torch resize; ``PyTurboJPEG crop``: its lossless
   ``crop()`` transform, then a (scaled) decode of the cropped JPEG + torch resize;
-- ``hasten region``: ``hasten.data.turbojpeg.decode_region`` (libjpeg-turbo 3 partial decode, rows and columns
+- ``hasten region``: ``hasten.decode.turbojpeg.decode_region`` (libjpeg-turbo 3 partial decode, rows and columns
   of the box only, at the DCT scale) + torch resize (or ``cv2.resize``): hasten's new path; and
   ``hasten fused_crop``: the public function (header read, box draw, copy out included), as the working tree
   has it (the JSON records whether hasten's decode files differed from the commit);
@@ -55,7 +56,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hasten.data import turbojpeg as hturbo
+from hasten.decode import turbojpeg as hturbo
+from hasten.decode.header import read_header
 from hasten.rundir import write_json
 from hasten.stream import fused_crop as fc
 from hasten.timing import interleaved
@@ -125,6 +127,18 @@ def pillow_resize(crop: np.ndarray, size: int) -> np.ndarray:
     return np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((size, size), Image.BILINEAR))
 
 
+def _resize_box(array: np.ndarray, box, full_hw: tuple[int, int], size: int) -> np.ndarray:
+    """``box`` (in full-size pixels) of ``array`` (decoded at any scale) resized to ``size``:
+    torch's antialiased kernel for a whole-pixel box (full scale), else Pillow's BILINEAR from
+    the fractional box (hasten's resize before the partial decode)."""
+    h, w = array.shape[:2]
+    sy, sx = h / full_hw[0], w / full_hw[1]
+    if (sy, sx) == (1.0, 1.0):
+        return torch_resize(array[box.top:box.top + box.height, box.left:box.left + box.width], size)
+    region = (box.left * sx, box.top * sy, (box.left + box.width) * sx, (box.top + box.height) * sy)
+    return np.asarray(Image.fromarray(array).resize((size, size), Image.BILINEAR, box=region))
+
+
 def _scaled_box(box, factor: int, sh: int, sw: int) -> tuple[int, int, int, int]:
     """The box in pixels of an image decoded at 1/factor (sh x sw), rounded to whole pixels."""
     top, left = min(round(box.top / factor), sh - 1), min(round(box.left / factor), sw - 1)
@@ -165,7 +179,8 @@ def make_routes() -> tuple[dict, dict]:
 
         def sj_scaled(data, hw, box, size):
             f = fc.dct_scale(box, size)
-            return fc.resize_box(fc.decode_scaled(data, "x", f, hw), box, hw, size)
+            a = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-hw[0] // f), min_width=-(-hw[1] // f))
+            return _resize_box(a, box, hw, size)
 
         routes["simplejpeg full"] = sj_full
         routes["simplejpeg DCT-scaled (hasten before)"] = sj_scaled
@@ -344,7 +359,7 @@ def _modified() -> list[str] | None:
 
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--", "hasten/stream/fused_crop.py",
-                              "hasten/data/turbojpeg.py", "hasten/data/decode.py"], capture_output=True, text=True,
+                              "hasten/decode/"], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parent.parent, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -368,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
     datas, paths, data_label = load_sample(args)
-    hws = [fc.image_size_of(d) for d in datas]
+    hws = [(h.height, h.width) for h in map(read_header, datas)]
     boxes = [fc.random_resized_box(*hw, fc.example_rng(0, 0, i)) for i, hw in enumerate(hws)]
     routes, skipped = make_routes()
     batch = max(1, min(args.dali_batch, len(datas)))

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hasten.data import decode
+from hasten.decode import backends
 from hasten.stream.records import open_records
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.sources import open_source
@@ -155,7 +155,7 @@ def main() -> None:
         "hardware": hardware_label(env),
         "torch": torch.__version__,
         "conditions": cond.as_dict(),
-        "decoder_hasten": f"simplejpeg {decode.simplejpeg.__version__}" if decode.simplejpeg else "Pillow",
+        "decoder_hasten": f"simplejpeg {backends.simplejpeg.__version__}" if backends.simplejpeg else "Pillow",
         "images_per_run": args.images,
         "repeats": args.repeats,
         "seed": args.seed,

@@ -16,6 +16,11 @@ class DataError(HastenError, ValueError):
     """A dataset, archive or image that cannot be used as given."""
 
 
+class BadImageError(DataError):
+    """A file that is not a readable JPEG or PNG image (``hasten.decode``): readers skip
+    and count it by name (``hasten.data.bad_files``)."""
+
+
 class StoreError(DataError):
     """Remote storage that cannot be read: refused, or still failing after every retry
     (``hasten.stream.remote_store``). A run it stops names its newest checkpoint."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hasten.data import decode, turbojpeg
+from hasten.decode import backends, turbojpeg
 
 # Tests must be quick and deterministic on 2 shared cores.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -117,7 +117,7 @@ def photo_folder(tmp_path_factory, photo_jpeg):
 
 # The fused crop's JPEG decoders, each forced in turn (hasten picks the first that works).
 FUSED_DECODERS = ["pillow", pytest.param("simplejpeg", marks=pytest.mark.skipif(
-    decode.simplejpeg is None, reason="simplejpeg is not installed")),
+    backends.simplejpeg is None, reason="simplejpeg is not installed")),
     pytest.param("turbojpeg", marks=pytest.mark.skipif(
         not turbojpeg.available(), reason="no libturbojpeg 3 (pip install turbojpeg)"))]
 
@@ -129,5 +129,5 @@ def decoder(request, monkeypatch):
     if request.param != "turbojpeg":  # the partial decoder is preferred whenever it loads
         monkeypatch.setattr(turbojpeg, "_lib", None)
     if request.param == "pillow":
-        monkeypatch.setattr(decode, "simplejpeg", None)
+        monkeypatch.setattr(backends, "simplejpeg", None)
     return request.param

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from augment_reference import identify, offsets
-from hasten.data.decode import decode_fitted
+from hasten.decode.image import decode_fitted
 from hasten.data.workers import DecodeWorkerError
 from hasten.echo.auto import AutoEcho
 from hasten.errors import DataError

@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from hasten.data import turbojpeg
-from hasten.data.decode import BadImageError
+from hasten.decode import backends, turbojpeg
+from hasten.errors import BadImageError
 from hasten.stream import fused_crop as fc
 
 
@@ -82,7 +82,7 @@ def test_fused_crop_equals_decode_then_crop_within_resampling_rounding(photo_jpe
 
 @pytest.fixture(params=["pillow-resize", "torch-resize"])
 def resizer(request, one_thread, monkeypatch):
-    """resize_box uses torch's kernel when torch runs one thread (decode workers), else Pillow."""
+    """The antialiased resize uses torch's kernel when torch runs one thread (decode workers), else Pillow."""
     if request.param == "pillow-resize":
         monkeypatch.setattr(fc.torch, "get_num_threads", lambda: 2)
     return request.param
@@ -126,12 +126,13 @@ def test_flip_mirrors_the_same_crop(photo_jpeg):
 
 def test_large_boxes_are_decoded_at_reduced_scale(photo_jpeg, decoder, monkeypatch):
     shapes = []
-    real = fc.decode_scaled
 
-    def spy(data, name, factor, size_hw):
-        out = real(data, name, factor, size_hw)
-        shapes.append(out.shape[:2])
-        return out
+    def whole_spy(real):
+        def spy(*args):
+            out = real(*args)
+            shapes.append(out.shape[:2])
+            return out
+        return spy
 
     def region_spy(data, box, scale, name):
         out = real_region(data, box, scale, name)
@@ -139,7 +140,8 @@ def test_large_boxes_are_decoded_at_reduced_scale(photo_jpeg, decoder, monkeypat
         return out
 
     real_region = turbojpeg.decode_region
-    monkeypatch.setattr(fc, "decode_scaled", spy)
+    for whole in ("decode_simplejpeg", "decode_pillow"):
+        monkeypatch.setattr(backends, whole, whole_spy(getattr(backends, whole)))
     monkeypatch.setattr(turbojpeg, "decode_region", region_spy)
     data = _jpeg(photo_jpeg, 1200, 1600)
     fc.fused_crop(data, "x.jpg", 128)  # centre box 1050 x 1050 -> 1/8 gives 131 >= 128
@@ -176,8 +178,9 @@ def test_default_resize_is_plain_bilinear_of_the_decoded_box(photo_jpeg, decoder
         if f > 1:  # the reference downsamples by block averages, as the DCT-scaled decode does
             h, w = (full.shape[0] // f) * f, (full.shape[1] // f) * f
             full = full[:h, :w].reshape(h // f, f, w // f, f, 3).mean(axis=(1, 3)).round().astype(np.uint8)
-        top, left, bottom, right = fc._scaled_box(box, (375, 500), f, full.shape[:2])
-        crop = torch.from_numpy(np.ascontiguousarray(full[top:bottom, left:right])).permute(2, 0, 1)[None]
+        r = fc._scaled_box(box, f, full.shape[:2])
+        crop = full[r.top:r.top + r.height, r.left:r.left + r.width]
+        crop = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1)[None]
         ref = torch.nn.functional.interpolate(crop.float(), size=(96, 96), mode="bilinear", antialias=False,
                                               align_corners=False)[0].permute(1, 2, 0).round().numpy()
         diff = np.abs(ours - ref)
@@ -207,3 +210,17 @@ def test_crop_resized_into_its_slot_equals_the_crop_placed_after(photo_jpeg):
         assert placed is batch[i] or np.shares_memory(placed, batch[i])
         assert np.array_equal(batch[i], alone)
     assert np.array_equal(batch[1], batch[0][:, ::-1]) and not batch[2].any()
+
+
+def test_a_large_png_is_cropped_where_its_box_is():
+    """A PNG has no DCT scale: its box is cut at full size, the crop of the reference path
+    (the box's coordinates at a JPEG's 1/8, cut from the full-size image, were another region)."""
+    y, x = np.mgrid[0:800, 0:1000]
+    img = np.stack([x * 255 // 1000, y * 255 // 800, (x // 50 % 2) * 255], axis=-1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, "PNG")
+    for rng in (None, fc.example_rng(0, 0, 1)):
+        fused = fc.fused_crop(buf.getvalue(), "x.png", 64, rng=rng, flip=False)
+        ref = fc.fused_crop(buf.getvalue(), "x.png", 64, rng=fc.example_rng(0, 0, 1) if rng else None, flip=False,
+                            fused=False)
+        assert np.array_equal(fused, ref)

@@ -5,19 +5,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hasten.data import decode
+from hasten.decode import backends
 from hasten.stream import presize as ps
 from hasten.stream.pack import pack
 from test_stream_pack import _packed_examples, _source_examples
 
 ENCODERS = ["pillow", pytest.param("simplejpeg", marks=pytest.mark.skipif(
-    decode.simplejpeg is None, reason="simplejpeg is not installed"))]
+    backends.simplejpeg is None, reason="simplejpeg is not installed"))]
 
 
 @pytest.fixture(params=ENCODERS)
 def encoder(request, monkeypatch):
     if request.param == "pillow":
-        monkeypatch.setattr(decode, "simplejpeg", None)
+        monkeypatch.setattr(backends, "simplejpeg", None)
     return request.param
 
 

@@ -10,7 +10,7 @@ changes the pixels, ``image_size``. A second run hashes the input and
 ``np.load``s the arrays instead of reading and decoding again
 (``benchmarks/data_load.py`` measures both).
 
-Bad input policy (``hasten.data.decode.check_bad_fraction``): files that are not
+Bad input policy (``hasten.data.bad_files.check_bad_fraction``): files that are not
 readable JPEG/PNG images (truncated, corrupt, another format) are skipped,
 logged and listed in ``.skipped`` while they are at most ``max_bad_fraction`` of
 the files (default 1%); above it the load stops with one ``DataError`` naming
@@ -32,13 +32,15 @@ import torch
 
 from hasten.cores import usable_cores
 from hasten.data.archive import iter_entries
+from hasten.data.bad_files import bad_reason, check_bad_fraction, describe_skipped
 from hasten.data.cache import entry_dir, load_entry, save_entry
 from hasten.data.cifar10 import CLASSES as CIFAR10_CLASSES
 from hasten.data.dataset import ImageDataset, Source, Split
-from hasten.data.decode import BadImageError, bad_reason, check_bad_fraction, decode_image, describe_skipped, image_format
 from hasten.data.layout import SPLITS, parse_layout
 from hasten.data.workers import DecodeWorkerError, ordered_map
-from hasten.errors import DataError
+from hasten.decode.header import image_format
+from hasten.decode.image import decode_image
+from hasten.errors import BadImageError, DataError
 from hasten.progress import progress
 
 log = logging.getLogger("hasten.data")

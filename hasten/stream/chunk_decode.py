@@ -10,7 +10,7 @@
   the ImageNet training augmentation;
 - ``center``: the fused centre crop, for evaluation;
 - ``pad-crop``: the whole image resized to the size (shorter side, then the centre square;
-  ``hasten.data.decode.decode_fitted``), then a random crop of it reflect-padded by 4 and a
+  ``hasten.decode.image.decode_fitted``), then a random crop of it reflect-padded by 4 and a
   flip (``hasten.data.host_augment.keyed_crop_flip``): the CIFAR augmentation, for small images;
 - ``whole``: the whole image resized, no augmentation (small images' evaluation, and the
   decode before an example-before echo stage, which then augments each copy itself).
@@ -35,9 +35,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hasten.data.decode import BadImageError, bad_reason, decode_fitted
+from hasten.data.bad_files import bad_reason
 from hasten.data.host_augment import keyed_crop_flip
-from hasten.stream.fused_crop import ExampleRngs, fused_crop, image_size_of
+from hasten.decode.header import read_header
+from hasten.decode.image import decode_fitted
+from hasten.errors import BadImageError
+from hasten.stream.fused_crop import ExampleRngs, fused_crop
 from hasten.stream.shared_buffers import BatchPool, BufferPool, shared_uint8
 from hasten.stream.tar_members import Record, read_shard, with_bytes
 
@@ -139,12 +142,12 @@ def decode_chunk(chunk: list[tuple[int, Record]] | PackedChunk, *, image_size: i
             bad.append((r.name, r.reason))
             continue
         try:
-            if crop in ("pad-crop", "whole"):
-                view[len(keys)] = _whole(r.data, r.name, image_size)
-            else:
+            if crop in ("random-resized", "center"):
                 rng = rngs(seed, epoch, r.key) if crop == "random-resized" else None
                 # Each crop is written straight into its slot of the chunk (no second copy).
                 fused_crop(r.data, r.name, image_size, rng=rng, out=view[len(keys)], antialias=antialias)
+            else:
+                view[len(keys)] = _whole(r.data, r.name, image_size)
         except BadImageError as e:
             bad.append((r.name, bad_reason(e, r.name)))
             continue
@@ -181,7 +184,8 @@ def default_image_size(store, *, largest: int = 224, samples: int = 64) -> int:
     for r in records[:samples]:
         if r.reason is None:
             try:
-                sides.append(min(image_size_of(r.data, r.name)))
+                header = read_header(r.data, r.name)
+                sides.append(min(header.height, header.width))
             except BadImageError:
                 continue  # counted where it is decoded
     return min(largest, max(sides)) if sides else largest

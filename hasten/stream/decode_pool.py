@@ -3,13 +3,13 @@
 ``decode_records`` decodes (key, name, bytes, label) records into one (k, H, W, 3)
 uint8 ``Chunk``, for whoever decodes a set once (the echo recipes' in-memory data);
 ``read_records`` reads them from ``records[i] -> (name, bytes, label)``. Decoding uses
-``hasten.data.decode.decode_fitted``: simplejpeg when it is installed (about 7x
+``hasten.decode.image.decode_fitted``: simplejpeg when it is installed (about 7x
 faster than Pillow on CIFAR-size JPEGs, measured 11 vs 80 microseconds), and
 with ``image_size`` a JPEG is decoded at a reduced DCT scale before the resize
 and crop. The streaming pipeline decodes in ``hasten.stream.chunk_decode`` (its
 workers) and shares ``MIN_COUNTED`` from here.
 
-Faults, as everywhere in hasten (``hasten.data.decode.check_bad_fraction``):
+Faults, as everywhere in hasten (``hasten.data.bad_files.check_bad_fraction``):
 unreadable images are listed with their names, not raised; a stream stops with a
 ``DataError`` once more than ``max_bad_fraction`` of the records seen (at least
 ``MIN_COUNTED``) were bad.
@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hasten.data.decode import BadImageError, bad_reason, decode_fitted
+from hasten.data.bad_files import bad_reason
+from hasten.decode.image import decode_fitted
+from hasten.errors import BadImageError
 from hasten.errors import DataError
 
 # Bad records counted before the fraction applies: one bad file among the first

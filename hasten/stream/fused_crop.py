@@ -6,12 +6,13 @@ at full resolution first wastes most of the work: a box of 200x150 pixels that
 ends up as 224x224 needs every pixel, but a box of 400x350 only needs half of
 them in each direction. JPEG can decode at 1/2, 1/4 or 1/8 of the size in the DCT
 domain (libjpeg's scaled IDCT) for a fraction of the cost. So the box is drawn
-first, from the image header's size; then ``dct_scale`` picks the smallest of
-1/8, 1/4, 1/2, 1 at which the box still has at least the output's pixels in
-both directions; only the box's rows and columns are decoded, at that scale
-(libjpeg-turbo 3's partial decode, ``hasten.data.turbojpeg``; where it cannot
-load, the whole image at that scale with simplejpeg, else Pillow's ``draft``);
-the box, in whole pixels of the scaled image, is resized to the output (plain
+first, from the image header's size (read once, ``hasten.decode.header``); then
+``dct_scale`` picks the smallest of 1/8, 1/4, 1/2, 1 at which the box still has at
+least the output's pixels in both directions (a PNG: 1); the box, rounded to whole
+pixels of the image at that scale, is the region that ``hasten.decode.image.decode``
+decodes (libjpeg-turbo 3's partial decode where it loads: only the box's rows and
+columns; see there for the others). This module holds the geometry: the region is
+resized to the output (plain
 bilinear with OpenCV, or ``antialias=True`` for Pillow's antialiased filter) and
 flipped with torch's kernel, straight into its slot of the batch. Measured per
 stage in ``benchmarks/imagenet_pipeline.py``. Evaluation (``center_box``: the
@@ -38,17 +39,16 @@ instead of torchvision's antialiased one (``antialias=True`` restores it at abou
 
 from __future__ import annotations
 
-import io
 import multiprocessing as mp
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from hasten.data import decode, turbojpeg
-from hasten.data.decode import BadImageError, image_format
+from hasten.decode.header import Header
+from hasten.decode.image import Region, decode
+from hasten.errors import BadImageError
 
 SCALES = (8, 4, 2, 1)  # DCT downscale factors tried, smallest output first: 1/8, 1/4, 1/2, 1
 RRC_SCALE = (0.08, 1.0)
@@ -106,85 +106,6 @@ def dct_scale(box: Box, size: int) -> int:
     return 1
 
 
-def image_size_of(data: bytes, name: str = "<bytes>") -> tuple[int, int]:
-    """(height, width) from the header only; ``BadImageError`` if it cannot be read."""
-    if image_format(data) == "jpeg" and decode.simplejpeg is not None:
-        try:
-            h, w, _, _ = decode.simplejpeg.decode_jpeg_header(data)
-            return int(h), int(w)
-        except Exception:  # noqa: BLE001 - Pillow below names the reason
-            pass
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-    except Exception as e:  # noqa: BLE001 - any header failure is a bad file
-        raise BadImageError(f"{name}: cannot read the image header: {type(e).__name__}: {e}") from None
-    return h, w
-
-
-def decode_scaled(data: bytes, name: str, factor: int, size_hw: tuple[int, int]) -> np.ndarray:
-    """Decode at 1/``factor`` of ``size_hw`` (a JPEG in the DCT domain; other formats
-    at full size): (h', w', 3) uint8 with h' = ceil(H / factor) for JPEGs."""
-    h, w = size_hw
-    if factor > 1 and image_format(data) == "jpeg":
-        if decode.simplejpeg is not None:
-            try:
-                # simplejpeg picks the smallest n/8 scale whose output is at least this
-                # big, which for these sizes is exactly 1/factor.
-                return decode.simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True,
-                                                     min_height=-(-h // factor), min_width=-(-w // factor))
-            except Exception:  # noqa: BLE001 - Pillow below retries and names the reason
-                pass
-        return _decode_pillow_draft(data, name, (max(1, w // factor), max(1, h // factor)))
-    return decode.decode_image(data, name)
-
-
-def _decode_pillow_draft(data: bytes, name: str, draft_wh: tuple[int, int]) -> np.ndarray:
-    from PIL import Image
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                # draft picks the largest DCT reduction whose output is at least draft_wh.
-                img.draft("RGB", draft_wh)
-                img.load()
-                array = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file, by design
-        raise BadImageError(f"{name}: {type(e).__name__}: {e}") from None
-    if array.ndim != 3 or array.shape[2] != 3 or 0 in array.shape:
-        raise BadImageError(f"{name}: decoded to an unusable shape {array.shape}")
-    return array
-
-
-def resize_box(array: np.ndarray, box: Box, full_hw: tuple[int, int], size: int, name: str = "<bytes>") -> np.ndarray:
-    """Resize ``box`` (in full-size pixels) of ``array`` (the image decoded at any
-    scale) to ``size`` x ``size``: bilinear with antialiasing (Pillow's ``BILINEAR``).
-
-    A box of whole pixels (full-scale decodes) goes through torch's uint8
-    antialiased bilinear kernel, which computes the same filter as Pillow (mean
-    difference 0.02 levels of 255 on photo-like images) about 3x faster, when
-    torch runs one thread (as in decode workers: several threads on a busy CPU cost
-    more than they save on one small image). Otherwise, and for the fractional box
-    of a scaled decode, Pillow resizes from the box itself."""
-    h, w = array.shape[:2]
-    sy, sx = h / full_hw[0], w / full_hw[1]
-    region = (box.left * sx, box.top * sy, (box.left + box.width) * sx, (box.top + box.height) * sy)
-    try:
-        if (sy, sx) == (1.0, 1.0) and array.flags.writeable and torch.get_num_threads() == 1:
-            crop = torch.from_numpy(array[box.top:box.top + box.height, box.left:box.left + box.width])
-            out = torch.nn.functional.interpolate(crop.permute(2, 0, 1).unsqueeze(0), size=(size, size),
-                                                  mode="bilinear", antialias=True, align_corners=False)
-            return out[0].permute(1, 2, 0).contiguous().numpy()  # torch's HWC copy: about 2x numpy's
-        from PIL import Image
-
-        return np.asarray(Image.fromarray(array).resize((size, size), Image.BILINEAR, box=region), dtype=np.uint8)
-    except Exception as e:  # noqa: BLE001
-        raise BadImageError(f"{name}: cannot resize: {type(e).__name__}: {e}") from None
-
-
 def fused_crop(data: bytes, name: str, size: int, *, rng: np.random.Generator | None = None,
                flip: bool | None = None, fused: bool = True, out: np.ndarray | None = None,
                antialias: bool = False) -> np.ndarray:
@@ -192,48 +113,34 @@ def fused_crop(data: bytes, name: str, size: int, *, rng: np.random.Generator | 
 
     With ``rng``: a random-resized crop and (unless ``flip`` says) a flip with
     probability 1/2 (training); without: the centre crop (evaluation). ``fused=False``
-    decodes at full size first (the reference the fused path is tested against).
+    decodes the box at full size (the reference the fused path is tested against).
     ``out``: a (size, size, 3) uint8 array to write the crop into (a batch's slot),
     returned; else a new array. ``antialias``: resize with Pillow's antialiased bilinear
     filter (torchvision's default) instead of plain bilinear (see ``resize_whole``).
     """
-    turbo = fused and image_format(data) == "jpeg" and turbojpeg.available()
-    full_hw = _turbo_size(data) if turbo else None
-    if full_hw is None:
-        turbo = False
-        full_hw = image_size_of(data, name)
-    box = random_resized_box(*full_hw, rng) if rng is not None else center_box(*full_hw)
+
+    def window(header: Header) -> tuple[tuple[int, int], Region]:
+        """The box, drawn from the header's size, as the region to decode and its scale."""
+        box = random_resized_box(header.height, header.width, rng) if rng is not None else \
+            center_box(header.height, header.width)
+        factor = dct_scale(box, size) if fused and header.scalable else 1
+        return (1, factor), _scaled_box(box, factor, header.scaled((1, factor)))
+
+    crop = decode(data, name, region=window)
     if flip is None:
         flip = bool(rng.random() < 0.5) if rng is not None else False
-    factor = dct_scale(box, size) if fused else 1
-    if turbo:
-        try:
-            top, left, bottom, right = _scaled_box(box, full_hw, factor)
-            region, (r_top, r_left) = turbojpeg.decode_region(data, (top, left, bottom - top, right - left),
-                                                              (1, factor), name)
-            crop = region[:, left - r_left:right - r_left]
-            return _finish(resize_whole(crop, size, name, antialias=antialias, out=out), flip, out)
-        except BadImageError:
-            pass  # the paths below decode it again and say why it is bad (or handle CMYK)
-    array = decode_scaled(data, name, factor, full_hw)
-    if factor == 1 and array.shape[:2] != full_hw:
-        raise BadImageError(f"{name}: header says {full_hw[0]}x{full_hw[1]}, decoded {array.shape[0]}x{array.shape[1]}")
-    if antialias:
-        return _finish(resize_box(array, box, full_hw, size, name), flip, out)
-    top, left, bottom, right = _scaled_box(box, full_hw, factor, array.shape[:2])
-    return _finish(resize_whole(array[top:bottom, left:right], size, name, out=out), flip, out)
+    return _finish(resize_whole(crop, size, name, antialias=antialias, out=out), flip, out)
 
 
-def _scaled_box(box: Box, full_hw: tuple[int, int], factor: int,
-                scaled_hw: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
-    """(top, left, bottom, right) of ``box`` in whole pixels of the image decoded at
-    1/``factor``: rounded, at most ``factor`` / 2 full-size pixels per edge, well under
-    the crop's own randomness."""
-    sh, sw = scaled_hw or (turbojpeg.scaled(full_hw[0], 1, factor), turbojpeg.scaled(full_hw[1], 1, factor))
+def _scaled_box(box: Box, factor: int, scaled_hw: tuple[int, int]) -> Region:
+    """``box`` in whole pixels of the image decoded at 1/``factor`` (``scaled_hw``):
+    rounded, at most ``factor`` / 2 full-size pixels per edge, well under the crop's
+    own randomness."""
+    sh, sw = scaled_hw
     top, left = min(round(box.top / factor), sh - 1), min(round(box.left / factor), sw - 1)
     bottom = min(max(top + 1, round((box.top + box.height) / factor)), sh)
     right = min(max(left + 1, round((box.left + box.width) / factor)), sw)
-    return top, left, bottom, right
+    return Region(top, left, bottom - top, right - left)
 
 
 def _finish(image: np.ndarray, flip: bool, out: np.ndarray | None) -> np.ndarray:
@@ -250,14 +157,6 @@ def _finish(image: np.ndarray, flip: bool, out: np.ndarray | None) -> np.ndarray
         return t.numpy()
     torch.from_numpy(out).copy_(t)
     return out
-
-
-def _turbo_size(data: bytes) -> tuple[int, int] | None:
-    try:
-        header = turbojpeg.read_header(data)
-    except BadImageError:
-        return None
-    return header.height, header.width
 
 
 _cv2 = None  # OpenCV, imported on first use (None: not looked for; False: not installed)

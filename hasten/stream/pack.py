@@ -40,9 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from hasten.data.archive import safe_extract, walk_error
-from hasten.data.decode import describe_skipped, image_format
+from hasten.data.bad_files import describe_skipped
 from hasten.data.layout import SPLITS, parse_layout
 from hasten.data.sources import resolve_source
+from hasten.decode.header import image_format
 from hasten.errors import DataError
 from hasten.progress import progress
 from hasten.stream import presize as ps

@@ -12,7 +12,7 @@ What is done, and why:
 
 - An image whose longer side is already within ``max_side`` is returned as the
   very same bytes (nothing decoded, nothing re-encoded: no generation loss).
-- A larger JPEG is decoded by hasten's own decoder (``hasten.data.decode``: the
+- A larger JPEG is decoded by hasten's own decoder (``hasten.decode.image``: the
   pixels every hasten reader would have seen), resized with Pillow's ``LANCZOS``
   filter, and encoded at ``quality`` (default 90, FFCV's default ``jpeg_quality``)
   with the source's chroma subsampling (4:4:4, 4:2:2 or 4:2:0; 4:2:0 for any
@@ -44,8 +44,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hasten.data import decode
-from hasten.data.decode import BadImageError, bad_reason, image_format
+from hasten.data.bad_files import bad_reason
+from hasten.decode import backends
+from hasten.decode.header import Header, read_header
+from hasten.decode.image import decode
+from hasten.errors import BadImageError
 
 MIN_SIDE = 32          # below it an image is a thumbnail, not training data: a typo, refused
 DEFAULT_QUALITY = 90   # FFCV's default jpeg_quality
@@ -65,7 +68,7 @@ class Presized:
 
 def encoder() -> str:
     """The JPEG encoder ``presize`` uses here: "simplejpeg" or "pillow"."""
-    return "pillow" if decode.simplejpeg is None else "simplejpeg"
+    return "pillow" if backends.simplejpeg is None else "simplejpeg"
 
 
 def bounded_size(height: int, width: int, max_side: int) -> tuple[int, int]:
@@ -95,37 +98,20 @@ def presize(data: bytes, name: str, max_side: int, quality: int = DEFAULT_QUALIT
     check_max_side(max_side)
     check_quality(quality)
     try:
-        height, width = _header_size(data, name)
+        header = read_header(data, name)
     except BadImageError as e:
         return Presized(data, False, bad_reason(e, name))
+    height, width = header.height, header.width
     if max(height, width) <= max_side:
         return Presized(data, False)
-    fmt = image_format(data)
-    if fmt != "jpeg":
-        return Presized(data, False, f"{fmt or 'not a JPEG'} of {width}x{height}: only JPEGs are re-encoded")
+    if header.format != "jpeg":
+        return Presized(data, False, f"{header.format} of {width}x{height}: only JPEGs are re-encoded")
     try:
-        array = decode.decode_image(data, name)
-        if array.shape[:2] != (height, width):
-            raise BadImageError(f"{name}: header says {width}x{height}, decoded {array.shape[1]}x{array.shape[0]}")
+        array = decode(data, name, header=header)  # (a decode that disagrees with the header is refused)
         small = _resize(array, bounded_size(height, width, max_side), name)
-        return Presized(_encode(small, quality, _subsampling(data), name), True)
+        return Presized(_encode(small, quality, _subsampling(header), name), True)
     except BadImageError as e:
         return Presized(data, False, bad_reason(e, name))
-
-
-def _header_size(data: bytes, name: str) -> tuple[int, int]:
-    from PIL import Image
-
-    if image_format(data) is None:
-        raise BadImageError(f"{name}: not a JPEG or PNG file")
-    try:
-        with Image.open(io.BytesIO(data)) as img:  # reads the header only
-            width, height = img.size
-    except Image.UnidentifiedImageError:
-        raise BadImageError(f"{name}: damaged image data (Pillow cannot identify it)") from None
-    except Exception as e:  # noqa: BLE001 - any header failure is a bad file
-        raise BadImageError(f"{name}: cannot read the image header: {type(e).__name__}: {e}") from None
-    return height, width
 
 
 def _resize(array: np.ndarray, size_hw: tuple[int, int], name: str) -> np.ndarray:
@@ -137,25 +123,15 @@ def _resize(array: np.ndarray, size_hw: tuple[int, int], name: str) -> np.ndarra
         raise BadImageError(f"{name}: cannot resize: {type(e).__name__}: {e}") from None
 
 
-def _subsampling(data: bytes) -> str:
+def _subsampling(header: Header) -> str:
     """The source's chroma subsampling when it is one of 4:4:4, 4:2:2, 4:2:0; else 4:2:0."""
-    try:
-        if decode.simplejpeg is not None:
-            found = decode.simplejpeg.decode_jpeg_header(data)[3]
-        else:
-            from PIL import Image, JpegImagePlugin
-
-            with Image.open(io.BytesIO(data)) as img:
-                found = {0: "444", 1: "422", 2: "420"}.get(JpegImagePlugin.get_sampling(img), "420")
-    except Exception:  # noqa: BLE001 - the decode already succeeded; any doubt gets the common default
-        return "420"
-    return found if found in _SUBSAMPLING else "420"
+    return header.subsampling if header.subsampling in _SUBSAMPLING else "420"
 
 
 def _encode(array: np.ndarray, quality: int, subsampling: str, name: str) -> bytes:
     try:
-        if decode.simplejpeg is not None:
-            return decode.simplejpeg.encode_jpeg(np.ascontiguousarray(array), quality=quality, colorspace="RGB",
+        if backends.simplejpeg is not None:
+            return backends.simplejpeg.encode_jpeg(np.ascontiguousarray(array), quality=quality, colorspace="RGB",
                                                  colorsubsampling=subsampling)
         from PIL import Image
 

@@ -27,7 +27,7 @@ import numpy as np
 from hasten.data.archive import iter_entries
 from hasten.data.cache import entry_dir, load_entry, save_entry
 from hasten.data.dataset import Source
-from hasten.data.decode import describe_skipped
+from hasten.data.bad_files import describe_skipped
 from hasten.data.layout import SPLITS, parse_layout
 from hasten.data.sources import resolve_source
 from hasten.errors import DataError
@@ -86,15 +86,19 @@ def _build(source: Source) -> tuple[dict[str, np.ndarray], dict]:
     return arrays, meta
 
 
-def open_records(path: str | os.PathLike, split: str = "train", *, cache: str | os.PathLike | None = None) -> ByteRecords:
+def open_records(source: Source | str | os.PathLike, split: str = "train", *,
+                 cache: str | os.PathLike | None = None) -> ByteRecords:
     """The ``split`` ("train" or "test") of an image folder or archive as ``ByteRecords``.
 
-    The first call reads the whole input once and caches both splits; later calls
-    map the cache. ``cache`` overrides the cache root (default ``$HASTEN_CACHE``).
+    ``source``: a ``Source`` already resolved (``hasten.data.sources.resolve_source``),
+    or a path, resolved here. The first call reads the whole input once and caches both
+    splits; later calls map the cache. ``cache`` overrides the cache root (default
+    ``$HASTEN_CACHE``).
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; accepted: {', '.join(SPLITS)}")
-    source = resolve_source(path)
+    if not isinstance(source, Source):
+        source = resolve_source(source)
     if source.kind != "image-folder":
         raise DataError(f"{str(source.path)!r} is CIFAR-10 in its binary format, not image files; the streaming "
                         "pipeline reads image folders (train/<class>/<file>): use load_dataset for this one")

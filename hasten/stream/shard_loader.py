@@ -39,7 +39,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from hasten.data.decode import check_bad_fraction
+from hasten.data.bad_files import check_bad_fraction
 from hasten.data.workers import ordered_map
 from hasten.echo.stages import check_buffer_size
 from hasten.stream.chunk_decode import UNAUGMENTED, DecodedChunk, check_crop, decode_chunk, pack_chunk

@@ -42,4 +42,4 @@ def open_source(path: str | os.PathLike | Sequence[str | os.PathLike], split: st
                         "pipeline reads image folders (train/<class>/<file>), archives of them and tar shards")
     if source.container == "dir":
         return FolderShards(source.path, split, per_shard=per_shard, seed=seed)
-    return RecordShards(open_records(source.path, split), split=split, per_shard=per_shard, seed=seed)
+    return RecordShards(open_records(source, split), split=split, per_shard=per_shard, seed=seed)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hasten.data.decode import describe_skipped
+from hasten.data.bad_files import describe_skipped
 from hasten.data.layout import SPLITS, parse_layout
 from hasten.errors import DataError
 from hasten.stream.pack import list_files

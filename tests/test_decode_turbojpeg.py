@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hasten.data import turbojpeg as tj
-from hasten.data.decode import BadImageError
+from hasten.decode import turbojpeg as tj
+from hasten.errors import BadImageError
 from hasten.stream import fused_crop as fc
 
 needs_lib = pytest.mark.skipif(not tj.available(), reason="no libturbojpeg 3 (pip install turbojpeg)")

@@ -12,15 +12,15 @@ lossless transform followed by a full decode. So this module is a small
 The library: ``$HASTEN_TURBOJPEG`` (a path to ``libturbojpeg``) if set, else the
 copy that the ``turbojpeg`` wheel bundles (a dependency of hasten where it has
 wheels; the library only, its own Python module is never imported), else a system
-``libturbojpeg`` of version 3. None of them: ``available()`` is False and hasten
-decodes whole images with simplejpeg or Pillow.
+``libturbojpeg`` of version 3. None of them: ``available()`` is False and
+``hasten.decode.image.decode`` decodes whole images with simplejpeg or Pillow.
 
 Columns can only start on an iMCU boundary (8 or 16 pixels at full scale, times
 the scaling factor), so the decoded region starts at or left of the box and
 ``decode_region`` says where: the caller resizes the box from that region.
 
 Changes the training math: no. The pixels of the region are those a full decode
-at the same scale gives (tested in ``tests/test_data_turbojpeg.py``).
+at the same scale gives (tested in ``tests/test_decode_turbojpeg.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hasten.data.decode import BadImageError
+from hasten.errors import BadImageError
 
 ENV = "HASTEN_TURBOJPEG"
 # TurboJPEG 3's constants (turbojpeg.h).
@@ -145,7 +145,7 @@ def _handle(lib) -> int:
 
 
 @dataclass(frozen=True)
-class Header:
+class JpegHeader:
     height: int
     width: int
     subsampling: int  # TJSAMP_*; -1 when unknown (no cropping then)
@@ -172,10 +172,10 @@ def _with_header(data: bytes, name: str):
     return lib, h
 
 
-def read_header(data: bytes, name: str = "<bytes>") -> Header:
+def read_header(data: bytes, name: str = "<bytes>") -> JpegHeader:
     """The JPEG's size and chroma subsampling; ``BadImageError`` if the header is unreadable."""
     lib, h = _with_header(data, name)
-    return Header(lib.tj3Get(h, _TJPARAM_JPEGHEIGHT), lib.tj3Get(h, _TJPARAM_JPEGWIDTH),
+    return JpegHeader(lib.tj3Get(h, _TJPARAM_JPEGHEIGHT), lib.tj3Get(h, _TJPARAM_JPEGWIDTH),
                   lib.tj3Get(h, _TJPARAM_SUBSAMP))
 
 

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hasten.data import decode
-from hasten.data.decode import BadImageError, decode_fitted, decode_image, resize_center_crop
+from hasten.decode import backends, turbojpeg
+from hasten.decode.header import Header, read_header
+from hasten.decode.image import Region, decode, decode_fitted, decode_image, fit_scale, resize_center_crop
+from hasten.errors import BadImageError
 
 
 def _photo(h=40, w=56, seed=0):
@@ -26,13 +28,13 @@ def _encode(array, fmt="JPEG", **kwargs):
 
 # The simplejpeg cases skip, rather than test Pillow twice, where simplejpeg is not installed.
 DECODERS = [pytest.param(True, id="simplejpeg", marks=pytest.mark.skipif(
-    decode.simplejpeg is None, reason="simplejpeg not installed")), pytest.param(False, id="pillow")]
+    backends.simplejpeg is None, reason="simplejpeg not installed")), pytest.param(False, id="pillow")]
 
 
 @pytest.mark.parametrize("use_simplejpeg", DECODERS)
 def test_jpeg_matches_pillow_within_decoder_tolerance(monkeypatch, use_simplejpeg):
     if not use_simplejpeg:
-        monkeypatch.setattr(decode, "simplejpeg", None)
+        monkeypatch.setattr(backends, "simplejpeg", None)
     data = _encode(_photo(), quality=75)  # Pillow's defaults: q75, 4:2:0, like CIFAR-10-JPEG
     ours = decode_image(data, "photo.jpg")
     pillow = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
@@ -54,7 +56,7 @@ def test_png_is_lossless_and_converted_to_rgb():
 @pytest.mark.parametrize("use_simplejpeg", DECODERS)
 def test_damaged_files_raise_bad_image_error_naming_the_file(monkeypatch, use_simplejpeg):
     if not use_simplejpeg:
-        monkeypatch.setattr(decode, "simplejpeg", None)
+        monkeypatch.setattr(backends, "simplejpeg", None)
     jpeg = _encode(_photo(), quality=90)
     png = _encode(_photo(), "PNG")
     cases = {
@@ -85,7 +87,7 @@ def test_resize_center_crop_takes_the_middle():
 @pytest.mark.parametrize("use_simplejpeg", DECODERS)
 def test_decompression_bombs_are_refused(monkeypatch, use_simplejpeg):
     if not use_simplejpeg:
-        monkeypatch.setattr(decode, "simplejpeg", None)
+        monkeypatch.setattr(backends, "simplejpeg", None)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 40x56 = 2240 pixels counts as a bomb now
     with pytest.raises(BadImageError, match="big.jpg.*DecompressionBomb"):
         decode_image(_encode(_photo()), "big.jpg")
@@ -122,7 +124,7 @@ def test_fitted_decode_is_the_block_average_within_dct_scaling_error(monkeypatch
     factor 2, so 1.5 on that path. Subsampling instead of averaging is off by more
     than 3 in the mean here."""
     if not use_simplejpeg:
-        monkeypatch.setattr(decode, "simplejpeg", None)
+        monkeypatch.setattr(backends, "simplejpeg", None)
     original = _textured()
     data = _encode(original, quality=95, subsampling=0)  # 4:4:4: no chroma upsampling on top
     size = 256 // factor
@@ -137,3 +139,78 @@ def test_fitted_decode_is_the_block_average_within_dct_scaling_error(monkeypatch
     assert np.abs(fitted - _block_average(original, factor)).mean() < jpeg_error + tolerance
     # The tolerance rejects plain subsampling, the error a downscale without averaging makes.
     assert np.abs(full[::factor, ::factor] - _block_average(full, factor)).mean() > 3.0
+
+
+def _before(data, decoder, scale=1, region=None):
+    """What hasten decoded before its decoders shared one entry, written out with the
+    libraries it called: the region's rows and columns by libturbojpeg, else the whole
+    image at 1/scale by simplejpeg (min_height/min_width), else by Pillow (``draft``)."""
+    pil = Image.open(io.BytesIO(data))
+    w, h = pil.size
+    if region is not None and decoder == "turbojpeg" and pil.format == "JPEG":
+        top, left, bh, bw = region
+        rows, (_, r_left) = turbojpeg.decode_region(data, region, (1, scale))
+        return rows[:, left - r_left:left - r_left + bw]
+    if pil.format == "JPEG" and decoder != "pillow":
+        whole = backends.simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, min_height=-(-h // scale),
+                                                min_width=-(-w // scale)) if scale > 1 else \
+            backends.simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+    else:
+        if scale > 1:
+            pil.draft("RGB", (max(1, w // scale), max(1, h // scale)))
+        whole = np.asarray(pil.convert("RGB"))
+    if region is None:
+        return whole
+    top, left, bh, bw = region
+    return whole[top:top + bh, left:left + bw]
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_the_entry_gives_the_pixels_of_the_decoders_it_replaced(decoder, fmt):
+    """Whole, scaled and region decodes through ``decode`` are, pixel for pixel, what the
+    same bytes gave before (``_before``), for each decoder in turn; and a region decided
+    from the header by a function is the region given directly."""
+    for seed, (h, w) in enumerate([(375, 500), (97, 131), (600, 451)]):
+        data = _encode(_photo(h, w, seed), fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+        header = read_header(data, "x")
+        assert (header.format, header.height, header.width) == (fmt.lower(), h, w)
+        assert np.array_equal(decode(data, "x"), _before(data, decoder))
+        scales = (1, 2, 4, 8) if fmt == "JPEG" else (1,)
+        for f in scales:
+            sh, sw = header.scaled((1, f))
+            if f > 1:
+                assert np.array_equal(decode(data, "x", scale=(1, f)), _before(data, decoder, f))
+            for region in [(0, 0, sh, sw), (sh // 3, sw // 5, sh // 2, sw // 3), (sh - 3, sw - 5, 3, 5)]:
+                ours = decode(data, "x", header=header, scale=(1, f), region=Region(*region))
+                assert np.array_equal(ours, _before(data, decoder, f, region)), (seed, f, region)
+                by_window = decode(data, "x", region=lambda hd, f=f, region=region: ((1, f), Region(*region)))
+                assert np.array_equal(by_window, ours)
+        if fmt == "PNG":
+            with pytest.raises(ValueError, match="full size only"):
+                decode(data, "x.png", scale=(1, 2))
+
+
+def test_fitted_scale_is_the_smallest_eighth_that_covers_the_size():
+    header = read_header(_encode(_photo(375, 500)), "x")
+    for size in (32, 47, 48, 100, 141, 142, 224, 375, 400):
+        n, d = fit_scale(header, size)
+        assert min(header.scaled((n, d))) >= size or (n, d) == (1, 1)
+        smaller = [k for k in range(1, 8) if k / 8 < n / d]
+        assert all(min(header.scaled((k, 8))) < size for k in smaller)
+    assert fit_scale(read_header(_encode(_photo(375, 500), "PNG"), "x"), 32) == (1, 1)  # PNGs do not scale
+
+
+def test_header_reads_format_size_and_subsampling_and_names_bad_files(monkeypatch):
+    for code, name in ((0, "444"), (1, "422"), (2, "420")):
+        data = _encode(_photo(), quality=90, subsampling=code)
+        seen = {read_header(data, "x").subsampling}
+        monkeypatch.setattr(turbojpeg, "_lib", None)
+        seen.add(read_header(data, "x").subsampling)
+        monkeypatch.setattr(backends, "simplejpeg", None)
+        seen.add(read_header(data, "x").subsampling)
+        monkeypatch.undo()
+        assert seen == {name}
+    assert read_header(_encode(_photo(9, 7), "PNG"), "x") == Header("png", 9, 7, "")
+    for data, why in ((b"GIF89a" + bytes(20), "not a JPEG or PNG"), (b"\xff\xd8\xff" + bytes(64), "damaged")):
+        with pytest.raises(BadImageError, match=f"bad.jpg: {why}"):
+            read_header(data, "bad.jpg")
