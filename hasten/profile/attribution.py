@@ -7,7 +7,7 @@ the CPU the data path takes from the step, and the rest, by line.
   (:mod:`hasten.profile.inject.batch_source`), the rest being neither data nor compute;
 - :func:`cpu_use`: the workers' CPU against the cores the step leaves idle: what runs on
   the step's own cores adds to the step, beside the wait;
-- :func:`data_free_step`: the step with its data made free;
+- :func:`data_free_step`: the step with its data made free, never below what was measured;
 - :func:`other_where`, :func:`batch_where`: the lines the rest and the batch were sampled in.
 
 Changes the training math: no (analysis only).
@@ -22,7 +22,7 @@ from hasten.profile.contention import workers_delay
 from hasten.profile.shares import product_interval, ratio_interval, wilson
 
 if TYPE_CHECKING:
-    from hasten.profile.verdict import Analysis, RankSummary
+    from hasten.profile.records import RankSummary
 
 
 def mean(xs) -> float:
@@ -175,10 +175,31 @@ def _from_window(s: RankSummary, c: float, c_lo: float, c_hi: float, cores: floa
             "data_cpu_share": share(d["delay_s"]), "data_cpu_share_interval": (share(lo), share(hi))}
 
 
-def data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:
-    """The step with its data made free: without its data wait, and without what the workers' CPU on the
-    step's own cores costs it (:func:`cpu_use`)."""
-    return max(1e-9, a.step_time_s * (1 - a.data_wait_fraction) - cpu_use.get("data_cpu_delay_s", 0.0))
+def fastest_step(s: RankSummary) -> float | None:
+    """The least a step can take with its data made free, as measured: the measured steps' work less the
+    time the loop's thread sat in the run queue (``own_s``: another process, a worker or another job,
+    held its core); else the least disturbed replayed step (the data made free, measured); None
+    where neither was measured.
+
+    Whatever the workers' CPU costs the step, freeing the data cannot make its work shorter than the
+    work its own thread did. (Where torch's other threads wait at a barrier for one that is off its
+    core, the loop's thread spins and that time stays in: the floor is then above the truth, and a
+    prediction at it errs low.)"""
+    if s.own_work_s is not None:
+        return s.own_work_s
+    return s.calm_alone[0] if s.calm_alone else None
+
+
+def data_free_step(step: float, wait: float, delay: float, fastest: float | None) -> float:
+    """The step with its data made free: less its data wait (``wait``, per step) and what the workers' CPU
+    on its own cores costs it (``delay``, :func:`cpu_use`), never below ``fastest``
+    (:func:`fastest_step`) unless the step less its wait is already faster (that was measured).
+
+    timm's train.py with one worker beside another job had the workers' cost (their CPU, none of
+    it on an idle core, at the rate a thread of the step gets a core) and the wait add up to more
+    than the step: "data made free: step 0.0 ms", a prediction of x231,837,393 (issue 43)."""
+    free = step - wait
+    return max(1e-9, free - delay, min(free, fastest or 0.0))
 
 
 def batch_where(d0: dict) -> list[dict]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hasten.profile.verdict import DEAD_BAND, Analysis
+from hasten.profile.records import Analysis
+from hasten.profile.thresholds import DEAD_BAND
 
 BAR_WIDTH = 40
 
