@@ -81,6 +81,7 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     w_lo, w_hi = mean(s.data_lo for s in sums), mean(s.data_hi for s in sums)
     other = mean(s.other_s / s.step_s for s in sums)
     loader_driven = d0.get("loader_driven", True)
+    other *= 1 - attribution.compute_in_rest(d0, loader_driven)  # the model, a loss, backward, a step: compute
     alone = mean(s.step_alone_s for s in sums if s.step_alone_s is not None)
     if math.isnan(alone):
         alone = mean(s.work_s for s in sums)
