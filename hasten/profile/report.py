@@ -161,8 +161,8 @@ def results_json(a: Analysis, command: list[str], environment: dict) -> dict:
     """The report as JSON (verdict, fractions, R, ranks, device, recommendations) and its context."""
     d = a.as_dict()
     d["recommendations"] = [{k: r[k] for k in ("fix", "how", "predicted_speedup", "verified_speedup", "basis",
-                                               "changes_math", "apply", "verified_step_s", "bound", "promoted",
-                                               "prediction_error")}
+                                               "changes_math", "math_note", "kind", "apply", "verified_step_s", "bound",
+                                               "promoted", "prediction_error")}
                             for r in d["recommendations"]]
     d["command"] = command
     d["environment"] = environment
