@@ -27,16 +27,16 @@ def _window_rank(replay_cores: float, worker_cpu=0.002, n=48, own=0.040, work=0.
 
 
 def test_the_cost_does_not_move_with_the_replayed_steps_cores():
-    runs = [analyse([_window_rank(k)], cpus={"available": 2.0}) for k in (1.79, 1.99)]
+    runs = [analyse([_window_rank(k, worker_cpu=0.004)], cpus={"available": 2.0}) for k in (1.79, 1.99)]
     assert runs[0].cpu["data_cpu_delay_s"] == pytest.approx(runs[1].cpu["data_cpu_delay_s"])
     assert {a.verdict for a in runs} == {"input-bound"}
-    # the step keeps both cores busy: all 2 ms of the workers' CPU run on its cores, costing it between
-    # 1 ms (work that divides over both cores) and 2 ms (threads held at a barrier); the estimate the middle
+    # the step keeps both cores busy: all 4 ms of the workers' CPU run on its cores, costing it between
+    # 2 ms (work that divides over both cores) and 4 ms (threads held at a barrier); the estimate the middle
     a = runs[0]
-    assert a.cpu["estimate"] == "window totals" and a.cpu["data_cpu_delay_s"] == pytest.approx(0.0015)
+    assert a.cpu["estimate"] == "window totals" and a.cpu["data_cpu_delay_s"] == pytest.approx(0.003)
     lo, hi = a.cpu["data_cpu_share_interval"]
     step = a.step_time_s
-    assert lo == pytest.approx(0.001 * 48 / 56 / step, rel=0.05) and hi == pytest.approx(0.002 * 48 / 40 / step)
+    assert lo == pytest.approx(0.002 * 48 / 56 / step, rel=0.05) and hi == pytest.approx(0.004 * 48 / 40 / step)
     # the verdict's interval lower end holds the lower end of the cost, on top of the wait's
     assert a.data_interval[0] > a.data_wait_fraction
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hasten.profile.inject.batches import fingerprint
-from hasten.profile.inject.fixes import echo_apply, echo_arguments, echo_code
+from hasten.profile.fix_code import echo_apply, echo_arguments, echo_code
 from hasten.profile.launcher import ProfileConfig, profile
 from hasten.profile.report import format_report
 

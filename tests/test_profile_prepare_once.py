@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from hasten.profile.inject.batch_source import IN_MEMORY_ROWS, function_shape
-from hasten.profile.verdict import Recommendation, analyse, rerank
+from hasten.profile.ranking import rerank
+from hasten.profile.records import Recommendation
+from hasten.profile.verdict import analyse
 
 
 def _function(tmp_path, source: str, **globals_):

@@ -18,6 +18,7 @@ import pytest
 
 from hasten.profile.launcher import ProfileConfig, profile
 from hasten.profile.report import format_report
+from hasten.profile.thresholds import INPUT_MODERATE
 from profile_helpers import measured_steps
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
@@ -40,15 +41,15 @@ def test_a_sleep_between_the_step_and_the_next_forward_is_named_not_called_data(
     # 2 cores) its timed calls averaged 2 ms, 3% of a 60 ms step, and the verdict read balanced.
     pause, device = 0.1, 0.1
     a = run_profile(SCRIPTS / "sleep_between.py", "--pause", pause, "--device-sleep", device)
-    assert a.verdict == "compute-bound" and a.data_share < 0.05
+    assert a.verdict == "compute-bound" and a.data_share < INPUT_MODERATE
     assert not any(r.apply is None and "DataLoader" in r.fix for r in a.recommendations)
     assert a.other_fraction == pytest.approx(pause / (pause + device), abs=SHARE_TOL)
     top = a.other_where[0]
     assert top["at"] == f"sleep_between.py:{_line_of('sleep_between.py', 'PAUSE')}"
     assert top["share"] == pytest.approx(pause / (pause + device), abs=SAMPLED_TOL)
     assert f"of the step in {top['at']} `time.sleep(args.pause)`" in format_report(a)
-    # the window went on until the data share was known to be below 5% (its first 10 steps could not say)
-    assert a.steps > 10 and a.data_interval[1] < 0.05 + 1e-9
+    # the window went on until the data share was known to be below the line (its first 10 steps could not say)
+    assert a.steps > 10 and a.data_interval[1] < INPUT_MODERATE + 1e-9
     assert a.threads["intra_op"] == 1  # the script's torch.set_num_threads(1), as it ran
 
 

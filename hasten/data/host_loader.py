@@ -28,7 +28,26 @@ from hasten.data.normalize import channel_stats, normalize
 
 class HostLoader:
     """Iterate ``(inputs, labels)`` batches like ``GpuLoader`` (single process),
-    preparing each batch on the host. Each ``iter()`` is one epoch."""
+    preparing each batch on the host. Each ``iter()`` is one epoch.
+
+    Args:
+        images: the dataset decoded once, a uint8 tensor (N, C, H, W) of values 0-255
+            (``hasten.data.sources.load_dataset(path).train.images``); kept in host memory.
+        labels: int64 tensor (N,), one class index per image.
+        batch_size: examples per batch.
+        device: where each batch is copied (pinned and non-blocking on CUDA).
+        shuffle: a new random order every epoch (seeded by ``seed`` and the epoch).
+        drop_last: leave out the last, smaller batch of an epoch.
+        augment: per-batch random augmentation (``hasten.data.device_loader.Augmentation``):
+            a shift of up to ``translate`` pixels (reflect padding), a random flip, cutout.
+            The default, ``Augmentation()``, does none of them: pass one to crop and flip.
+        mean, std: per-channel statistics to normalise by, in 0-1 units (ImageNet's: mean
+            (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225)); by default the images' own
+            (``hasten.data.normalize.channel_stats``).
+        dtype: of the inputs handed out (labels stay int64).
+        channels_last: hand out inputs in channels-last memory format.
+        seed: the order's and the augmentation's random seed.
+    """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
                  device: torch.device | str = "cpu", shuffle: bool = True, drop_last: bool = True,

@@ -7,8 +7,10 @@ the CPU the data path takes from the step, and the rest, by line.
   (:mod:`hasten.profile.inject.batch_source`), the rest being neither data nor compute;
 - :func:`cpu_use`: the workers' CPU against the cores the step leaves idle: what runs on
   the step's own cores adds to the step, beside the wait;
-- :func:`data_free_step`: the step with its data made free;
-- :func:`other_where`, :func:`batch_where`: the lines the rest and the batch were sampled in.
+- :func:`data_free_step`: the step with its data made free, never below what was measured;
+- :func:`other_where`, :func:`batch_where`: the lines the rest and the batch were sampled in;
+  :func:`compute_in_rest`: the share of the rest that was the model, a loss, backward or an
+  optimizer's step all the same (compute, never "neither").
 
 Changes the training math: no (analysis only).
 """
@@ -16,13 +18,14 @@ Changes the training math: no (analysis only).
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
 from hasten.profile.contention import workers_delay
 from hasten.profile.shares import product_interval, ratio_interval, wilson
 
 if TYPE_CHECKING:
-    from hasten.profile.verdict import Analysis, RankSummary
+    from hasten.profile.records import RankSummary
 
 
 def mean(xs) -> float:
@@ -175,10 +178,31 @@ def _from_window(s: RankSummary, c: float, c_lo: float, c_hi: float, cores: floa
             "data_cpu_share": share(d["delay_s"]), "data_cpu_share_interval": (share(lo), share(hi))}
 
 
-def data_free_step(a: Analysis, s: RankSummary, cpu_use: dict) -> float:
-    """The step with its data made free: without its data wait, and without what the workers' CPU on the
-    step's own cores costs it (:func:`cpu_use`)."""
-    return max(1e-9, a.step_time_s * (1 - a.data_wait_fraction) - cpu_use.get("data_cpu_delay_s", 0.0))
+def fastest_step(s: RankSummary) -> float | None:
+    """The least a step can take with its data made free, as measured: the measured steps' work less the
+    time the loop's thread sat in the run queue (``own_s``: another process, a worker or another job,
+    held its core); else the least disturbed replayed step (the data made free, measured); None
+    where neither was measured.
+
+    Whatever the workers' CPU costs the step, freeing the data cannot make its work shorter than the
+    work its own thread did. (Where torch's other threads wait at a barrier for one that is off its
+    core, the loop's thread spins and that time stays in: the floor is then above the truth, and a
+    prediction at it errs low.)"""
+    if s.own_work_s is not None:
+        return s.own_work_s
+    return s.calm_alone[0] if s.calm_alone else None
+
+
+def data_free_step(step: float, wait: float, delay: float, fastest: float | None) -> float:
+    """The step with its data made free: less its data wait (``wait``, per step) and what the workers' CPU
+    on its own cores costs it (``delay``, :func:`cpu_use`), never below ``fastest``
+    (:func:`fastest_step`) unless the step less its wait is already faster (that was measured).
+
+    timm's train.py with one worker beside another job had the workers' cost (their CPU, none of
+    it on an idle core, at the rate a thread of the step gets a core) and the wait add up to more
+    than the step: "data made free: step 0.0 ms", a prediction of x231,837,393 (issue 43)."""
+    free = step - wait
+    return max(1e-9, free - delay, min(free, fastest or 0.0))
 
 
 def batch_where(d0: dict) -> list[dict]:
@@ -193,21 +217,56 @@ def batch_where(d0: dict) -> list[dict]:
             for x in rows]
 
 
-def other_where(d0: dict, other: float, loader_driven: bool) -> list[dict]:
-    """The lines the rest of the step (neither data, compute nor communication) was sampled in, with shares."""
-    lines = (d0.get("outside") or {}).get("lines", {})
+# A line that calls the model, a loss, autograd's backward or an optimizer's step is compute, wherever the
+# sample fell in it: `loss = F.cross_entropy(model(x), y)`, `loss.backward()`, `optimizer.step()` (issue 43).
+COMPUTE_CALL = re.compile(r"\.backward\(|\bautograd\.(backward|grad)\(|\b\w*(optim\w*|opt)\.step\(|\bF\.\w+\("
+                          r"|(^|[^.\w])(self\.)?(model|net|module|generator|discriminator|encoder|decoder|ddp_model"
+                          r"|raw_model)(\.forward)?\(")
+
+
+def compute_samples(x: dict) -> int:
+    """Of a sampled line's samples outside compute (``x``: a line of the report's ``outside``), those that
+    were compute all the same: their stack held a module's forward, autograd's backward or an optimizer's
+    step (``compute_samples``, from the sampler), or, where the sampler did not say, all of them when the
+    line's code calls one (:data:`COMPUTE_CALL`)."""
+    if x.get("compute_samples") is not None:
+        return min(x["samples"], x["compute_samples"])
+    return x["samples"] if COMPUTE_CALL.search(x.get("code") or "") else 0
+
+
+def _rest_lines(d0: dict, loader_driven: bool) -> tuple[dict[str, dict], int]:
+    """The rest's sampled lines (compute taken out) by place, and the samples the rest's share is spread over."""
+    outside = d0.get("outside") or {}
+    lines, counts = outside.get("lines", {}), outside.get("counts", {})
     kinds = ("other", "batch") if loader_driven else ("other",)  # with a DataLoader, data is its __next__ only
     rows: dict[str, dict] = {}
     for kind in kinds:
         for x in lines.get(kind, []):
-            row = rows.setdefault(x["at"], {**x, "samples": 0})
+            row = rows.setdefault(x["at"], {**x, "samples": 0, "compute": 0})
             row["samples"] += x["samples"]
-    counts = (d0.get("outside") or {}).get("counts", {})
+            row["compute"] += compute_samples(x)
     if counts.get("hasten"):  # hasten's own hooks, running in the step: said as such, not as a line of the loop
-        rows["hasten profile's own hooks"] = {"at": "hasten profile's own hooks", "samples": counts["hasten"]}
+        rows["hasten profile's own hooks"] = {"at": "hasten profile's own hooks", "samples": counts["hasten"],
+                                              "compute": 0}
     total = max(sum(counts.get(k, 0) for k in (*kinds, "hasten")), sum(r["samples"] for r in rows.values()))
-    if not total or other <= 0:
+    return rows, total
+
+
+def compute_in_rest(d0: dict, loader_driven: bool) -> float:
+    """The share of the rest's samples (neither data nor communication, outside the compute hooks) that
+    were compute all the same (:func:`compute_samples`): time the verdict counts as compute."""
+    rows, total = _rest_lines(d0, loader_driven)
+    return sum(r["compute"] for r in rows.values()) / total if total else 0.0
+
+
+def other_where(d0: dict, other: float, loader_driven: bool) -> list[dict]:
+    """The lines the rest of the step (neither data, compute nor communication) was sampled in, with shares
+    (``other``: the rest's share of the step, compute already taken out)."""
+    rows, total = _rest_lines(d0, loader_driven)
+    compute = sum(r["compute"] for r in rows.values())
+    if not total or other <= 0 or total <= compute:
         return []
     out = [{"at": r["at"], "code": r.get("code", ""), "function": r.get("function", ""),
-            "share": other * r["samples"] / total} for r in rows.values()]
+            "share": other * (r["samples"] - r["compute"]) / (total - compute)}
+           for r in rows.values() if r["samples"] > r["compute"]]
     return sorted(out, key=lambda r: -r["share"])[:3]

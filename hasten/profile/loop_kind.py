@@ -15,8 +15,9 @@ is read from the shapes and dtypes of the first training batch's tensors
 
 Where it is unsure, it says tensors: the plainest words fit every loop.
 
-Changes the training math: no (words only). Of the code it prints, the image loader crops,
-flips and normalises as its ``Augmentation`` says (``hasten.data.host_loader``); the in-memory
+Changes the training math: no (words only). Of the code it prints, the image loader normalises
+by the images' channel statistics and crops and flips as its ``Augmentation`` says, none by
+default (``hasten.data.host_loader``); the in-memory
 index of tokens or tensors hands out the same rows a shuffled DataLoader would, in an order of
 its own.
 """
@@ -94,6 +95,21 @@ def _labels_only(layout: list[dict]) -> bool:
     return all(len(t.get("shape") or []) <= 1 for t in layout if not _is_image(t))
 
 
+def image_loader_code(device: str, augment: str = "") -> str:
+    """hasten's image loader over the decoded images, as the report prints it: what it takes (layout and
+    dtype), where such tensors come from, and what it does to them besides batching (its own
+    normalisation; augmentation only as ``augment`` says, none by default: hasten.data.host_loader)."""
+    loader = "device_loader.GpuLoader" if device == "cuda" else "host_loader.HostLoader"
+    extra = f", augment={augment}" if augment else ""
+    does = (f"it normalises by the images' own channel mean and std (mean=, std= to give yours)"
+            + (", crops and flips each batch as augment= says" if augment else
+               ", and does not augment (augment=Augmentation(...) to crop and flip)"))
+    return (f"loader = hasten.data.{loader}(images, labels, batch_size{extra})\n"
+            "     # images: uint8 (N, C, H, W), labels: int64 (N,), decoded once into memory, e.g.\n"
+            "     # hasten.data.sources.load_dataset(folder, image_size=S).train.images and .labels;\n"
+            f"     # {does}")
+
+
 def resident_code(layout: list[dict] | None, device: str) -> str:
     """The device-resident loader, as the report prints it (lines after the first indented by five
     spaces, as the report indents them): hasten's image loader over the decoded images with their
@@ -103,9 +119,7 @@ def resident_code(layout: list[dict] | None, device: str) -> str:
     w = words_for(layout)
     keys = [t.get("key") for t in layout]
     if w.kind == "images" and len(layout) <= 2 and _labels_only(layout) and not any(keys):
-        loader = "device_loader.GpuLoader" if device == "cuda" else "host_loader.HostLoader"
-        return (f"loader = hasten.data.{loader}(images, labels, batch_size)"
-                "   # images, labels: the dataset decoded once into memory")
+        return image_loader_code(device)
     names = _names(w, layout)
     to = ".to('cuda')" if device == "cuda" else ""
     items = "(dataset[i] for i in range(len(dataset)))"

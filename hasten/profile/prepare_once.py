@@ -3,7 +3,7 @@
 Issue 32 (item 5): never advise what the script does already, and say when a fix changes
 the math. The fix is left out where the batch function reads data made once already (a
 memmap, nanoGPT's ``get_batch()``; a tensor of its module's, ng-video-lecture's
-``train_data``): its cost is elsewhere (a loop per row, :func:`hasten.profile.verdict._per_row_fix`).
+``train_data``): its cost is elsewhere (a loop per row, :func:`hasten.profile.per_row.per_row_fix`).
 Where the function draws its values from a random generator each call (pytorch/examples'
 regression: ``torch.randn`` features), a set made once is other data: the fix is worded as
 a fixed set of batches and marked as changing the math. What the function does is read from
@@ -11,7 +11,7 @@ its source when its calls are timed (:func:`hasten.profile.inject.batch_source.f
 
 No verification run can prepare a script's data for it, so that prediction is the most the
 measurements allow, with a low end from the data share's interval: a fix ``--verify`` can
-apply that reaches that low end ranks above it (:func:`hasten.profile.verdict.rerank`). The
+apply that reaches that low end ranks above it (:func:`hasten.profile.ranking.rerank`). The
 fixed set of batches can be verified: its first batches made once and handed out in turn
 (``batch_fn=pool:N``, :func:`hasten.profile.inject.batch_fn.pooled`).
 
@@ -28,7 +28,7 @@ POOL = 1024  # batches in the fixed set: a dataset of its own, drawn once (32k e
 
 def prepare_once(d0: dict, lines: list[dict], data_cpu: float, d: float, rest: float, bound: float,
                  share_lo: float, fn: str) -> dict | None:
-    """The fix's fields (for :class:`hasten.profile.verdict.Recommendation`), or None where it does not fit.
+    """The fix's fields (for :class:`hasten.profile.records.Recommendation`), or None where it does not fit.
 
     ``d``: the time making the batch per step, ``data_cpu`` its CPU, ``rest`` the step with the
     data made free, ``bound`` the most any data fix gives, ``share_lo`` the low end of the data

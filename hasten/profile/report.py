@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hasten.profile.verdict import DEAD_BAND, Analysis
+from hasten.profile.records import Analysis
+from hasten.profile.thresholds import DEAD_BAND, INPUT_MODERATE
 
 BAR_WIDTH = 40
 
@@ -43,7 +44,7 @@ def _why(a: Analysis) -> str:
         return f"the step {making} {a.data_wait_fraction:.0%} of the time (95% interval {_interval(a)})"
     if a.verdict == "balanced":
         what = "data" if a.input_kind == "wait" else "the data path's CPU share"
-        line = a.near if a.near is not None else 0.05
+        line = a.near if a.near is not None else INPUT_MODERATE
         why = (f"within {DEAD_BAND:.0%} of the {line:.0%} threshold" if abs(a.data_share - line) <= DEAD_BAND
                else f"the interval holds the {line:.0%} threshold" + (
                    f" after {a.steps} steps, the most --decide-within allowed" if a.extended else ""))
@@ -54,7 +55,16 @@ def _why(a: Analysis) -> str:
 
 
 def _x(v: float | None) -> str:
-    return "-" if v is None else f"x{v:.2f}"
+    return "-" if v is None else f"x{v:.2f}" if v < 1e6 else "x(no bound)"
+
+
+def _data_gain(a: Analysis) -> str:
+    """What the data share could gain, the most any input fix gives (Amdahl), with its interval."""
+    low, point, high = a.data_gain
+    free = a.data_free_step_s if a.data_free_step_s is not None else a.step_time_s
+    pace = ", at the step's own pace on the cores it would have" if a.input_kind == "cpu" else ""
+    return (f"  data made free: step {free * 1e3:.1f} ms{pace}, at most {_x(point)} ({_x(low)}-{_x(high)} over "
+            f"the data share's interval, {a.data_share:.0%} of the step)")
 
 
 def format_report(a: Analysis) -> str:
@@ -79,9 +89,7 @@ def format_report(a: Analysis) -> str:
             code = f" `{code}`" if code else ""
             lines.append(f"  {w['share']:.0%} of the step in {w['at']}{code} (neither data, compute nor "
                          "communication)")
-    if a.data_free_step_s and a.data_free_step_s < a.step_time_s:
-        lines.append(f"  data made free: step {a.data_free_step_s * 1e3:.1f} ms (x{a.step_time_s / a.data_free_step_s:.2f})"
-                     + (", at the step's own pace on the cores it would have" if a.input_kind == "cpu" else ""))
+    lines.append(_data_gain(a))
     source = (f"{a.num_workers} loader workers" if a.loader_driven
               else "no DataLoader: data is the time on the lines that make the model's input")
     lines.append(f"  ({a.ranks} rank{'s' if a.ranks > 1 else ''}, {a.device}, {source}, "
@@ -124,7 +132,7 @@ def format_report(a: Analysis) -> str:
             if r.promoted:
                 notes.append("promoted by its verification")
             if r.changes_math:
-                notes.append("changes the math")
+                notes.append(f"changes the math: {r.math_note}" if r.math_note else "changes the math")
             err = r.prediction_error
             err_s = "-" if err is None else f"{err:+.0%}"
             note = f"  [{'; '.join(notes)}]" if notes else ""
@@ -153,8 +161,8 @@ def results_json(a: Analysis, command: list[str], environment: dict) -> dict:
     """The report as JSON (verdict, fractions, R, ranks, device, recommendations) and its context."""
     d = a.as_dict()
     d["recommendations"] = [{k: r[k] for k in ("fix", "how", "predicted_speedup", "verified_speedup", "basis",
-                                               "changes_math", "apply", "verified_step_s", "bound", "promoted",
-                                               "prediction_error")}
+                                               "changes_math", "math_note", "kind", "apply", "verified_step_s", "bound",
+                                               "promoted", "prediction_error")}
                             for r in d["recommendations"]]
     d["command"] = command
     d["environment"] = environment

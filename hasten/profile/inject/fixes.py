@@ -2,7 +2,7 @@
 
 - ``echo=E`` or ``echo=E,group=K``: batch echoing, the training loader's batches handed
   out as ``hasten.echo.echo_batches(loader, E, group=K)`` hands them out, the call the
-  report prints (:func:`echo_code`): under gradient accumulation over K micro-batches a
+  report prints (:func:`hasten.profile.fix_code.echo_code`): under gradient accumulation over K micro-batches a
   step's K batches are echoed together and stay distinct;
 - ``workers=N``: every DataLoader built with ``N`` worker processes (persistent);
   ``workers=N,keep_iter`` also hands ``iter(loader)`` the loader's live iterator, for
@@ -23,8 +23,7 @@ in the report), no for ``workers``; only in the verification runs.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
+from hasten.profile.fix_code import echo_arguments
 from hasten.profile.inject.state import State
 
 
@@ -37,30 +36,6 @@ def install_fixes(st: State) -> None:
         override_workers(DataLoader, int(st.apply[8:].split(",")[0]))
     if "keep_iter" in st.apply.split(","):
         keep_one_iterator(DataLoader)
-
-
-def echo_apply(factor: float, group: int) -> str:
-    """The ``HASTEN_PROFILE_APPLY`` value of batch echoing at ``factor``, ``group`` batches per
-    optimizer step (gradient accumulation; 1 without)."""
-    return f"echo={factor:g}" + (f",group={group}" if group > 1 else "")
-
-
-@lru_cache(maxsize=8)
-def echo_arguments(apply: str) -> tuple[float, int] | None:
-    """(factor, group) of an ``echo=`` value, the arguments of ``echo_batches``; None for another fix."""
-    if not apply.startswith("echo="):
-        return None
-    parts = dict(p.split("=", 1) for p in apply.split(","))
-    return float(parts["echo"]), int(parts.get("group", 1))
-
-
-def echo_code(apply: str) -> str:
-    """The echo fix as the report prints it (two lines, the second indented as the report
-    indents fixes): the call a verification run makes (:func:`echoed`)."""
-    factor, group = echo_arguments(apply)
-    call = f"echo_batches(loader, {factor:g}" + (f", group={group})" if group > 1 else ")")
-    why = f"   # a step's {group} micro-batches are echoed together" if group > 1 else ""
-    return f"from hasten.echo import echo_batches\n     for batch in {call}: ...{why}"
 
 
 def echoed(st: State, batches):

@@ -126,7 +126,7 @@ def _measure_on(st: State) -> bool:
     elapsed = time.perf_counter() - st.measure_t0
     if 2 * elapsed <= st.settings.decide_s:
         share, lo, hi = data_share(st)
-        from hasten.profile.verdict import DEAD_BAND, INPUT_HIGH, INPUT_MODERATE
+        from hasten.profile.thresholds import DEAD_BAND, INPUT_HIGH, INPUT_MODERATE
         flag = could_decide(share, lo, hi, (INPUT_MODERATE, INPUT_HIGH), DEAD_BAND)
         # The workers' CPU per batch is their CPU over the window by the batches drawn in it; they may have
         # made up to a full prefetch queue more or fewer: a window of at least five queues keeps that within 20%.
