@@ -38,8 +38,9 @@ Set-up (a CPU-sized version of Shallue et al. 2018 / Goyal et al. 2017):
   groups of k replicas, simulated exactly (for the statistics) by ghost BN over k x b
   images on one process; SGD at that batch's tuned rate.
 
-Runs are interleaved in a shuffled order (``hasten.timing.interleaved``), the JSON is
-rewritten after every run, and a rerun skips every run already in it (resumable; the
+Runs are interleaved in a shuffled order (``hasten.timing.interleaved``), the results are
+rewritten after every run (``_common.write_results``: the summary, and every run in
+``large_batch.runs.jsonl.gz``), and a rerun skips every run already there (resumable; the
 analysis is redone from the runs). One thread; the set-up is sized for one core.
 
     python benchmarks/large_batch.py                                       # about 75 min on one core
