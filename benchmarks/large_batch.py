@@ -185,8 +185,9 @@ def train_run(cfg: dict, data: dict, args) -> dict:
             "time_s": time_s, "probe_s": probe_s, "eval_s": eval_s}
 
 
-# A run's settings, written unrounded: a resumed grid finds its learning rates by value.
-EXACT = frozenset({"peak_lr", "epochs"})
+# Settings, written unrounded: a resumed grid finds its learning rates by value, and
+# --report analyses again with the arguments the runs were made with.
+EXACT = frozenset({"peak_lr", "epochs", "args"})
 
 
 def key_of(cfg: dict) -> str:
