@@ -1,7 +1,7 @@
 """Large-batch experiment: steps to a target and accuracy at equal epochs against the
 global batch, tuned momentum SGD (Nesterov) against tuned LARS, the gradient noise
-scale, and batch norm over groups of replicas. Writes benchmarks/results/large_batch.json
-and large_batch.png.
+scale, and batch norm over groups of replicas. Writes benchmarks/results/large_batch.json (the
+summary), large_batch.runs.jsonl.gz (every run) and large_batch.png.
 
 Set-up (a CPU-sized version of Shallue et al. 2018 / Goyal et al. 2017):
 
@@ -38,8 +38,9 @@ Set-up (a CPU-sized version of Shallue et al. 2018 / Goyal et al. 2017):
   groups of k replicas, simulated exactly (for the statistics) by ghost BN over k x b
   images on one process; SGD at that batch's tuned rate.
 
-Runs are interleaved in a shuffled order (``hasten.timing.interleaved``), the JSON is
-rewritten after every run, and a rerun skips every run already in it (resumable; the
+Runs are interleaved in a shuffled order (``hasten.timing.interleaved``), the results are
+rewritten after every run (``_common.write_results``: the summary, and every run in
+``large_batch.runs.jsonl.gz``), and a rerun skips every run already there (resumable; the
 analysis is redone from the runs). One thread; the set-up is sized for one core.
 
     python benchmarks/large_batch.py                                       # about 75 min on one core
@@ -66,10 +67,9 @@ from hasten.errors import HastenError
 from hasten.nn.ghost_bn import apply_ghost_batchnorm
 from hasten.optim import Lars, WarmupPolyDecay, lars_param_groups
 from hasten.optim.noise_scale import NoiseScale, micro_batch_sq_norms
-from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-from _common import RESULTS, MeasuredConditions, add_data_argument, hardware_label
+from _common import RESULTS, MeasuredConditions, add_data_argument, hardware_label, load_results, write_results
 
 LABEL_SMOOTHING, WEIGHT_DECAY, MOMENTUM, TRUST = 0.1, 5e-4, 0.9, 0.001
 
@@ -183,6 +183,11 @@ def train_run(cfg: dict, data: dict, args) -> dict:
                             "probes": est.updates, "b_small": args.probe_batch, "b_big": n_probe,
                             "raw": raw},
             "time_s": time_s, "probe_s": probe_s, "eval_s": eval_s}
+
+
+# Settings, written unrounded: a resumed grid finds its learning rates by value, and
+# --report analyses again with the arguments the runs were made with.
+EXACT = frozenset({"peak_lr", "epochs", "args"})
 
 
 def key_of(cfg: dict) -> str:
@@ -457,15 +462,16 @@ def print_tables(results: dict) -> None:
 
 def report_only(args) -> int:
     """--report: the analysis and plot again from the JSON's runs, nothing trained."""
-    import json
     out = Path(args.out)
-    results = json.loads(out.read_text())
+    results = load_results(out)
+    if results is None:
+        raise SystemExit(f"benchmarks/large_batch.py: --report: no results at {out}")
     saved = argparse.Namespace(**{**results["args"], "lower_targets_list": args.lower_targets_list})
     saved.lower_targets = args.lower_targets
     results["args"]["lower_targets"] = args.lower_targets
     seeds = [int(x) for x in saved.seeds.split(",")]
     results["analysis"] = analyse(results["runs"], saved, seeds)
-    write_json(out, results)
+    write_results(out, results, EXACT)
     print_tables(results)
     print(f"wrote {out} and {plot(results, out.with_suffix('.png'))}", file=sys.stderr)
     return 0
@@ -524,11 +530,9 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     results = {"benchmark": "large_batch", "runs": []}
-    if out.exists():
-        import json
-        old = json.loads(out.read_text())
-        if old.get("version") == 2:
-            results = old
+    old = load_results(out)
+    if old and old.get("version") == 2:
+        results = old
     results.update({
         "version": 2,
         "scale": "small-scale CPU experiment (not the GPU-scale experiment)",
@@ -563,7 +567,7 @@ def main(argv=None) -> int:
             done.add(rec["key"])
             timing.setdefault(c["batch"], []).append(rec["time_s"] / c["epochs"])
             results["wall_s_this_invocation"] = time.perf_counter() - t_start
-            write_json(out, results)
+            write_results(out, results, EXACT)
             per_epoch = statistics.mean(x for v in timing.values() for x in v)
             left = sum(statistics.mean(timing.get(o["batch"], [per_epoch])) * o["epochs"] for o in order[i + 1:])
             print(f"  [{phase} {i + 1}/{len(order)}] {rec['key']:<40} acc {rec['accuracy']:.4f} "
@@ -633,7 +637,7 @@ def main(argv=None) -> int:
     results["hardware"] = hardware_label(results["conditions"]["environment"])
     results["torch"] = torch.__version__
     results["total_run_s"] = sum(r["time_s"] for r in results["runs"] if not r["key"].startswith("bn-twin"))
-    write_json(out, results)
+    write_results(out, results, EXACT)
     print_tables(results)
     print(f"{results['hardware']}, torch {torch.__version__}; wall {sum(wall) / 60:.1f} min over {len(wall)} "
           f"invocation(s); {cond.summary()}")

@@ -17,8 +17,11 @@ made for each) are fetched at pinned commits into a cache outside this repositor
    interval, step time, what it dropped, its #1 fix.
 
 Repeats are interleaved (every case once per repeat, in a shuffled order). Each finished
-(case, repeat) is written to ``benchmarks/results/profile_real_scripts.json`` at once and
-skipped on a rerun, so the benchmark resumes where it stopped (``--fresh`` starts over).
+(case, repeat) is written at once and skipped on a rerun, so the benchmark resumes where it
+stopped (``--fresh`` starts over): the summary (conditions, the cases, each case's truth and
+verdicts, the goals, a line per run) in ``benchmarks/results/profile_real_scripts.json``, every
+run in full (the truth's step times, the profile's per-step record as columns) in
+``profile_real_scripts.runs.jsonl.gz`` beside it.
 
 Goals (issue 32): the right verdict on >= 90% of runs; 0 crashes (a script that runs without
 hasten must not fail under it); the same verdict on every repeat of >= 90% of cases (3 of 3
@@ -46,10 +49,9 @@ import time
 from pathlib import Path
 
 from hasten.profile.verdict import classify
-from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-from _common import RESULTS, MeasuredConditions, hardware_label
+from _common import RESULTS, MeasuredConditions, hardware_label, load_results, write_results
 from real_script_cases import CASES, DATA, STUBS, Case
 from real_script_fetch import checkout
 
@@ -132,13 +134,29 @@ def profile_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, verify
         row["top_fix"] = top and {"fix": top.get("fix"), "predicted": top.get("predicted_speedup"),
                                   "verified": top.get("verified_speedup")}
         row["other_where"] = (a.get("other_where") or [])[:2]
-        row["per_step"] = a.get("per_step")
+        row["per_step"] = _columns(a.get("per_step"))
         row["notes"] = a.get("notes")
         row["cpu"] = a.get("cpu")
     row["report"] = _portable(_tail(out, 30), checkout_dir, scratch)
     if code != 0:
         row["error"] = _portable(_tail(err + "\n" + out, 8), checkout_dir, scratch)
     return row
+
+
+def _columns(records: list[dict] | None) -> dict | None:
+    """Per-step records as one list per field: the field names once, not once per step."""
+    if not records:
+        return None
+    return {k: [r.get(k) for r in records] for k in records[0]}
+
+
+def brief(row: dict) -> dict:
+    """One run in a line of the summary: what the results pages quote, without the per-step times."""
+    t, p = row["truth"], row["profile"]
+    return {"case": row["case"], "repeat": row["repeat"], "hasten": row.get("hasten"), "finished": row.get("finished"),
+            "truth_asrun_s": t.get("asrun_s"), "truth_datafree_s": t.get("datafree_s"), "truth_exit": t.get("exit"),
+            "exit": p["exit"], "verdict": p.get("verdict"), "data_share": p.get("data_share"),
+            "data_interval": p.get("data_interval"), "step_time_s": p.get("step_time_s"), "top_fix": p.get("top_fix")}
 
 
 def run_case(case: Case, repeat: int, verify: bool) -> dict:
@@ -238,7 +256,7 @@ def judge(rows: list[dict]) -> dict:
                     # the median of the profile's measured steps against the truth's median as-run step
                     # (separate processes; medians, as for the truth: contention stalls of seconds hit
                     # either run at random here)
-                    overheads.append(statistics.median(s["span_s"] for s in p["per_step"]) / t["asrun_s"] - 1)
+                    overheads.append(statistics.median(p["per_step"]["span_s"]) / t["asrun_s"] - 1)
         if len(verdicts) >= 2:
             repeated += 1
             same += len(set(verdicts)) == 1
@@ -279,10 +297,6 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _load(out: Path) -> dict:
-    return json.loads(out.read_text()) if out.exists() else {"runs": []}
-
-
 def _hasten_commit() -> str:
     p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "hasten"], cwd=ROOT, capture_output=True,
@@ -298,10 +312,11 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--fresh", action="store_true", help="forget the runs already in the results file")
     ap.add_argument("--out", type=Path, default=OUT,
-                    help="the results file (a check of one case elsewhere leaves the benchmark's own alone)")
+                    help="the summary file, its runs beside it as NAME.runs.jsonl.gz (a check of one case "
+                         "elsewhere leaves the benchmark's own alone)")
     args = ap.parse_args()
     out = args.out.resolve()
-    result = {"runs": []} if args.fresh else _load(out)
+    result = ({"runs": []} if args.fresh else load_results(out)) or {"runs": []}
     done = {(r["case"], r["repeat"]) for r in result["runs"]}
     todo = [(rep, c) for rep, c in interleaved([c for c in CASES if args.only is None or args.only in c.name],
                                                args.repeats, args.seed) if (c.name, rep) not in done]
@@ -317,7 +332,8 @@ def main() -> int:
             row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             result["runs"].append(row)
             result["summary"] = judge(result["runs"])
-            write_json(out, result)
+            result["runs_brief"] = [brief(r) for r in result["runs"]]
+            write_results(out, result)
             n_done += 1
             elapsed = time.perf_counter() - t_start
             left = elapsed / n_done * (len(todo) - n_done)
@@ -338,7 +354,8 @@ def main() -> int:
                         "stubs": list(c.stubs)}
                        for c in CASES]
     result["summary"] = judge(result["runs"])
-    write_json(out, result)
+    result["runs_brief"] = [brief(r) for r in result["runs"]]
+    write_results(out, result)
     s = result["summary"]
     print(table(s))
     print(f"right verdicts {s['verdicts_right']} ({s['verdicts_right_decided_truths']} against decided truths), "

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import importlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -25,7 +27,8 @@ SHARED_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.xz"
 # Defined in _common (or hasten.stats) only: a second definition is a copy that can drift.
 SHARED_NAMES = {"RESULTS", "DEFAULT_DATA", "T95", "t95", "t_quantile", "mean", "sample_std", "mean_std", "stats",
                 "mean_ci", "describe", "paired", "paired_differences", "paired_ratios", "add_data_argument",
-                "require_data", "plus_minus"}
+                "require_data", "plus_minus", "rounded", "runs_path", "readable_json", "write_results",
+                "load_results"}
 
 
 @pytest.mark.parametrize("cwd", [ROOT, BENCHMARKS, ROOT / "docs"])
@@ -61,6 +64,39 @@ def test_data_flag_takes_hasten_data_first(monkeypatch, tmp_path):
 def test_plus_minus_drops_a_spread_that_was_not_measured():
     assert common.plus_minus(12.345, 0.678) == "12.35 ± 0.68"
     assert common.plus_minus(12.345, None, ".0f") == "12"
+
+
+def test_rounded_keeps_four_significant_digits_and_the_exact_keys():
+    import numpy as np
+    got = common.rounded({"t": [0.016342864000762347, 12345.678, 3], "lr": 7.071068, "n": np.float32(0.123456),
+                          "bad": float("nan"), "name": "x"}, exact=frozenset({"lr"}))
+    assert got == {"t": [0.01634, 12350.0, 3], "lr": 7.071068, "n": 0.1235, "bad": None, "name": "x"}
+
+
+def test_results_round_trip_through_a_summary_and_gzipped_runs(tmp_path):
+    runs = [{"case": "a", "steps": [0.1234567, 0.2]}, {"case": "b", "steps": []}]
+    out = tmp_path / "bench.json"
+    common.write_results(out, {"summary": {"mean": 1 / 3}, "runs": runs, "conditions": {"wall_s": 2.0}})
+    raw = tmp_path / "bench.runs.jsonl.gz"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.runs.jsonl.gz"]
+    summary = json.loads(out.read_text())
+    assert "runs" not in summary and summary["runs_file"] == raw.name and summary["summary"]["mean"] == 0.3333
+    with gzip.open(raw, "rt") as f:
+        assert len(f.read().splitlines()) == 2  # one run a line
+    again = common.load_results(out)
+    assert again["runs"] == [{"case": "a", "steps": [0.1235, 0.2]}, {"case": "b", "steps": []}]
+    assert "runs_file" not in again and again["conditions"] == {"wall_s": 2.0}
+    before = raw.read_bytes()
+    common.write_results(out, again)
+    assert raw.read_bytes() == before  # the same runs, the same bytes: no diff in git
+    assert common.load_results(tmp_path / "none.json") is None
+
+
+def test_readable_json_puts_short_lists_on_one_line():
+    text = common.readable_json({"steps": [1, 2, 3], "cases": [{"case": "x" * 60, "shares": [0.1] * 12}]})
+    assert '"steps": [1, 2, 3]' in text and '"shares": [0.1, 0.1' in text
+    assert json.loads(text) == {"steps": [1, 2, 3], "cases": [{"case": "x" * 60, "shares": [0.1] * 12}]}
+    assert max(len(line) for line in text.splitlines()) <= 100
 
 
 def _defined_names(path: Path) -> set[str]:

@@ -14,7 +14,7 @@
 The fresh examples come from host memory, decoded once, not through ``ShardLoader``:
 the sweep's step (batch 64 at 16x16) is about as short as decoding its batch on the
 same cores, so a decode in the loop would measure that contention rather than echoing
-(docs/echo.md). The real-source experiment, whose step is 20 times its decode, reads
+(docs/results/echo.md). The real-source experiment, whose step is 20 times its decode, reads
 through ``ShardLoader`` (``hasten.recipes.echo.shard_source``).
 
 Changes the training math: yes with echoing (repeated examples); e = 1 is plain
