@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ import threading
 import time
 from pathlib import Path
 
+from hasten.cpu_time import own_cpu_s, pid_cpu_s
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
@@ -69,11 +69,6 @@ S3_KEYS = {"AWS_ACCESS_KEY_ID": "bench-key", "AWS_SECRET_ACCESS_KEY": "bench-sec
 
 # --- the reader (a fresh process per reading) ----------------------------------------------------
 
-def cpu_s() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
 def rx_bytes() -> int:
     """Bytes received by this network namespace's interfaces other than loopback."""
     total = 0
@@ -85,15 +80,8 @@ def rx_bytes() -> int:
 
 
 def cpu_of(pids: list[int]) -> float:
-    """CPU seconds (user + system, all threads) of running processes, from /proc/PID/stat."""
-    total = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system, all threads) of running processes."""
+    return sum(pid_cpu_s(p) or 0.0 for p in pids)
 
 
 def make_loader(reader: str, source: str, cache: str, names: list[str], args):
@@ -128,9 +116,9 @@ def read(args) -> None:
     for epoch in range(args.epochs):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        t0, c0, r0, w0, s0 = time.perf_counter(), cpu_s(), rx_bytes(), time.time(), cpu_of(store_pids)
+        t0, c0, r0, w0, s0 = time.perf_counter(), own_cpu_s(), rx_bytes(), time.time(), cpu_of(store_pids)
         images = sum(len(y) for _, y in loader)
-        wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+        wall, cpu = time.perf_counter() - t0, own_cpu_s() - c0
         print(json.dumps({"epoch": epoch, "images": images, "wall_s": wall, "cpu_s": cpu,
                           "link_bytes": rx_bytes() - r0, "store_cpu_s": cpu_of(store_pids) - s0,
                           "start": w0, "end": time.time()}), flush=True)

@@ -250,7 +250,7 @@ def _as_rec(x):
 
 
 def test_the_cores_are_the_probes_or_the_windows_if_more_capped_by_the_scripts_own_affinity():
-    from hasten.profile.cores import cores_for_run
+    from hasten.cores import cores_for_run
     before = {"affinity": 2, "quota": None, "probe": 0.9, "available": 0.9}
     assert cores_for_run(before, {"cores": 2, "free": 1.6})["available"] == pytest.approx(1.6)
     assert cores_for_run(before, {"cores": 2, "free": 0.2})["available"] == pytest.approx(0.9)  # a light job's window

@@ -38,9 +38,9 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from hasten.cores import cores_for_run, cpu_available
 from hasten.distributed.cost_model import fit_link
 from hasten.profile import attribution
-from hasten.profile.cores import cores_for_run, cpu_available
 from hasten.profile.inject.fixes import echo_apply, echo_code
 from hasten.profile.loop_kind import resident_code
 from hasten.profile.prepare_once import prepare_once
