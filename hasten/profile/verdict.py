@@ -45,6 +45,7 @@ from hasten.profile.inject.fixes import echo_apply, echo_code
 from hasten.profile.loop_kind import resident_code
 from hasten.profile.prepare_once import prepare_once
 from hasten.profile.shares import STALL, stalled, sum_interval, undecided, widened
+from hasten.stats import mean as _mean
 
 INPUT_MODERATE = 0.05  # data-wait share of the step: moderate input bottleneck
 INPUT_HIGH = 0.20  # ... high
@@ -138,11 +139,6 @@ class Analysis:
         for rec, r in zip(d["recommendations"], self.recommendations):
             rec["prediction_error"] = r.prediction_error
         return d
-
-
-def _mean(xs):
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else math.nan
 
 
 def _g(r: dict, key: str, default=None):
@@ -591,7 +587,7 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     other = _mean(s.other_s / s.step_s for s in sums)
     loader_driven = d0.get("loader_driven", True)
     alone = _mean(s.step_alone_s for s in sums if s.step_alone_s is not None)
-    if math.isnan(alone):
+    if alone is None:
         alone = _mean(s.work_s for s in sums)
     if not loader_driven:  # the replayed step leaves out all the loop's time outside compute; the rest stays
         alone += _mean(s.other_s for s in sums)
@@ -600,13 +596,11 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
         # Wall time, as the step itself is measured: waiting for a slower peer is exposed communication too.
         c = _mean(max(0.0, s.step_alone_wall_s - s.comm_off_wall_s) for s in sums
                   if s.comm_off_wall_s is not None and s.step_alone_wall_s is not None)
-        comm = 0.0 if math.isnan(c) else c
+        comm = 0.0 if c is None else c
     comm = max(comm, _mean(s.comm_direct_s for s in sums))  # collectives the script calls itself
     comm_frac = min(comm / step, max(0.0, 1.0 - wait - other))
     micro = s0.micro
     loader = _mean(s.loader_batch_s for s in sums if s.loader_batch_s is not None)
-    if math.isnan(loader):
-        loader = None
     if loader is not None and loader_driven:
         produce = loader * micro  # a step's batches, made alone
     elif not loader_driven:
