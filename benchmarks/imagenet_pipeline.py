@@ -68,6 +68,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hasten.cores import usable_cores
 from hasten.data import decode
 from hasten.progress import progress
 from hasten.rundir import write_json
@@ -410,7 +411,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_path = Path(args.out) if args.out else (cache / "imagenet_pipeline_smoke.json" if args.smoke
                                                  else RESULTS / "imagenet_pipeline.json")
     folder, shard_dir = make_dataset(cache, args.images, args.classes, args.test_per_class, args.seed,
-                                     procs=max(1, min(2, os.cpu_count() or 1)))
+                                     procs=min(2, usable_cores()))
     if args.smoke:  # several small shards, so that the cache test has some to read
         small = cache / "imagenet-like" / "smoke-shards"
         if not (small / "index.json").is_file():

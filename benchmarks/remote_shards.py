@@ -52,6 +52,7 @@ import threading
 import time
 from pathlib import Path
 
+from hasten.cores import usable_cores
 from hasten.cpu_time import own_cpu_s, pid_cpu_s
 from hasten.rundir import write_json
 from hasten.timing import interleaved
@@ -419,7 +420,7 @@ def main() -> None:
     from imagenet_pipeline import make_dataset
 
     cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
-    _, shard_dir = make_dataset(cache, args.images, args.classes, 2, args.seed, procs=max(1, min(2, os.cpu_count())))
+    _, shard_dir = make_dataset(cache, args.images, args.classes, 2, args.seed, procs=min(2, usable_cores()))
     litdata_dir = None
     if "litdata" in readers:
         from remote_peers import convert_litdata
