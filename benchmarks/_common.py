@@ -7,7 +7,9 @@
 - ``RESULTS``: benchmarks/results/, where each benchmark writes its JSON;
 - ``plus_minus``: "mean ± spread" for the printed tables (the mean alone for one run);
 - the conditions block: ``MeasuredConditions`` around the measurement, its
-  ``cond.as_dict()`` under "conditions" in the JSON, ``hardware_label`` for the table.
+  ``cond.as_dict()`` under "conditions" in the JSON, ``hardware_label`` for the table;
+- ``memory_bytes``: the PSS and RSS of processes (a loader and its workers: with
+  ``hasten.cpu_time.descendants``), from /proc.
 
 The scripts run as ``python benchmarks/<name>.py``, which puts this folder on sys.path:
 ``from _common import ...``.
@@ -24,8 +26,8 @@ from hasten.stats import (describe, mean, mean_ci, paired, paired_differences, p
                           t_quantile)
 
 __all__ = ["BENCHMARKS", "RESULTS", "DEFAULT_DATA", "add_data_argument", "require_data", "plus_minus",
-           "MeasuredConditions", "hardware_label", "describe", "mean", "mean_ci", "paired", "paired_differences",
-           "paired_ratios", "sample_std", "t_quantile"]
+           "MeasuredConditions", "hardware_label", "describe", "mean", "mean_ci", "memory_bytes", "paired",
+           "paired_differences", "paired_ratios", "sample_std", "t_quantile"]
 
 BENCHMARKS = Path(__file__).resolve().parent
 RESULTS = BENCHMARKS / "results"
@@ -52,3 +54,22 @@ def plus_minus(value: float, spread: float | None, spec: str = ".2f") -> str:
     """``value ± spread``, both in ``spec``; the value alone when there is no spread (None:
     one run, ``hasten.stats.sample_std``)."""
     return f"{value:{spec}} ± {spread:{spec}}" if spread is not None else f"{value:{spec}}"
+
+
+def memory_bytes(pids: list[int]) -> tuple[int, int]:
+    """(PSS, RSS) summed over the processes, from /proc/<pid>/smaps_rollup (0 for one that is
+    gone). PSS splits each shared page among its sharers (forked workers share much with
+    their parent), so the sum is what the processes hold together; RSS counts a shared page
+    once per process, so its sum is more than that."""
+    pss = rss = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+                    elif line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+        except OSError:
+            pass  # gone meanwhile
+    return pss, rss

@@ -53,11 +53,11 @@ import time
 from pathlib import Path
 
 from hasten.cores import usable_cores
-from hasten.cpu_time import own_cpu_s, pid_cpu_s
+from hasten.cpu_time import descendants, own_cpu_s, pid_cpu_s
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, plus_minus
+from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, memory_bytes, plus_minus
 
 PREFIX = "hrb"  # namespaces of this benchmark (the tests use others)
 HTTP_PORT, S3_PORT = 8000, 9000  # where the reader connects (the relay, or the servers themselves)
@@ -127,36 +127,6 @@ def read(args) -> None:
 
 # --- memory, sampled from outside ------------------------------------------------------------------
 
-def tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
-def memory_bytes(pids: list[int]) -> tuple[int, int]:
-    """(PSS, RSS) summed over the processes. PSS splits each shared page among its sharers (the
-    forked workers share much with the reader), so the sum is what the tree holds; RSS counts a
-    shared page once per process, the sum more than that."""
-    pss = rss = 0
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    pss += int(line.split()[1]) * 1024
-                elif line.startswith("Rss:"):
-                    rss += int(line.split()[1]) * 1024
-        except OSError:
-            pass  # gone meanwhile
-    return pss, rss
-
-
 def run_reader(argv: list[str], env: dict) -> list[dict]:
     """The reader's epochs, each with its peak PSS and RSS (sampled from here, outside the reader)."""
     samples: list[tuple[float, tuple[int, int]]] = []
@@ -166,7 +136,7 @@ def run_reader(argv: list[str], env: dict) -> list[dict]:
 
     def sample():
         while not stop.wait(0.05):
-            samples.append((time.time(), memory_bytes(tree(proc.pid))))
+            samples.append((time.time(), memory_bytes([proc.pid, *descendants(proc.pid)])))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()

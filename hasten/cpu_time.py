@@ -5,8 +5,8 @@ the profiler's worker CPU per batch, the cores other jobs leave) reads its clock
 
 - ``own_cpu_s()``: user + system seconds of this process (all its threads) and of its
   children that have exited and been waited for (``os.times``; a live worker is not in it);
-- ``tree_cpu_s()``: this process and its live descendants (worker processes), over a
-  window in steady state, where the workers have not exited;
+- ``tree_cpu_s()``: this process and its live descendants (``descendants(pid)``: worker
+  processes), over a window in steady state, where the workers have not exited;
 - ``pid_stat(pid)``, ``pid_cpu_s(pid)``: the fields of ``/proc/<pid>/stat``
   (its parent, session, CPU ticks), and one process's user + system seconds;
 - ``core_times(cpus)``: the seconds the machine's cores (or a set of them) spent busy,
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["core_times", "own_cpu_s", "pid_cpu_s", "pid_stat", "runqueue_s", "tree_cpu_s"]
+__all__ = ["core_times", "descendants", "own_cpu_s", "pid_cpu_s", "pid_stat", "runqueue_s", "tree_cpu_s"]
 
 # Indices into pid_stat's fields (proc(5) numbers them from 1 with pid and comm first).
 PPID, SESSION, UTIME, STIME = 1, 3, 11, 12
@@ -65,32 +65,47 @@ def pid_cpu_s(pid: int) -> float | None:
     return None if fields is None else _ticks_s(fields)
 
 
+def descendants(pid: int) -> list[int]:
+    """The live processes below ``pid`` (children, their children, ...); [] off Linux.
+
+    Read from each thread's ``/proc/<pid>/task/<tid>/children`` where the kernel has them
+    (CONFIG_PROC_CHILDREN; a few files, cheap enough to sample many times a second), else
+    from every process's parent in /proc."""
+    if os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
+        out, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            try:
+                for task in os.listdir(f"/proc/{p}/task"):
+                    with open(f"/proc/{p}/task/{task}/children") as f:
+                        kids = [int(c) for c in f.read().split()]
+                    out += kids
+                    todo += kids
+            except (OSError, ValueError):
+                pass  # ended meanwhile
+        return out
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    parent = {p: int(fields[PPID]) for p in pids if (fields := pid_stat(p)) is not None and len(fields) > PPID}
+    ours, grew = {pid}, True
+    while grew:
+        grew = False
+        for p, ppid in parent.items():
+            if ppid in ours and p not in ours:
+                ours.add(p)
+                grew = True
+    return sorted(ours - {pid})
+
+
 def tree_cpu_s() -> float:
     """User + system seconds of this process (all its threads) and of its live descendants.
 
     ``own_cpu_s`` counts a worker process only once it has exited; here workers count while
-    they run, so a window in steady state gets their CPU. Descendants are found from every
-    process's parent in /proc (the ``children`` files need a kernel option). Off Linux, this
-    process alone."""
+    they run, so a window in steady state gets their CPU. Off Linux, this process alone."""
     t = os.times()
-    me = os.getpid()
-    parent, cpu = {}, {}
-    try:
-        entries = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        entries = []
-    for pid in entries:
-        fields = pid_stat(pid)  # None: exited meanwhile
-        if fields is not None and len(fields) > STIME:
-            parent[pid], cpu[pid] = int(fields[PPID]), _ticks_s(fields) or 0.0
-    ours, grew = {me}, True
-    while grew:
-        grew = False
-        for pid, ppid in parent.items():
-            if ppid in ours and pid not in ours:
-                ours.add(pid)
-                grew = True
-    return t.user + t.system + sum(cpu[pid] for pid in ours if pid != me)
+    return t.user + t.system + sum(pid_cpu_s(p) or 0.0 for p in descendants(os.getpid()))
 
 
 def core_times(cpus: set[int] | None = None) -> dict | None:

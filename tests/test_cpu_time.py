@@ -96,3 +96,21 @@ def test_core_times_grow_and_a_set_of_cores_is_part_of_all():
     if (os.cpu_count() or 1) > 1:
         assert one < every  # one core's seconds are fewer than all cores'
     assert cpu_time.core_times(set()) == {"busy_s": 0.0, "niced_s": 0.0, "idle_s": 0.0}
+
+
+@linux
+@pytest.mark.parametrize("children_files", [True, False])
+def test_descendants_are_children_and_grandchildren(monkeypatch, children_files):
+    if not children_files:  # the kernel without CONFIG_PROC_CHILDREN: every process's parent is read
+        monkeypatch.setattr(cpu_time.os.path, "exists", lambda path: False)
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                              "g = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'], "
+                              "stdin=subprocess.PIPE)\nprint(g.pid, flush=True)\nsys.stdin.read()\n"
+                              "g.communicate(b'')"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        grandchild = int(child.stdout.readline())
+        assert {child.pid, grandchild} <= set(cpu_time.descendants(os.getpid()))
+        assert cpu_time.descendants(child.pid) == [grandchild]
+        assert os.getpid() not in cpu_time.descendants(os.getpid())
+    finally:
+        child.communicate(b"")
