@@ -55,7 +55,10 @@ def cgroup_quota(cgroup: str | os.PathLike = CGROUP) -> float | None:
     root = Path(cgroup)
     try:
         quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        if quota == "max":
+            return None
+        quota, period = int(quota), int(period)
+        return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError):
         pass
     try:

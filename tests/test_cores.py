@@ -77,7 +77,7 @@ def _cgroup(tmp_path, v2=None, v1=None):
 
 @pytest.mark.parametrize("v2, v1, quota", [
     ("150000 100000", None, 1.5), ("max 100000", None, None), (None, (50000, 100000), 0.5), (None, (-1, 100000), None),
-    (None, None, None), ("garbage", None, None), ("150000 100000", (50000, 100000), 1.5)])
+    (None, None, None), ("garbage", None, None), ("150000 0", None, None), ("150000 100000", (50000, 100000), 1.5)])
 def test_the_cgroup_quota_is_read_from_v2_then_v1(tmp_path, v2, v1, quota):
     assert cores.cgroup_quota(_cgroup(tmp_path, v2, v1)) == quota
 
