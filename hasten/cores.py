@@ -33,7 +33,7 @@ from pathlib import Path
 from hasten.cpu_time import core_times
 
 __all__ = ["CoreShare", "affinity_cores", "cgroup_quota", "core_share", "cores_for_run", "cpu_available",
-           "free_cores", "prefer_passive_wait", "threads_sleep_while_waiting", "usable_cores"]
+           "free_cores", "prefer_passive_wait", "quota_capped", "threads_sleep_while_waiting", "usable_cores"]
 
 CGROUP = Path("/sys/fs/cgroup")
 
@@ -70,12 +70,16 @@ def cgroup_quota(cgroup: str | os.PathLike = CGROUP) -> float | None:
 
 
 def usable_cores(cgroup: str | os.PathLike = CGROUP) -> int:
-    """Cores this process may keep busy: its affinity, capped by the cgroup's quota rounded up
-    (as joblib's loky counts them: a quota of 1.5 CPUs gives 2, two workers that each get
-    three quarters of a core do more than one that gets a whole one), at least 1."""
-    quota = cgroup_quota(cgroup)
-    cores = affinity_cores()
-    return max(1, min(cores, math.ceil(quota))) if quota else cores
+    """Cores this process may keep busy: its affinity, capped by the cgroup's quota
+    (:func:`quota_capped`)."""
+    return quota_capped(affinity_cores(), cgroup_quota(cgroup))
+
+
+def quota_capped(cores: int, quota: float | None) -> int:
+    """Whole cores to keep busy: ``cores`` capped by a CPU quota rounded up, at least 1. As
+    joblib's loky counts them: a quota of 1.5 CPUs gives 2, for two workers that each get three
+    quarters of a core do more than one that gets a whole one."""
+    return max(1, min(cores, math.ceil(quota)) if quota else cores)
 
 
 def prefer_passive_wait(sample_s: float = 0.5) -> bool:

@@ -90,6 +90,11 @@ def test_usable_cores_are_the_affinity_capped_by_the_quota_rounded_up(monkeypatc
     assert cores.usable_cores(_cgroup(tmp_path, v2)) == usable
 
 
+@pytest.mark.parametrize("n, quota, whole", [(8, 1.5, 2), (8, 0.2, 1), (2, 3.0, 2), (4, None, 4), (0, None, 1)])
+def test_a_quota_caps_whole_cores_rounded_up(n, quota, whole):
+    assert cores.quota_capped(n, quota) == whole
+
+
 def test_the_profilers_cores_are_capped_by_the_quota(monkeypatch, tmp_path):
     monkeypatch.setattr(cores, "affinity_cores", lambda: 4)
     assert cores.cpu_available(probe_s=0, cgroup=_cgroup(tmp_path, "150000 100000")) == {"affinity": 4, "quota": 1.5, "probe": None, "available": 1.5}
