@@ -106,7 +106,9 @@ def test_the_busy_probe_counts_the_cpu_its_processes_got():
     got = cores.cpu_available(probe_s=0.2)
     # one spinning process per allowed core gets at most those cores, and some CPU on a loaded machine
     assert 0 < got["probe"] <= got["affinity"] * 1.1
-    assert got["available"] == pytest.approx(min(got["probe"], got["affinity"], got["quota"] or got["affinity"]))
+    # the least of the three, and never below 0.05 (at nice 19 beside 16 busy processes the probe got 0.005)
+    least = min(got["probe"], got["affinity"], got["quota"] or got["affinity"])
+    assert got["available"] == pytest.approx(max(0.05, least))
 
 
 def _env_policy(code: str, **env) -> str:
