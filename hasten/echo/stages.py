@@ -13,9 +13,9 @@ Where the stage sits gives the paper's variants:
   the micro-batches of one optimizer step under gradient accumulation.
 
 A shuffle buffer (``hasten.stream.shuffle_buffer``) after an example-echo stage spreads
-the copies apart, so fewer land in the same batch; ``default_shuffle_buffer(e, batch_size)`` sizes it so that
-about 1% of a batch are repeated copies (derivation in its docstring), and
-``warn_if_small_buffer`` warns when a given buffer leaves many more.
+the copies apart, so fewer land in the same batch; ``default_shuffle_buffer(e, batch_size)``
+sizes it so that about 1% of a batch are repeated copies (derivation in its docstring),
+and ``warn_if_small_buffer`` warns when a given buffer leaves many more.
 
 A non-integral factor e means floor(e) copies plus one more with probability
 e - floor(e). That draw is a hash of (seed, epoch, fresh-item index), never of
