@@ -13,6 +13,8 @@
   its raw runs in ``NAME.runs.jsonl.gz``, one run a line, floats rounded to 4 significant
   digits (a timing on a shared machine has no fifth); ``load_results`` puts them together
   again, so a benchmark resumes from them (tests/test_results_budget.py keeps each file small).
+- ``memory_bytes``: the PSS and RSS of processes (a loader and its workers: with
+  ``hasten.cpu_time.descendants``), from /proc.
 
 The scripts run as ``python benchmarks/<name>.py``, which puts this folder on sys.path:
 ``from _common import ...``.
@@ -34,7 +36,7 @@ from hasten.stats import (describe, mean, mean_ci, paired, paired_differences, p
 __all__ = ["BENCHMARKS", "RESULTS", "DEFAULT_DATA", "add_data_argument", "require_data", "plus_minus",
            "MeasuredConditions", "hardware_label", "describe", "mean", "mean_ci", "paired", "paired_differences",
            "paired_ratios", "sample_std", "t_quantile", "SIGNIFICANT_DIGITS", "rounded", "runs_path",
-           "write_results", "load_results"]
+           "write_results", "load_results", "memory_bytes"]
 
 BENCHMARKS = Path(__file__).resolve().parent
 RESULTS = BENCHMARKS / "results"
@@ -138,3 +140,20 @@ def load_results(out: str | os.PathLike) -> dict | None:
     else:
         results.setdefault("runs", [])
     return results
+def memory_bytes(pids: list[int]) -> tuple[int, int]:
+    """(PSS, RSS) summed over the processes, from /proc/<pid>/smaps_rollup (0 for one that is
+    gone). PSS splits each shared page among its sharers (forked workers share much with
+    their parent), so the sum is what the processes hold together; RSS counts a shared page
+    once per process, so its sum is more than that."""
+    pss = rss = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+                    elif line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+        except OSError:
+            pass  # gone meanwhile
+    return pss, rss

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from hasten.cpu_time import own_cpu_s
 from hasten.data import load_dataset
 from hasten.data.archive import iter_files
 from hasten.rundir import write_json
@@ -56,19 +56,12 @@ print(t1 - t0, time.perf_counter() - t1)
 """
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and its finished children (decode workers,
-    subprocesses): unlike wall time, barely changed by other jobs on the machine."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def timed_load(data: Path, cache: Path, **kwargs) -> tuple[float, float, object]:
     """(wall seconds, CPU seconds, dataset) of one load with ``cache`` as the cache directory."""
     os.environ["HASTEN_CACHE"] = str(cache)
-    start, cpu = time.perf_counter(), cpu_seconds()
+    start, cpu = time.perf_counter(), own_cpu_s()
     ds = load_dataset(data, **kwargs)
-    return time.perf_counter() - start, cpu_seconds() - cpu, ds
+    return time.perf_counter() - start, own_cpu_s() - cpu, ds
 
 
 def read_with_tarfile(path: Path) -> int:
@@ -85,10 +78,10 @@ def fresh_process_load(data: Path, cache: Path) -> tuple[float, float, float]:
     """Wall and CPU seconds from launching a new interpreter to a loaded (cached)
     dataset, and the wall seconds of it spent importing hasten.data (and torch)."""
     env = {**os.environ, "HASTEN_CACHE": str(cache), "HASTEN_PROGRESS": "0"}
-    start, cpu = time.perf_counter(), cpu_seconds()
+    start, cpu = time.perf_counter(), own_cpu_s()
     out = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(data)], env=env, check=True,
                          capture_output=True, text=True).stdout
-    return time.perf_counter() - start, cpu_seconds() - cpu, float(out.split()[0])
+    return time.perf_counter() - start, own_cpu_s() - cpu, float(out.split()[0])
 
 
 def timing_row(xs: list[float], cpu: list[float]) -> dict:
@@ -123,10 +116,10 @@ def main() -> None:
                 if label.startswith("read archive"):
                     read = read_with_tarfile if "tarfile" in label else (
                         lambda p: sum(len(data) for _, data in iter_files(p)))
-                    start, cpu_start = time.perf_counter(), cpu_seconds()
+                    start, cpu_start = time.perf_counter(), own_cpu_s()
                     read(args.data)
                     rows[label].append(time.perf_counter() - start)
-                    cpu[label].append(cpu_seconds() - cpu_start)
+                    cpu[label].append(own_cpu_s() - cpu_start)
                     continue
                 workers = 1 if label.endswith("workers=1") else None
                 cache = scratch / f"{i}-{workers}"

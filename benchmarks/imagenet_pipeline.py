@@ -68,6 +68,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hasten.cores import usable_cores
+from hasten.cpu_time import descendants
 from hasten.decode import backends
 from hasten.progress import progress
 from hasten.rundir import write_json
@@ -80,7 +82,8 @@ from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, paired_ratios, plus_minus  # noqa: E402
+from _common import (RESULTS, MeasuredConditions, hardware_label, mean_ci, memory_bytes, paired_ratios,  # noqa: E402
+                     plus_minus)
 
 from pipeline_peers import (WARMUP_BATCHES, dali_cpu_iter, dali_unavailable_reason, measure,  # noqa: E402
                             torchvision_sample, torchvision_unavailable_reason, torchvision_versions)
@@ -283,24 +286,8 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
 
 
 def _memory_mb(pid: int) -> tuple[float, float]:
-    """(RSS of pid, PSS of pid and its children), MB, from /proc."""
-    def field(path, key):
-        try:
-            for line in Path(path).read_text().splitlines():
-                if line.startswith(key):
-                    return float(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return 0.0
-
-    rss = field(f"/proc/{pid}/status", "VmRSS:")
-    pids = [pid]
-    try:
-        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        pass
-    pss = sum(field(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids)
-    return rss, pss
+    """(RSS of pid, PSS of pid and its descendants: the decode workers), MB."""
+    return memory_bytes([pid])[1] / 2**20, memory_bytes([pid, *descendants(pid)])[0] / 2**20
 
 
 def rss_over_epochs(shards: ShardFiles, workers: int, epochs: int, size: int) -> list[dict]:
@@ -410,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_path = Path(args.out) if args.out else (cache / "imagenet_pipeline_smoke.json" if args.smoke
                                                  else RESULTS / "imagenet_pipeline.json")
     folder, shard_dir = make_dataset(cache, args.images, args.classes, args.test_per_class, args.seed,
-                                     procs=max(1, min(2, os.cpu_count() or 1)))
+                                     procs=min(2, usable_cores()))
     if args.smoke:  # several small shards, so that the cache test has some to read
         small = cache / "imagenet-like" / "smoke-shards"
         if not (small / "index.json").is_file():

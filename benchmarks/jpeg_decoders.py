@@ -56,6 +56,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hasten.cores import usable_cores
 from hasten.decode import turbojpeg as hturbo
 from hasten.decode.header import read_header
 from hasten.rundir import write_json
@@ -342,7 +343,7 @@ def load_sample(args) -> tuple[list[bytes], list[str], str]:
         from imagenet_pipeline import image_files, make_dataset
 
         cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
-        folder, _ = make_dataset(cache, 20_000, 100, 10, 0, procs=max(1, min(2, os.cpu_count() or 1)))
+        folder, _ = make_dataset(cache, 20_000, 100, 10, 0, procs=min(2, usable_cores()))
         paths = [p for p, _ in image_files(folder)]
         label = folder.parent.name
     if not paths:

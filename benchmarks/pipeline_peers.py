@@ -38,6 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hasten.cpu_time import tree_cpu_s
+
 DALI_PIP = "nvidia-dali-cuda120"
 WARMUP_BATCHES = 4  # batches before the clocks start: two per worker, as the loaders queue them
 _reason: str | None | bool = False  # False: not checked yet
@@ -117,35 +119,6 @@ def dali_cpu_iter(files: list[tuple[str, int]], size: int, batch_size: int, thre
 # Measurement (shared by every pipeline, in this interpreter or another)
 # ----------------------------------------------------------------------------
 
-def cpu_seconds() -> float:
-    """User + system CPU of this process (all its threads: DALI's) and of its live
-    descendants (worker processes), from /proc. ``os.times()``'s children fields would
-    count workers only once they have exited, so not over a window in steady state.
-    Descendants are found from every process's parent in /proc/<pid>/stat (the
-    ``children`` files need a kernel option)."""
-    t = os.times()
-    total = t.user + t.system
-    tick = os.sysconf("SC_CLK_TCK")
-    parent, cpu = {}, {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited meanwhile
-        parent[int(entry.name)] = int(fields[1])
-        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    ours, grew = {os.getpid()}, True
-    while grew:
-        grew = False
-        for pid, ppid in parent.items():
-            if ppid in ours and pid not in ours:
-                ours.add(pid)
-                grew = True
-    return total + sum(cpu[pid] for pid in ours if pid != os.getpid())
-
-
 def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> tuple[float, float, int, float, float]:
     """(images per wall second, images per CPU-second, images, CPU ms per image of this
     process alone, seconds to the first batch) in steady state: the clocks start after
@@ -163,7 +136,7 @@ def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> 
     n, staging, batches, first = 0, None, 0, None
     wall0 = cpu0 = t0 = None
     if warmup == 0:  # (the smoke test's one-batch epochs) from the start, start-up included
-        wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
+        wall0, cpu0, t0 = time.perf_counter(), tree_cpu_s(), os.times()
     for x, _ in it:
         assert x.dtype == torch.uint8 and tuple(x.shape[1:]) == (3, size, size)
         if staging is None or staging.shape != x.shape or staging.stride() != x.stride():
@@ -175,7 +148,7 @@ def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> 
         if first is None:
             first = time.perf_counter() - start
         if warmup and batches == warmup:
-            wall0, cpu0, t0 = time.perf_counter(), cpu_seconds(), os.times()
+            wall0, cpu0, t0 = time.perf_counter(), tree_cpu_s(), os.times()
         elif batches > warmup:
             n += len(x)
             if n >= images:
@@ -185,7 +158,7 @@ def measure(make_iter, images: int, size: int, warmup: int = WARMUP_BATCHES) -> 
         # missing from the end reading.
         raise RuntimeError(f"the pipeline gave {batches} batches: too few for {warmup} of warm-up and {images} "
                            "images to measure")
-    wall, cpu, t1 = time.perf_counter() - wall0, cpu_seconds() - cpu0, os.times()
+    wall, cpu, t1 = time.perf_counter() - wall0, tree_cpu_s() - cpu0, os.times()
     if hasattr(it, "close"):
         it.close()
     del it
@@ -257,8 +230,10 @@ def torchvision_versions(python: str) -> str:
 def torchvision_sample(python: str, files_json: str | os.PathLike, size: int, images: int, warmup: int,
                        workers: int, seed: int) -> tuple[float, float, int, float, float]:
     """One ``measure`` sample of the torchvision pipeline, taken in ``python`` (another
-    interpreter: its torch and torchvision), through this file's ``peer_main``."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import pipeline_peers; "
+    interpreter: its torch and torchvision, and hasten from this checkout), through this
+    file's ``peer_main``."""
+    here = Path(__file__).resolve().parent
+    code = (f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; import pipeline_peers; "
             "sys.exit(pipeline_peers.peer_main(sys.argv[1:]))")
     out = subprocess.run([python, "-c", code, "torchvision", str(files_json), str(size), str(images), str(warmup),
                           str(workers), str(seed)], capture_output=True, text=True, timeout=3600)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hasten.cpu_time import own_cpu_s
 from hasten.decode import backends
 from hasten.stream.records import open_records
 from hasten.stream.shard_loader import ShardLoader
@@ -76,14 +77,9 @@ class PillowDataset(torch.utils.data.Dataset):
         return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1), label
 
 
-def cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
 def measure(make_iter, images: int) -> tuple[float, float]:
     """(images per wall second, images per CPU second) over ``images`` images."""
-    wall0, cpu0 = time.perf_counter(), cpu_seconds()
+    wall0, cpu0 = time.perf_counter(), own_cpu_s()
     it = make_iter()
     n = 0
     for x, _ in it:
@@ -96,7 +92,7 @@ def measure(make_iter, images: int) -> tuple[float, float]:
     if hasattr(make_iter, "close"):
         make_iter.close()
     time.sleep(0.3)
-    return n / wall, n / max(cpu_seconds() - cpu0, 1e-9)
+    return n / wall, n / max(own_cpu_s() - cpu0, 1e-9)
 
 
 def main() -> None:

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -53,10 +52,12 @@ import threading
 import time
 from pathlib import Path
 
+from hasten.cores import usable_cores
+from hasten.cpu_time import descendants, own_cpu_s, pid_cpu_s
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, plus_minus
+from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, memory_bytes, plus_minus
 
 PREFIX = "hrb"  # namespaces of this benchmark (the tests use others)
 HTTP_PORT, S3_PORT = 8000, 9000  # where the reader connects (the relay, or the servers themselves)
@@ -69,11 +70,6 @@ S3_KEYS = {"AWS_ACCESS_KEY_ID": "bench-key", "AWS_SECRET_ACCESS_KEY": "bench-sec
 
 # --- the reader (a fresh process per reading) ----------------------------------------------------
 
-def cpu_s() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
 def rx_bytes() -> int:
     """Bytes received by this network namespace's interfaces other than loopback."""
     total = 0
@@ -85,15 +81,8 @@ def rx_bytes() -> int:
 
 
 def cpu_of(pids: list[int]) -> float:
-    """CPU seconds (user + system, all threads) of running processes, from /proc/PID/stat."""
-    total = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system, all threads) of running processes."""
+    return sum(pid_cpu_s(p) or 0.0 for p in pids)
 
 
 def make_loader(reader: str, source: str, cache: str, names: list[str], args):
@@ -128,45 +117,15 @@ def read(args) -> None:
     for epoch in range(args.epochs):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        t0, c0, r0, w0, s0 = time.perf_counter(), cpu_s(), rx_bytes(), time.time(), cpu_of(store_pids)
+        t0, c0, r0, w0, s0 = time.perf_counter(), own_cpu_s(), rx_bytes(), time.time(), cpu_of(store_pids)
         images = sum(len(y) for _, y in loader)
-        wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+        wall, cpu = time.perf_counter() - t0, own_cpu_s() - c0
         print(json.dumps({"epoch": epoch, "images": images, "wall_s": wall, "cpu_s": cpu,
                           "link_bytes": rx_bytes() - r0, "store_cpu_s": cpu_of(store_pids) - s0,
                           "start": w0, "end": time.time()}), flush=True)
 
 
 # --- memory, sampled from outside ------------------------------------------------------------------
-
-def tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
-def memory_bytes(pids: list[int]) -> tuple[int, int]:
-    """(PSS, RSS) summed over the processes. PSS splits each shared page among its sharers (the
-    forked workers share much with the reader), so the sum is what the tree holds; RSS counts a
-    shared page once per process, the sum more than that."""
-    pss = rss = 0
-    for p in pids:
-        try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    pss += int(line.split()[1]) * 1024
-                elif line.startswith("Rss:"):
-                    rss += int(line.split()[1]) * 1024
-        except OSError:
-            pass  # gone meanwhile
-    return pss, rss
-
 
 def run_reader(argv: list[str], env: dict) -> list[dict]:
     """The reader's epochs, each with its peak PSS and RSS (sampled from here, outside the reader)."""
@@ -177,7 +136,7 @@ def run_reader(argv: list[str], env: dict) -> list[dict]:
 
     def sample():
         while not stop.wait(0.05):
-            samples.append((time.time(), memory_bytes(tree(proc.pid))))
+            samples.append((time.time(), memory_bytes([proc.pid, *descendants(proc.pid)])))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -431,7 +390,7 @@ def main() -> None:
     from imagenet_pipeline import make_dataset
 
     cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
-    _, shard_dir = make_dataset(cache, args.images, args.classes, 2, args.seed, procs=max(1, min(2, os.cpu_count())))
+    _, shard_dir = make_dataset(cache, args.images, args.classes, 2, args.seed, procs=min(2, usable_cores()))
     litdata_dir = None
     if "litdata" in readers:
         from remote_peers import convert_litdata

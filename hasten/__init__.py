@@ -5,7 +5,7 @@ and the ``hasten`` command line. Subpackages, each named for what it holds:
 
 - ``hasten.data``: CIFAR-10 and image-folder datasets decoded once; device and host loaders, augmentation.
 - ``hasten.stream``: the input pipeline that decodes every epoch (``ShardLoader`` over shards, their URL, a folder or an archive; echo as a stage on it).
-- ``hasten.echo``: data echoing (Choi et al., 2019): echo stages, the shuffle buffer, AutoEcho.
+- ``hasten.echo``: data echoing (Choi et al., 2019): echo stages, the shuffle buffer's size after them, AutoEcho.
 - ``hasten.distributed``: ring, torus and naive all-reduce, DDP hooks, data-parallel set-up, lost ranks.
 - ``hasten.harness``: what the all-reduce benchmarks run on: rank launcher, emulated cluster, timing.
 - ``hasten.nn``: ghost / group batch norm, patch whitening, EMA, bf16 precision, test-time augmentation.

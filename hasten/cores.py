@@ -1,5 +1,10 @@
-"""The CPU cores a command shares: how many other processes leave free, how many
-threads to use, and how OpenMP threads wait.
+"""The CPU cores a command may use and shares: its affinity and cgroup quota, how many
+other processes leave free, how many threads to use, and how OpenMP threads wait.
+
+One answer for the library and the profiler: ``usable_cores`` (a worker pool's size, the
+torch thread count) and ``cpu_available`` (the profiler's cores before the command starts)
+both read the affinity mask and the cgroup's CPU quota (a container limited to 1.5 CPUs
+on a 64-core host has 2 cores to use, not 64).
 
 Why it matters on a shared machine: torch's CPU kernels split each operation over
 OpenMP threads that meet at a barrier. With the default wait policy a thread that
@@ -23,16 +28,58 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["CoreShare", "core_share", "free_cores", "prefer_passive_wait", "threads_sleep_while_waiting", "usable_cores"]
+from hasten.cpu_time import core_times
+
+__all__ = ["CoreShare", "affinity_cores", "cgroup_quota", "core_share", "cores_for_run", "cpu_available",
+           "free_cores", "prefer_passive_wait", "quota_capped", "threads_sleep_while_waiting", "usable_cores"]
+
+CGROUP = Path("/sys/fs/cgroup")
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one: a
-    container's limit, not the host's count)."""
+def affinity_cores() -> int:
+    """Cores this process may run on: its affinity mask where the OS has one (``taskset``,
+    a container's cpuset), else the machine's count."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def cgroup_quota(cgroup: str | os.PathLike = CGROUP) -> float | None:
+    """CPUs' worth of time the cgroup allows (v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``, in the folder ``cgroup``); None when unlimited, unreadable or absent.
+
+    A quota limits time, not cores: ``docker run --cpus 1.5`` lets every core run, 150 ms of
+    each 100 ms period in all, and a process that keeps more threads busy is throttled."""
+    root = Path(cgroup)
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota == "max":
+            return None
+        quota, period = int(quota), int(period)
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores(cgroup: str | os.PathLike = CGROUP) -> int:
+    """Cores this process may keep busy: its affinity, capped by the cgroup's quota
+    (:func:`quota_capped`)."""
+    return quota_capped(affinity_cores(), cgroup_quota(cgroup))
+
+
+def quota_capped(cores: int, quota: float | None) -> int:
+    """Whole cores to keep busy: ``cores`` capped by a CPU quota rounded up, at least 1. As
+    joblib's loky counts them: a quota of 1.5 CPUs gives 2, for two workers that each get three
+    quarters of a core do more than one that gets a whole one."""
+    return max(1, min(cores, math.ceil(quota)) if quota else cores)
 
 
 def prefer_passive_wait(sample_s: float = 0.5) -> bool:
@@ -65,23 +112,6 @@ def core_share(sample_s: float = 0.5) -> CoreShare:
     if _first_look is not None and _first_look.passive == threads_sleep_while_waiting():
         return _first_look
     return free_cores(sample_s)
-
-
-def _cpu_ticks() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all CPUs since boot, from /proc/stat; None off Linux.
-    Time of processes at a lowered priority (nice > 0) counts as free: the
-    scheduler gives way to us there (at nice 19 they keep about 1.5%)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu":
-        return None
-    values = [int(v) for v in fields[1:]]
-    idle = values[1] + values[3] + (values[4] if len(values) > 4 else 0)  # nice + idle + iowait
-    total = sum(values[:8])  # guest time is already inside user time
-    return total - idle, total
 
 
 def threads_sleep_while_waiting() -> bool:
@@ -129,11 +159,84 @@ def free_cores(sample_s: float = 0.5, *, cores: int | None = None, passive: bool
     idle while it samples."""
     cores = usable_cores() if cores is None else cores
     passive = threads_sleep_while_waiting() if passive is None else passive
-    before = _cpu_ticks()
+    before = core_times()
     time.sleep(sample_s)
-    after = _cpu_ticks()
-    if before is None or after is None or after[1] <= before[1]:
+    after = core_times()
+    if before is None or after is None:
         return CoreShare(cores, 0.0, cores, passive)
-    busy = (after[0] - before[0]) / (after[1] - before[1]) * cores
+    # Time of processes at a lowered priority (nice > 0) counts as free: the scheduler gives
+    # way to us there (at nice 19 they keep about 1.5%).
+    others = (after["busy_s"] - after["niced_s"]) - (before["busy_s"] - before["niced_s"])
+    elapsed = (after["busy_s"] + after["idle_s"]) - (before["busy_s"] + before["idle_s"])
+    if elapsed <= 0:
+        return CoreShare(cores, 0.0, cores, passive)
+    busy = others / elapsed * cores
     threads = cores if passive else max(1, min(cores, math.floor(cores - busy + 0.5)))
     return CoreShare(cores, round(busy, 2), threads, passive)
+
+
+# ----------------------------------------------------------------------------- The profiler's cores
+def cpu_available(probe_s: float = 0.3, cgroup: str | os.PathLike = CGROUP) -> dict:
+    """The cores a profiled job can use before its command starts: ``affinity``, the cgroup's
+    ``quota`` (fractional), the ``probe``'s, and the ``available`` cores (the least of them).
+
+    The probe runs one busy process per allowed core for ``probe_s`` and counts the CPU time
+    they got: on a machine shared with other jobs that is the share left to a competing
+    process, which the load average does not say. ``probe_s=0`` skips it. Over the measured
+    window, each instrumented process also reads what the other processes took of its cores
+    (:mod:`hasten.profile.inject.cpu_window`); :func:`cores_for_run` puts the two together."""
+    affinity = affinity_cores()
+    quota = cgroup_quota(cgroup)
+    limit = min(affinity, quota) if quota else float(affinity)
+    measured = _busy_probe(max(1, math.ceil(limit)), probe_s) if probe_s > 0 and hasattr(os, "fork") else None
+    available = min(limit, measured) if measured is not None else limit
+    return {"affinity": affinity, "quota": quota, "probe": measured, "available": max(available, 0.05)}
+
+
+def _busy_probe(n: int, probe_s: float) -> float:
+    """Cores' worth of CPU time that ``n`` forked processes, each spinning for ``probe_s``, got."""
+    pipes, pids = [], []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: spin, report its CPU time, leave without cleanup
+            try:
+                os.close(r)
+                end = time.perf_counter() + probe_s
+                x = 0
+                while time.perf_counter() < end:
+                    x += 1
+                os.write(w, repr(time.process_time()).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        pipes.append(r)
+        pids.append(pid)
+    total = 0.0
+    for r, pid in zip(pipes, pids):
+        try:
+            total += float(os.read(r, 64).decode() or 0)
+        except ValueError:
+            pass
+        os.close(r)
+        os.waitpid(pid, 0)
+    return total / max(time.perf_counter() - t0, 1e-9)
+
+
+def cores_for_run(before: dict, window: dict | None) -> dict:
+    """The cores the job had over its measured window: the probe's, or the window's free cores if more.
+
+    The window's free cores (allowed cores less other processes' CPU over the window) say that
+    other jobs were quieter during the run than in the probe's 0.3 s; they cannot say the
+    opposite, because a job that needs little CPU leaves the rest to others, who then seem to
+    take it. So the available cores are the larger of the two, capped by the affinity the
+    script set for itself (``os.sched_setaffinity`` after start-up) and the quota."""
+    out = dict(before)
+    if not window:
+        return out
+    limit = min(x for x in (before.get("affinity"), before.get("quota"), window.get("cores")) if x)
+    out.update({f"window_{k}": v for k, v in window.items()})
+    seen = [x for x in (window.get("free"), before.get("probe")) if x is not None]
+    out["available"] = max(0.05, min(limit, max(seen) if seen else limit))
+    return out

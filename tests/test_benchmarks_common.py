@@ -24,11 +24,13 @@ if str(BENCHMARKS) not in sys.path:
 common = importlib.import_module("_common")
 SHARED_DATA = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar.xz"
 
-# Defined in _common (or hasten.stats) only: a second definition is a copy that can drift.
+# Defined in _common (or hasten.stats, hasten.cpu_time, hasten.cores) only: a second definition is a
+# copy that can drift (three benchmarks had their own cpu_seconds, two their own memory reader).
 SHARED_NAMES = {"RESULTS", "DEFAULT_DATA", "T95", "t95", "t_quantile", "mean", "sample_std", "mean_std", "stats",
                 "mean_ci", "describe", "paired", "paired_differences", "paired_ratios", "add_data_argument",
                 "require_data", "plus_minus", "rounded", "runs_path", "readable_json", "write_results",
-                "load_results"}
+                "load_results", "memory_bytes", "cpu_seconds", "cpu_s", "own_cpu_s", "tree_cpu_s",
+                "descendants", "usable_cores"}
 
 
 @pytest.mark.parametrize("cwd", [ROOT, BENCHMARKS, ROOT / "docs"])
@@ -59,6 +61,14 @@ def test_data_flag_takes_hasten_data_first(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="bench: no data at nowhere; pass --data PATH or set HASTEN_DATA"):
         common.require_data("nowhere", "bench")
     common.require_data(tmp_path, "bench")
+
+
+def test_memory_counts_a_process_and_nothing_for_one_that_is_gone():
+    if not os.path.exists(f"/proc/{os.getpid()}/smaps_rollup"):
+        pytest.skip("no /proc/<pid>/smaps_rollup on this system")
+    pss, rss = common.memory_bytes([os.getpid()])
+    assert 0 < pss <= rss  # this process shares library pages with others: its share is at most all of them
+    assert common.memory_bytes([2 ** 22 + 12345]) == (0, 0)  # above the largest pid: no such process
 
 
 def test_plus_minus_drops_a_spread_that_was_not_measured():

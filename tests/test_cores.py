@@ -8,9 +8,12 @@ from hasten import cores
 
 
 def _ticks(monkeypatch, samples):
-    """Make /proc/stat read as ``samples`` ((busy, total) jiffies), one per call."""
+    """Make /proc/stat read as ``samples`` ((busy, total) seconds of all cores, None for no
+    /proc/stat), one per call."""
     it = iter(samples)
-    monkeypatch.setattr(cores, "_cpu_ticks", lambda: next(it))
+    times = lambda: next(it)  # noqa: E731
+    monkeypatch.setattr(cores, "core_times",
+                        lambda: None if (t := times()) is None else {"busy_s": t[0], "niced_s": 0, "idle_s": t[1] - t[0]})
 
 
 @pytest.mark.parametrize("busy_share, threads", [(0.0, 2), (0.2, 2), (0.3, 1), (0.5, 1), (0.9, 1), (1.0, 1)])
@@ -54,13 +57,58 @@ def test_the_line_says_why_fewer_threads():
     assert cores.CoreShare(2, 0.1, 2, passive=False).line().endswith("waiting threads spin)")
 
 
-def test_proc_stat_counts_niced_time_as_free():
-    if not os.path.exists("/proc/stat"):
-        pytest.skip("no /proc/stat on this system")
-    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
-    busy, total = cores._cpu_ticks()
-    # busy = user + system + irq + softirq + steal: nice, idle and iowait excluded
-    assert busy <= total - fields[1] - fields[3]
+def test_niced_time_counts_as_free(monkeypatch):
+    # 1,000 s over the cores: 600 s busy, of which 400 s by processes at a positive nice value
+    it = iter([{"busy_s": 0, "niced_s": 0, "idle_s": 0}, {"busy_s": 600, "niced_s": 400, "idle_s": 400}])
+    monkeypatch.setattr(cores, "core_times", lambda: next(it))
+    assert cores.free_cores(0.0, cores=2, passive=False).busy == pytest.approx(0.4)
+
+
+def _cgroup(tmp_path, v2=None, v1=None):
+    """A cgroup folder with a v2 ``cpu.max`` holding ``v2``, or v1 quota and period files ``v1``."""
+    if v2 is not None:
+        (tmp_path / "cpu.max").write_text(v2 + "\n")
+    if v1 is not None:
+        (tmp_path / "cpu").mkdir()
+        (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text(f"{v1[0]}\n")
+        (tmp_path / "cpu" / "cpu.cfs_period_us").write_text(f"{v1[1]}\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("v2, v1, quota", [
+    ("150000 100000", None, 1.5), ("max 100000", None, None), (None, (50000, 100000), 0.5), (None, (-1, 100000), None),
+    (None, None, None), ("garbage", None, None), ("150000 0", None, None), ("150000 100000", (50000, 100000), 1.5)])
+def test_the_cgroup_quota_is_read_from_v2_then_v1(tmp_path, v2, v1, quota):
+    assert cores.cgroup_quota(_cgroup(tmp_path, v2, v1)) == quota
+
+
+@pytest.mark.parametrize("affinity, v2, usable", [(8, "150000 100000", 2), (8, "100000 100000", 1), (8, "20000 100000", 1),
+                                                  (2, "400000 100000", 2), (8, "max 100000", 8), (8, None, 8)])
+def test_usable_cores_are_the_affinity_capped_by_the_quota_rounded_up(monkeypatch, tmp_path, affinity, v2, usable):
+    # a container limited to 1.5 CPUs on an 8-core host has 2 cores to keep busy, not 8
+    monkeypatch.setattr(cores, "affinity_cores", lambda: affinity)
+    assert cores.usable_cores(_cgroup(tmp_path, v2)) == usable
+
+
+@pytest.mark.parametrize("n, quota, whole", [(8, 1.5, 2), (8, 0.2, 1), (2, 3.0, 2), (4, None, 4), (0, None, 1)])
+def test_a_quota_caps_whole_cores_rounded_up(n, quota, whole):
+    assert cores.quota_capped(n, quota) == whole
+
+
+def test_the_profilers_cores_are_capped_by_the_quota(monkeypatch, tmp_path):
+    monkeypatch.setattr(cores, "affinity_cores", lambda: 4)
+    assert cores.cpu_available(probe_s=0, cgroup=_cgroup(tmp_path, "150000 100000")) == {"affinity": 4, "quota": 1.5, "probe": None, "available": 1.5}
+
+
+def test_the_busy_probe_counts_the_cpu_its_processes_got():
+    if not hasattr(os, "fork"):
+        pytest.skip("the probe forks")
+    got = cores.cpu_available(probe_s=0.2)
+    # one spinning process per allowed core gets at most those cores, and some CPU on a loaded machine
+    assert 0 < got["probe"] <= got["affinity"] * 1.1
+    # the least of the three, and never below 0.05 (at nice 19 beside 16 busy processes the probe got 0.005)
+    least = min(got["probe"], got["affinity"], got["quota"] or got["affinity"])
+    assert got["available"] == pytest.approx(max(0.05, least))
 
 
 def _env_policy(code: str, **env) -> str:

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, replace
 
 from _common import mean, sample_std
+from hasten.cores import usable_cores
 from hasten.recipes.echo import (
     EchoRunConfig,
     EvalSet,
@@ -34,7 +35,7 @@ KEEP = ("echo_factor", "mean_echo_factor", "upstream_ratio", "storage_ratio", "r
 
 def echo(ctx) -> dict:
     s = ctx.sizes
-    workers = min(8, max((os.cpu_count() or 2) - 4, 0)) if ctx.device.type == "cuda" else 0
+    workers = min(8, max(usable_cores() - 4, 0)) if ctx.device.type == "cuda" else 0
     base = EchoRunConfig.for_device(ctx.device, data=ctx.data_path, workers=workers, **s.echo_changes)
     eval_set = EvalSet.of(base.data, base.image_size, base.device)
     step_s = measure_step_time(base, eval_set=eval_set)

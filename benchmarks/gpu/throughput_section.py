@@ -19,15 +19,14 @@ with. On the CPU, channels_last needs a width that is a multiple of 8 (``check_w
 
 from __future__ import annotations
 
-import os
+import contextlib
 
 import torch
 import torch.nn.functional as F
 
-import contextlib
-
 from _common import mean_ci
 from gpu.context import strict_fp32
+from hasten.cores import usable_cores
 from hasten.data.device_loader import Augmentation, GpuLoader
 from hasten.errors import ConfigError
 from hasten.timing import Stopwatch, interleaved
@@ -123,7 +122,7 @@ def throughput(ctx) -> dict:
     s = ctx.sizes
     check_width(ctx.device, s.tp_width)
     data = ctx.dataset()
-    workers = min(s.tp_loader_workers, os.cpu_count() or 1)
+    workers = min(s.tp_loader_workers, usable_cores())
     precision = {name: [] for name, _, _ in PRECISION}
     flags = {}
     loaders = {"GpuLoader": [], f"DataLoader ({workers} workers)": []}

@@ -1,7 +1,8 @@
 """Data echoing (Choi et al., 2019): reuse prepared data when input is the bottleneck.
 
 - ``echo_examples`` / ``echo_batches``: echo stages for any iterable or DataLoader;
-- ``shuffle_buffer``: spread echoed copies apart; ``default_shuffle_buffer`` sizes it;
+- ``shuffle_buffer`` (``hasten.stream.shuffle_buffer``): spread echoed copies apart;
+  ``default_shuffle_buffer`` sizes it;
 - ``AutoEcho``: an echo factor that follows the measured upstream/downstream ratio;
 - ``EchoCounters`` / ``timed_loader``: fresh examples, waits, idle fraction.
 """
@@ -11,7 +12,6 @@ from hasten.echo.counters import EchoCounters, timed_loader
 from hasten.echo.stages import (
     VARIANTS,
     auto_shuffle_buffer,
-    check_buffer_size,
     check_factor,
     check_variant,
     default_shuffle_buffer,
@@ -19,9 +19,9 @@ from hasten.echo.stages import (
     echo_copies,
     echo_examples,
     expected_duplicate_rate,
-    shuffle_buffer,
     warn_if_small_buffer,
 )
+from hasten.stream.shuffle_buffer import check_buffer_size, shuffle_buffer
 
 __all__ = [
     "AutoEcho",

@@ -12,10 +12,10 @@ Where the stage sits gives the paper's variants:
 - ``batch``: echo whole batches after batching; ``group=k`` echoes runs of k batches,
   the micro-batches of one optimizer step under gradient accumulation.
 
-A shuffle buffer after an example-echo stage spreads the copies apart, so fewer
-land in the same batch; ``default_shuffle_buffer(e, batch_size)`` sizes it so that
-about 1% of a batch are repeated copies (derivation in its docstring), and
-``warn_if_small_buffer`` warns when a given buffer leaves many more.
+A shuffle buffer (``hasten.stream.shuffle_buffer``) after an example-echo stage spreads
+the copies apart, so fewer land in the same batch; ``default_shuffle_buffer(e, batch_size)``
+sizes it so that about 1% of a batch are repeated copies (derivation in its docstring),
+and ``warn_if_small_buffer`` warns when a given buffer leaves many more.
 
 A non-integral factor e means floor(e) copies plus one more with probability
 e - floor(e). That draw is a hash of (seed, epoch, fresh-item index), never of
@@ -30,7 +30,6 @@ finds the wall-clock time to the target drops while e <= R.
 from __future__ import annotations
 
 import math
-import random
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -63,12 +62,6 @@ def check_factor(factor: Factor) -> Factor:
             f"echo factor must be a number >= 1 (1 = no echoing, 2.5 = 2 or 3 copies) or AutoEcho ('auto' on the command line); got {factor!r}"
         )
     return factor
-
-
-def check_buffer_size(size: int) -> int:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(f"shuffle buffer size must be an integer >= 0 (0 or 1 = no shuffling); got {size!r}")
-    return size
 
 
 # Within-batch duplicate share that the default shuffle buffer aims at.
@@ -267,46 +260,6 @@ def echo_batches(
                  group=_check_group(group))
 
 
-def shuffle_buffer(items: Iterable[T], size: int | Callable[[], int], *, seed: int = 0) -> Iterator[T]:
-    """Shuffle a stream through a buffer of ``size`` items (as tf.data's shuffle).
-
-    Each incoming item replaces a uniformly chosen buffered one, which is
-    yielded; the rest is flushed in random order at the end. Every item comes
-    out exactly once. ``size`` 0 or 1 passes the stream through unchanged. After
-    example echoing, size it with ``default_shuffle_buffer(e, batch_size)``.
-
-    ``size`` may be a function, read before each item: with ``AutoEcho`` pass
-    ``auto_shuffle_buffer(auto, batch_size)``, so the buffer grows with e (a buffer
-    sized for ``e_max`` while e is still 1 would hold back thousands of fresh
-    examples before the first step). A size that comes down hands the surplus out at
-    once (``auto_shuffle_buffer`` never comes down: see there). While such a buffer grows
-    it still hands out one item for every two it takes in: a buffer that gives out
-    nothing until full stalls the consumer for the whole fill on every rise of e
-    (in the echo sweep, AutoEcho idle 41-56% against 20-35% for a fixed factor). Half
-    the arrivals keeps the consumer fed when e at least doubles, as the upstream then
-    delivers e times the items; the buffer reaches its size after twice as many.
-    """
-    if callable(size):
-        return _shuffled_dynamic(items, size, seed)
-    if check_buffer_size(size) <= 1:
-        return iter(items)
-    return _shuffled(items, size, seed)
-
-
-def _shuffled(items: Iterable[T], size: int, seed: int) -> Iterator[T]:
-    rng = random.Random(seed)
-    buf: list[T] = []
-    for item in items:
-        if len(buf) < size:
-            buf.append(item)
-            continue
-        j = rng.randrange(size)
-        out, buf[j] = buf[j], item
-        yield out
-    rng.shuffle(buf)
-    yield from buf
-
-
 def auto_shuffle_buffer(auto: AutoEcho, batch_size: int) -> Callable[[], int]:
     """The size function for ``shuffle_buffer`` after example echoing with ``auto``:
     ``default_shuffle_buffer(e, batch_size)`` for the largest e so far, recomputed only
@@ -327,30 +280,3 @@ def auto_shuffle_buffer(auto: AutoEcho, batch_size: int) -> Callable[[], int]:
         return last[1]
 
     return size
-
-
-def _shuffled_dynamic(items: Iterable[T], size: Callable[[], int], seed: int) -> Iterator[T]:
-    rng = random.Random(seed)
-    buf: list[T] = []
-    growing = 0  # items taken in while below the size: every second one lets one out
-    for item in items:
-        k = check_buffer_size(size())
-        while len(buf) > max(k, 1):  # the size came down: hand out the surplus
-            j = rng.randrange(len(buf))
-            buf[j], buf[-1] = buf[-1], buf[j]
-            yield buf.pop()
-        if k <= 1 and not buf:
-            yield item
-        elif len(buf) < k:
-            buf.append(item)
-            growing += 1
-            if growing % 2 == 0:
-                j = rng.randrange(len(buf))
-                buf[j], buf[-1] = buf[-1], buf[j]
-                yield buf.pop()
-        else:
-            j = rng.randrange(len(buf))
-            out, buf[j] = buf[j], item
-            yield out
-    rng.shuffle(buf)
-    yield from buf

@@ -23,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
+from hasten.cpu_time import PPID, pid_stat
 from hasten.distributed.p2p import CollectiveError
 
 _CLONE_NEWNET = 0x40000000
@@ -164,10 +165,11 @@ def torchrun_worker_pids(parent: int) -> dict[int, int]:
     from /proc (Linux): how fault tests and benchmarks pick the rank to kill."""
     pids = {}
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+        fields = pid_stat(int(d.name)) if d.name.isdigit() else None
+        if fields is None:  # not a process, or one that ended meanwhile
             continue
         try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(fields[PPID])
             env = dict(v.split(b"=", 1) for v in (d / "environ").read_bytes().split(b"\0") if b"=" in v)
         except (OSError, ValueError, IndexError):  # the process ended meanwhile, or is not ours to read
             continue

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from hasten.cpu_time import PPID, SESSION, pid_stat
 from hasten.profile.attach import ENV_DIR, PTH_NAME
 
 _PYTHON_NAME = re.compile(r"python[0-9.]*[a-z]?")
@@ -225,12 +226,10 @@ def diagnose(pid: int, exe: str, argv: list[str], site_dir: str) -> str | None:
 
 
 def _ppid_session(pid: int) -> tuple[int, int] | None:
+    fields = pid_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rindex(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session
-        return int(fields[1]), int(fields[3])
-    except (OSError, ValueError, IndexError):
+        return None if fields is None else (int(fields[PPID]), int(fields[SESSION]))
+    except (ValueError, IndexError):
         return None
 
 

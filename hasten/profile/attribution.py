@@ -23,14 +23,10 @@ from typing import TYPE_CHECKING
 
 from hasten.profile.contention import workers_delay
 from hasten.profile.shares import product_interval, ratio_interval, wilson
+from hasten.stats import mean
 
 if TYPE_CHECKING:
     from hasten.profile.records import RankSummary
-
-
-def mean(xs) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else math.nan
 
 
 def _span(r: dict) -> float:

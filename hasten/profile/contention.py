@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 
-from hasten.profile.shares import t95
+from hasten.stats import t_quantile
 
 
 def workers_delay(c: tuple[float, float, float], cpu: list[float], spans: list[float], own_cpu: list[float],
@@ -64,7 +64,7 @@ def workers_delay(c: tuple[float, float, float], cpu: list[float], spans: list[f
     n = len(spans)
     left = [cores * t - u - c[0] for t, u in zip(spans, cpu)]  # core-seconds idle in each step, workers and all
     idle = sum(left) / n
-    half = t95(n - 1) * math.sqrt(sum((x - idle) ** 2 for x in left) / (n - 1) / n) if n > 1 else 0.0
+    half = t_quantile(0.975, n - 1) * math.sqrt(sum((x - idle) ** 2 for x in left) / (n - 1) / n) if n > 1 else 0.0
     if idle_seen is not None:
         idle = min(idle, max(0.0, idle_seen))
     k = min(cores, sum(own_cpu) / sum(work))

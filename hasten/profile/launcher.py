@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import hasten
+from hasten.cores import cpu_available
 from hasten.errors import HastenError
 from hasten.profile.attach_check import AttachCheck
 from hasten.profile.inject.settings import NEEDS_REPLAY, PROBES, parse_probes
-from hasten.profile.cores import cpu_available
 from hasten.profile.verdict import Analysis, Recommendation, analyse, rerank
 
 SITECUSTOMIZE = '''\

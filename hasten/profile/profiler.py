@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from hasten.cores import affinity_cores
 from hasten.profile.verdict import Analysis, analyse
 from hasten.timing import synchronize
 
@@ -149,7 +150,7 @@ class Profiler:
             notes.append("batch production time estimated from the loop's waits (no probe_loader)")
         rank = {"rank": 0, "world_size": 1, "device": self.device, "num_workers": self.num_workers,
                 "batch_size": self.batch_size, "dataset_len": self.dataset_len, "batch_bytes": self.batch_bytes,
-                "cpu_count": os.cpu_count(), "warmup": self.warmup, "records": records, "loader_probe": probe,
+                "cpu_count": affinity_cores(), "warmup": self.warmup, "records": records, "loader_probe": probe,
                 "ddp": False, "grad_bytes": 0, "allreduce_times": [], "loadavg": os.getloadavg()}
         a = analyse([rank])
         a.notes += notes

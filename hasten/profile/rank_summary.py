@@ -9,17 +9,12 @@ Changes the training math: no (analysis only).
 
 from __future__ import annotations
 
-import math
 import statistics
 
 from hasten.profile import attribution
 from hasten.profile.records import RankSummary
 from hasten.profile.shares import STALL, stalled
-
-
-def mean(xs) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else math.nan
+from hasten.stats import mean
 
 
 def span_of(r: dict) -> float:

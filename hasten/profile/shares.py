@@ -28,18 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 
-# Student's t, two-sided 95%, by degrees of freedom (1.96 beyond the table)
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
-        15: 2.13, 20: 2.09, 30: 2.04, 60: 2.00}
-
-
-def t95(df: int) -> float:
-    if df <= 0:
-        return math.inf
-    for k in sorted(_T95):
-        if df <= k:
-            return _T95[k]
-    return 1.96
+from hasten.stats import t_quantile
 
 
 def ratio_interval(parts: list[float], totals: list[float]) -> tuple[float, float, float]:
@@ -53,7 +42,7 @@ def ratio_interval(parts: list[float], totals: list[float]) -> tuple[float, floa
         return r, 0.0, 1.0
     mean_t = total / n
     var = sum((p - r * t) ** 2 for p, t in zip(parts, totals)) / (n - 1)
-    half = t95(n - 1) * math.sqrt(var / n) / mean_t
+    half = t_quantile(0.975, n - 1) * math.sqrt(var / n) / mean_t
     return r, max(0.0, r - half), min(1.0, r + half)
 
 

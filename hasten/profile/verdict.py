@@ -16,20 +16,19 @@ Changes the training math: no (analysis only); each recommendation says whether 
 
 from __future__ import annotations
 
-import math
-
+from hasten.cores import cores_for_run, cpu_available
 from hasten.profile import attribution
 from hasten.profile.bounds import data_gain
 from hasten.profile.comm_fixes import comm_fixes
 from hasten.profile.compute_fixes import NOT_MEASURED, compute_fixes
-from hasten.profile.cores import cores_for_run, cpu_available
 from hasten.profile.input_fixes import input_fixes
-from hasten.profile.rank_summary import clean_steps, mean, summarise_rank
+from hasten.profile.rank_summary import clean_steps, summarise_rank
 from hasten.profile.ranking import admit, rerank
 from hasten.profile.records import INPUT, Analysis, Recommendation
 from hasten.profile.shares import sum_interval, undecided, widened
 from hasten.profile.thresholds import (COMM_HIGH, COMM_MODERATE, DEAD_BAND, HOST_BUSY, INPUT_HIGH,
                                        INPUT_MODERATE)
+from hasten.stats import mean
 
 # Analysis, Recommendation and rerank are named here too for the launcher and the library mode, which
 # take the whole analysis from this module.
@@ -67,7 +66,7 @@ def _exposed_comm(d0: dict, sums: list) -> float:
         # Wall time, as the step itself is measured: waiting for a slower peer is exposed communication too.
         c = mean(max(0.0, s.step_alone_wall_s - s.comm_off_wall_s) for s in sums
                  if s.comm_off_wall_s is not None and s.step_alone_wall_s is not None)
-        comm = 0.0 if math.isnan(c) else c
+        comm = 0.0 if c is None else c
     return max(comm, mean(s.comm_direct_s for s in sums))  # collectives the script calls itself
 
 
@@ -83,7 +82,7 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     loader_driven = d0.get("loader_driven", True)
     other *= 1 - attribution.compute_in_rest(d0, loader_driven)  # the model, a loss, backward, a step: compute
     alone = mean(s.step_alone_s for s in sums if s.step_alone_s is not None)
-    if math.isnan(alone):
+    if alone is None:
         alone = mean(s.work_s for s in sums)
     if not loader_driven:  # the replayed step leaves out all the loop's time outside compute; the rest stays
         alone += mean(s.other_s for s in sums)
@@ -91,7 +90,6 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     comm_frac = min(comm / step, max(0.0, 1.0 - wait - other))
     micro = s0.micro
     loader = mean(s.loader_batch_s for s in sums if s.loader_batch_s is not None)
-    loader = None if math.isnan(loader) else loader
     if loader is not None and loader_driven:
         produce = loader * micro  # a step's batches, made alone
     elif not loader_driven:

@@ -13,7 +13,10 @@ decode fused with the random-resized crop), ``device_copy`` (pinned, non-blockin
 copies to the device), ``shard_cache`` (a local copy of shards read from slow
 storage) and ``slow_storage`` (emulated slow upstream storage). Beside them:
 ``pack`` (an image folder or archive to tar shards; with ``presize``, JPEGs stored at
-a bounded side), ``rank_split`` (each rank's example indices per epoch, for any
-indexable set), ``decode_pool`` (a list of records decoded into one array);
-``shards`` gathers the public names of the shard pipeline. Import from the submodules.
+a bounded side), ``shuffle_buffer`` (a stream shuffled through a bounded buffer),
+``decode_pool`` (a list of records decoded into one array).
+
+Import each name from its module (``from hasten.stream.shard_loader import ShardLoader``),
+the one way the docs show: this package imports nothing itself, so that the command
+line, which reads ``store_url`` as it parses, starts without loading torch.
 """

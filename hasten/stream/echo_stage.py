@@ -14,7 +14,7 @@ Where the echo stage sits is the variant (Choi et al., 2019):
   (identical copies);
 - ``batch``: the stage echoes whole batches.
 
-After an example echo, a shuffle buffer (``hasten.echo.shuffle_buffer``) spreads the copies
+After an example echo, a shuffle buffer (``hasten.stream.shuffle_buffer``) spreads the copies
 apart, sized by default so that about 1% of a batch are repeated copies
 (``hasten.echo.default_shuffle_buffer``; with ``AutoEcho`` it follows the current e).
 Without echoing the stage hands the loader's batches on (re-mixed through the buffer
@@ -54,17 +54,16 @@ from hasten.echo.counters import EchoCounters
 from hasten.echo.stages import (
     Factor,
     auto_shuffle_buffer,
-    check_buffer_size,
     check_factor,
     check_variant,
     default_shuffle_buffer,
     echo_batches,
     echo_examples,
-    shuffle_buffer,
     warn_if_small_buffer,
 )
 from hasten.stream.chunk_decode import UNAUGMENTED, DecodedChunk, pad_crop_seed
 from hasten.stream.device_copy import to_device
+from hasten.stream.shuffle_buffer import check_buffer_size, shuffle_buffer
 
 
 class EchoStage:

@@ -3,10 +3,10 @@
 Per epoch, ``epoch_plan`` orders the shards by a permutation of (seed, epoch),
 the examples inside each shard by another, and cuts the resulting sequence into
 ``world_size`` contiguous ranges that differ by at most one example: every
-example goes to exactly one rank once per epoch (the guarantee of
-``hasten.stream.rank_split.rank_indices``), and a rank reads its own shards plus
-at most two shared at the ends of its range. A shuffle buffer
-(``hasten.echo.stages.shuffle_buffer``) then mixes each rank's stream. All of it
+example goes to exactly one rank once per epoch (as torch's DistributedSampler
+without padding), and a rank reads its own shards plus at most two shared at the
+ends of its range. A shuffle buffer (``hasten.stream.shuffle_buffer``) then mixes
+each rank's stream. All of it
 is computed on example numbers, from the counts, before any byte is read, so a
 mid-epoch position (epoch, examples already delivered) names exactly the
 examples still to come: ``plan_records`` reads only the shards that still hold
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hasten.echo.stages import shuffle_buffer
 from hasten.errors import DataError
 from hasten.stream.shard_store import ShardFiles
+from hasten.stream.shuffle_buffer import shuffle_buffer
 from hasten.stream.tar_members import Record, read_shard, scan_shard
 
 

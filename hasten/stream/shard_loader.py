@@ -41,12 +41,12 @@ import torch
 
 from hasten.data.bad_files import check_bad_fraction
 from hasten.data.workers import ordered_map
-from hasten.echo.stages import check_buffer_size
 from hasten.stream.chunk_decode import UNAUGMENTED, DecodedChunk, check_crop, decode_chunk, pack_chunk
 from hasten.stream.decode_pool import MIN_COUNTED
 from hasten.stream.device_copy import to_device
 from hasten.stream.epoch_plan import EpochPlan, epoch_plan, plan_records
 from hasten.stream.shared_buffers import BatchPool, BufferPool
+from hasten.stream.shuffle_buffer import check_buffer_size
 from hasten.stream.tar_members import close_files
 
 

@@ -23,7 +23,6 @@ of the user's unmodified command (every torchrun worker included):
   loop without a DataLoader;
 - :mod:`~hasten.profile.inject.resident`: ... and the device-resident loader's, from the loop's own
   batches kept in memory;
-- :mod:`~hasten.profile.inject.proc_times`: run-queue waits and CPU times from /proc;
 - :mod:`~hasten.profile.inject.sampler`: where the main thread is, and the status file;
 - :mod:`~hasten.profile.inject.batch_source`: the lines that make the batch (no DataLoader);
 - :mod:`~hasten.profile.inject.cpu_window`: the cores other processes left over the window;

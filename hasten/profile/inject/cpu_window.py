@@ -1,6 +1,6 @@
 """The cores this job had over the measured window: what the machine's other processes left it.
 
-The busy probe before the command starts (:func:`hasten.profile.cores.cpu_available`) sees
+The busy probe before the command starts (:func:`hasten.cores.cpu_available`) sees
 0.3 s; the window is what the verdict is about. At its start and end, the CPU time of each
 core the process may run on (``os.sched_getaffinity``) is read from Linux's ``/proc/stat``,
 and the job's own CPU (the main process, all its threads, and the training loader's
@@ -20,37 +20,15 @@ from __future__ import annotations
 import os
 import time
 
+from hasten.cpu_time import core_times
 from hasten.profile.inject.state import State
-
-
-def _core_times(cpus: set[int]) -> dict | None:
-    """CPU seconds of the cores in ``cpus``, summed: busy (all but idle and iowait), of which niced, and idle."""
-    try:
-        with open("/proc/stat") as f:
-            rows = [line.split() for line in f if line.startswith("cpu") and not line.startswith("cpu ")]
-        tick = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return None
-    busy = niced = idle = 0
-    for row in rows:
-        try:
-            if int(row[0][3:]) not in cpus:
-                continue
-            user, nice, system, idle_, iowait, irq, softirq = (int(x) for x in row[1:8])
-            steal = int(row[8]) if len(row) > 8 else 0
-        except (ValueError, IndexError):
-            return None
-        busy += user + nice + system + irq + softirq + steal
-        niced += nice
-        idle += idle_ + iowait
-    return {"busy_s": busy / tick, "niced_s": niced / tick, "idle_s": idle / tick}
 
 
 def start(st: State) -> dict:
     if not hasattr(os, "sched_getaffinity"):
         return {}
     cpus = os.sched_getaffinity(0)
-    times = _core_times(cpus)
+    times = core_times(cpus)
     if times is None:
         return {}
     return {"cpus": len(cpus), "t0": time.perf_counter(), "own0": time.process_time(), "times0": times,
@@ -61,7 +39,7 @@ def finish(st: State, w: dict, worker_cpu_s: float | None) -> dict:
     """The window's cores: allowed, the job's own CPU, other processes', and the free cores they left."""
     if not w:
         return {}
-    times = _core_times(set(w["cpu_set"]))
+    times = core_times(set(w["cpu_set"]))
     wall = time.perf_counter() - w["t0"]
     if times is None or wall <= 0:
         return {}

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import time
 
+from hasten.cpu_time import pid_cpu_s, runqueue_s
 from hasten.profile.inject import fixes, messages, resident, state, steps
 from hasten.profile.inject.batches import batch_nbytes, fingerprint, fresh_copy, tensor_layout
-from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
 from hasten.profile.inject.state import State, is_training_loader
 
 

@@ -17,8 +17,8 @@ import math
 import statistics
 import time
 
+from hasten.cpu_time import pid_cpu_s
 from hasten.profile.inject import autocast_check, cpu_window, ddp, probes
-from hasten.profile.inject.proc_times import pid_cpu_s
 from hasten.profile.inject.state import State, is_training_loader
 from hasten.profile.shares import could_decide, stalled, sum_interval
 

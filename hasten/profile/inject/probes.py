@@ -27,8 +27,8 @@ import math
 import statistics
 import time
 
+from hasten.cpu_time import pid_cpu_s, runqueue_s
 from hasten.profile.inject import messages
-from hasten.profile.inject.proc_times import pid_cpu_s, runqueue_s
 from hasten.profile.inject.settings import NEEDS_REPLAY
 from hasten.profile.inject.state import State
 

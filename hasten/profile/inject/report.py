@@ -24,6 +24,7 @@ import os
 import sys
 import time
 
+from hasten.cores import affinity_cores
 from hasten.profile.inject import phases, probes, state
 from hasten.profile.inject.messages import (error_line, raised_in_hasten, say, status, undo_probe_effects,
                                             write_json, write_status)
@@ -46,7 +47,7 @@ def report(st: State, complete: bool) -> dict:
             "loader_driven": bool(train), "batch_size": first["batch_size"] if first else None,
             "dataset_len": first["dataset_len"] if first else None, "batch_bytes": st.cached_bytes,
             "batch_layout": st.batch_layout, "batch_fn": st.batch_fn_shape,
-            "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cpu_count": affinity_cores(),
             "warmup": st.warmup, "steps": st.steps, "steps_seen": st.steps_seen, "phase": st.phase,
             "extended": st.extended,
             "apply": st.apply, "apply_error": st.apply_error, "records": st.records, "loaders": _loaders_report(st),

@@ -28,9 +28,9 @@ from __future__ import annotations
 import statistics
 import time
 
+from hasten.cpu_time import runqueue_s
 from hasten.profile.inject import messages, phases, probes, report, state
 from hasten.profile.inject.device_sync import sync
-from hasten.profile.inject.proc_times import runqueue_s
 from hasten.profile.inject.state import RECORDS, State, is_training_loader
 
 
