@@ -146,8 +146,9 @@ class RepeatValueEstimate:
       (``AutoEcho.repeat_value``, ``later_repeat_value``) and a normal measurement. Before
       ``MIN_BLOCKS`` blocks w = 0: the schedule runs on the prior.
     - Cost: the loop measures every ``every`` steps at first; each block that leaves the
-      measurement within ``TOLERANCE`` of where it was doubles that interval (up to
-      ``MAX_SPREAD`` times ``every``), a block that moves it more brings it back to ``every``.
+      measurement within ``TOLERANCE`` of where it was, and itself lies within three
+      spreads of it, doubles that interval (up to ``MAX_SPREAD`` times ``every``); any other
+      block brings it back to ``every`` (a change shows in one block, long before the median).
     """
 
     BLOCK = 4
@@ -190,17 +191,19 @@ class RepeatValueEstimate:
         self._open = [0.0, 0.0, 0]
         if block[1] <= 0:
             return False
-        self.blocks.append(block[0] / block[1])
+        value = block[0] / block[1]
+        self.blocks.append(value)
         if len(self.blocks) < self.MIN_BLOCKS:
             return False
         values = sorted(self.blocks)
         k = len(values)
         median = _median(values)
-        mad = _median(sorted(abs(v - median) for v in values))
-        se = max(self.SE_FLOOR, 1.2533 * 1.4826 * mad / math.sqrt(k))
-        if self.measurement is not None and abs(median - self.measurement) < self.TOLERANCE:
+        spread = 1.4826 * _median(sorted(abs(v - median) for v in values))  # a robust std of one block
+        se = max(self.SE_FLOOR, 1.2533 * spread / math.sqrt(k))
+        if (self.measurement is not None and abs(median - self.measurement) < self.TOLERANCE
+                and abs(value - self.measurement) <= 3 * max(spread, self.TOLERANCE)):
             self.interval = min(self.interval * 2, self.MAX_SPREAD * self.every)
-        else:
+        else:  # the value moved, or this block is far out: look again soon
             self.interval = self.every
         self.measurement = median
         self.weight = self.PRIOR_SD ** 2 / (self.PRIOR_SD ** 2 + se ** 2)
