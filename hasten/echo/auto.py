@@ -36,10 +36,8 @@ import threading
 from collections import deque
 from contextlib import contextmanager
 
-import torch
-import torch.distributed as dist
-
 from hasten.echo.effective import EffectiveExamples
+from hasten.echo.ranks import agree, own_group
 from hasten.echo.repeat_value import RepeatLossSums, RepeatValueEstimate
 from hasten.timing import Stopwatch
 
@@ -58,14 +56,13 @@ MAX_PATIENCE = 16
 
 
 def rule_digest() -> str:
-    """A digest of the source of AutoEcho's rule (this module, its repeat-value estimate and
-    its budget): run journals key AutoEcho's runs on it, so that a changed rule reruns them
-    while runs without AutoEcho stay valid."""
+    """A digest of the source of AutoEcho's rule (this module and the three it is built from):
+    run journals key AutoEcho's runs on it; a changed rule reruns them, not the others."""
     import hashlib
     from pathlib import Path
 
     here = Path(__file__).parent
-    text = b"".join((here / name).read_bytes() for name in ("auto.py", "effective.py", "repeat_value.py"))
+    text = b"".join((here / name).read_bytes() for name in ("auto.py", "effective.py", "ranks.py", "repeat_value.py"))
     return hashlib.sha256(text).hexdigest()[:16]
 
 
@@ -384,47 +381,20 @@ class AutoEcho(EffectiveExamples):
             self._paused_s += spent
             self.paused_s += spent
 
-    @staticmethod
-    def _distributed():
-        """torch.distributed when it runs more than one rank, else None."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return None
-        return dist
-
     def setup_distributed(self) -> None:
-        """Create AutoEcho's own gloo process group. Call it on the training thread of
-        every rank, at the same point, before an echo stage runs on another thread
-        (``hasten.stream.echo_stage.EchoStage`` does); a no-op without ``torch.distributed``, with ``sync=False``
-        or when done already.
-
-        Why: the ranks agree inside the echo stage, on whatever thread runs it. From a
-        thread other than the training thread, a collective on the default group would
-        interleave with DDP's collectives in an order that differs between ranks (NCCL
-        then hangs or mixes tensors); DDP never uses this group, and it reduces CPU
-        tensors."""
-        if self.sync and self._group is None and self._distributed() is not None:
-            self._group = dist.new_group(backend="gloo")
+        """Create AutoEcho's own gloo process group (``hasten.echo.ranks.own_group``). Call it
+        on the training thread of every rank, at the same point, before an echo stage runs on
+        another thread (``hasten.stream.echo_stage.EchoStage`` does); a no-op without
+        ``torch.distributed``, with ``sync=False`` or when done already."""
+        if self.sync and self._group is None:
+            self._group = own_group()
 
     def _agree(self, estimate: float, cap: float, loss_ratio: float | None,
                dots: tuple[float, float, int] = (0.0, 0.0, 0)) -> tuple[float, float, float, tuple[float, float, int]]:
-        """The mean estimate over data-parallel ranks (nan, i.e. 'not input-bound', only if
-        no rank waits), the mean cap, the mean loss ratio (nan if no rank has one) and the
-        sums of the repeat-value reports, so that every rank computes the same e and values
-        repeats alike."""
         loss = math.nan if loss_ratio is None else loss_ratio
-        if not self.sync or self._distributed() is None:
+        if not self.sync:
             return estimate, cap, loss, dots
-        group = self._group
-        backend = dist.get_backend(group)
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-        valid, has_loss = not math.isnan(estimate), not math.isnan(loss)
-        t = torch.tensor([estimate if valid else 0.0, 1.0 if valid else 0.0, cap,
-                          loss if has_loss else 0.0, 1.0 if has_loss else 0.0, *dots],
-                         device=device, dtype=torch.float64)
-        dist.all_reduce(t, group=group)
-        world = dist.get_world_size(group)
-        return ((math.nan if t[1] == 0 else float(t[0] / t[1])), float(t[2] / world),
-                (math.nan if t[4] == 0 else float(t[3] / t[4])), (float(t[5]), float(t[6]), int(t[7])))
+        return agree(self._group, estimate, cap, loss, dots)
 
     def __repr__(self) -> str:
         return f"AutoEcho(factor={self.factor:.2f}, e_max={self.e_max})"
