@@ -22,10 +22,16 @@ modelled clock replaced by a real upstream:
 
 e = 1, 2, 4 and AutoEcho (not told R) at R = 2 and 4, ``--seeds`` seeds, each seed's
 runs in a fresh shuffled order (``hasten.timing.interleaved``), every run stopped at
-the target. Each run goes to a journal as it finishes; the same command resumes.
+the target; at R <= 1 (``--ratios 1,2,4``) e = 1 and AutoEcho only, the check that AutoEcho
+costs nothing where echoing cannot pay. The goals (issue 44) are printed per R as AutoEcho
+over the best fixed factor (over e = 1 at R <= 1): the mean of per-seed ratios of wall
+time to the target with its 95% interval. Each run goes to a journal as it finishes, keyed
+by what decides it (AutoEcho's runs also by the source of its rule,
+``hasten.echo.auto.rule_digest``: a changed rule reruns them and reuses the fixed factors'
+runs); the same command resumes, and a command with more seeds or another R adds runs.
 The results compare with the modelled ones in ``echo_target.json`` (same settings).
 
-    python benchmarks/echo_link.py [--seeds 3] [--ratios 2,4] [--pipeline keys|stage] [--smoke]
+    python benchmarks/echo_link.py [--seeds 3|3-5] [--ratios 2,4] [--pipeline keys|stage] [--smoke]
 
 Needs root and iproute2 (network namespaces, tc) and ``pip install -e '.[remote]'``
 plus ``rangehttpserver`` (the ``test`` extra). Writes ``benchmarks/results/echo_link.json``.
@@ -222,9 +228,28 @@ def summarize(runs: list[dict], ratios, factors) -> list[dict]:
     return rows
 
 
-def goals(rows: list[dict], ratios) -> dict:
+def goals(rows: list[dict], ratios, runs: list[dict] | None = None) -> dict:
+    """Per R: the best fixed factor (by mean speed-up), AutoEcho against it and, at R <= 1,
+    AutoEcho against e = 1, each as the mean of per-seed ratios of wall time to the target
+    (the other's over AutoEcho's: above 1, AutoEcho was faster) with its 95% interval (t, n - 1
+    degrees of freedom), raw and in units of each run's probe step time. Goals (issue 44):
+    AutoEcho at least 0.9 of the best fixed factor at R > 1, at least 0.97 of e = 1 at R <= 1;
+    at R = 4 the best fixed factor at least 2.5x sooner than e = 1."""
     def row(ratio, factor):
         return next((r for r in rows if r["ratio"] == ratio and r["echo_factor"] == factor), None)
+
+    def per_seed(ratio, factor, scaled):
+        return {r["seed"]: r["wall_time_to_target_s"] / (r["calibration_step_s"] if scaled else 1.0)
+                for r in runs or [] if r["nominal_ratio"] == ratio and str(r["echo_factor"]) == factor
+                and r["reached_target"]}
+
+    def against(ratio, other):
+        """AutoEcho over ``other`` per seed: other's wall time / AutoEcho's."""
+        out = {}
+        for scaled, name in ((False, "raw"), (True, "in_step_times")):
+            ratios_ = paired_ratios(per_seed(ratio, other, scaled), per_seed(ratio, "auto", scaled))
+            out[name] = mean_ci(ratios_) if ratios_ else None
+        return out
     out = {"per_ratio": []}
     for ratio in ratios:
         fixed = [r for r in rows if r["ratio"] == ratio and r["echo_factor"] not in ("auto", "1.0") and r["speedup"]]
@@ -232,16 +257,40 @@ def goals(rows: list[dict], ratios) -> dict:
         auto = row(ratio, "auto")
         a = auto["speedup"]["mean"] if auto and auto["speedup"] else None
         entry = {"ratio": ratio, "best_fixed_e": best["echo_factor"] if best else None,
-                 "best_fixed_speedup": best["speedup"]["mean"] if best else None, "autoecho_speedup": a,
-                 "autoecho_vs_best": a / best["speedup"]["mean"] if a and best else None,
-                 "autoecho_goal_met": bool(a and best and a >= 0.9 * best["speedup"]["mean"])}
-        if auto and best and auto.get("speedup_in_step_times") and best.get("speedup_in_step_times"):
-            entry["autoecho_vs_best_in_step_times"] = (auto["speedup_in_step_times"]["mean"]
-                                                      / best["speedup_in_step_times"]["mean"])
+                 "best_fixed_speedup": best["speedup"]["mean"] if best else None, "autoecho_speedup": a}
+        if ratio <= 1:
+            # Echoing cannot pay: AutoEcho must cost nothing next to e = 1.
+            vs = against(ratio, "1.0")
+            entry["autoecho_vs_e1"] = vs
+            entry["autoecho_no_harm_goal_met"] = bool(vs["raw"] and vs["raw"]["mean"] >= 0.97)
+        elif best:
+            vs = against(ratio, best["echo_factor"])
+            entry["autoecho_vs_best"] = vs
+            entry["autoecho_goal_met"] = bool(vs["raw"] and vs["raw"]["mean"] >= 0.9)
         if ratio == 4.0:
             entry["best_fixed_goal_met"] = bool(best and best["speedup"]["mean"] >= 2.5)
         out["per_ratio"].append(entry)
     return out
+
+
+def goals_lines(g: dict) -> str:
+    """The goals as lines: AutoEcho over the best fixed factor (R > 1) or e = 1 (R <= 1)."""
+    def ci(stat):
+        if not stat:
+            return "-"
+        half = f" ± {stat['ci95']:.2f}" if stat.get("ci95") is not None else ""
+        return f"{stat['mean']:.2f}{half} (n = {stat['n']})"
+    lines = []
+    for e in g["per_ratio"]:
+        if "autoecho_vs_e1" in e:
+            vs, what, goal = e["autoecho_vs_e1"], "e = 1", 0.97
+        elif "autoecho_vs_best" in e:
+            vs, what, goal = e["autoecho_vs_best"], f"the best fixed factor (e = {float(e['best_fixed_e']):g})", 0.9
+        else:
+            continue
+        lines.append(f"R = {e['ratio']:g}: AutoEcho / {what} {ci(vs['raw'])}, in step times {ci(vs['in_step_times'])}"
+                     f" (goal >= {goal}; mean ± 95% interval over seeds)")
+    return "\n".join(lines)
 
 
 def against_model(rows: list[dict]) -> list[dict]:
@@ -287,11 +336,42 @@ def tuned_specs(cfg: SweepConfig) -> dict[str, RunSpec]:
     return {k: RunSpec(**{f: v for f, v in s.items() if f in RunSpec.__dataclass_fields__}) for k, s in specs.items()}
 
 
+def sweep_config(data: str, value_every: int | None) -> SweepConfig:
+    """The experiment's settings. The runs to make are chosen by --seeds, --ratios and
+    --factors, and each run's journal key names its R and seed; cfg.seeds and cfg.ratios are
+    read by nothing here. They stay at the values of the first journals (echo_link*.runs.jsonl),
+    so that the journal's digest of the settings, and with it every finished run, holds
+    whichever seeds and R a command picks."""
+    return SweepConfig.at_target(data, seeds=3, ratios=(2.0, 4.0),
+                                 **({} if value_every is None else {"value_every": value_every}))
+
+
+def parse_seeds(text: str) -> list[int] | None:
+    """``--seeds``: a count N (seeds 0 to N - 1), or seeds and ranges ('3-5', '0,2,7-8');
+    None when it is neither (or empty, or holds a negative seed)."""
+    try:
+        if text.strip().isdigit():
+            n = int(text)
+            return list(range(n)) if n >= 1 else None
+        seeds: list[int] = []
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            lo, hi = int(first), int(last or first)
+            if lo < 0 or hi < lo:
+                return None
+            seeds += [s for s in range(lo, hi + 1) if s not in seeds]
+        return seeds or None
+    except ValueError:
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_data_argument(ap)
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per setting (default 3)")
-    ap.add_argument("--ratios", default="2,4", help="upstream ratios R, comma-separated (default 2,4)")
+    ap.add_argument("--seeds", default="3", help="seeds: a count N (seeds 0 to N - 1) or a list and ranges such as "
+                                                 "'3-5' or '0,2' (default 3)")
+    ap.add_argument("--ratios", default="2,4", help="upstream ratios R, comma-separated (default 2,4); at R <= 1 "
+                                                    "only e = 1 and AutoEcho run (the no-harm check)")
     ap.add_argument("--factors", default="1,2,4,auto", help="echo factors (default 1,2,4,auto)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--prefetch", type=int, default=4, help="shards read ahead (default 4)")
@@ -312,11 +392,17 @@ def main() -> int:
     if args.markdown:
         report = json.loads(Path(args.markdown).read_text())
         print(table(report["summary"]))
+        print()
+        ratios_in = sorted({r["ratio"] for r in report["summary"]})
+        print(goals_lines(goals(report["summary"], ratios_in, report["runs"])))  # (older JSONs too)
         return 0
     # A stop (SIGTERM) unwinds the with-blocks: the namespaces and the server go with the run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if args.seeds < 1 or args.threads < 1 or args.prefetch < 1 or args.shard_kb < 4 or (args.value_every or 0) < 0:
-        ap.error("--seeds, --threads and --prefetch must be >= 1, --shard-kb >= 4, --value-every >= 0")
+    seeds = parse_seeds(args.seeds)
+    if seeds is None:
+        ap.error(f"--seeds takes a count or a list of seeds and ranges (3, 0-2, 0,4); got {args.seeds!r}")
+    if args.threads < 1 or args.prefetch < 1 or args.shard_kb < 4 or (args.value_every or 0) < 0:
+        ap.error("--threads and --prefetch must be >= 1, --shard-kb >= 4, --value-every >= 0")
     if os.geteuid() != 0:
         ap.error("needs root: network namespaces and tc shape the link to the shard server")
     require_data(args.data, "echo_link")
@@ -328,11 +414,10 @@ def main() -> int:
         ap.error(f"--ratios takes numbers, --factors numbers or 'auto'; got {args.ratios!r}, {args.factors!r}")
     if any(r <= 0 for r in ratios) or any(f != "auto" and f < 1 for f in factors) or 1.0 not in factors:
         ap.error("ratios must be > 0 and echo factors >= 1, with 1 among them (the speed-ups are over it)")
-    cfg = SweepConfig.at_target(args.data, seeds=args.seeds, ratios=tuple(ratios),
-                                **({} if args.value_every is None else {"value_every": args.value_every}))
+    cfg = sweep_config(args.data, args.value_every)
     if args.smoke:
         cfg = replace(cfg, target=0.15, test_images=500, epochs=0.3, eval_points=(0.5, 1.0), seeds=1)
-        ratios, factors, args.out = [2.0], [1.0, "auto"], "/dev/null"
+        ratios, factors, seeds, args.out = [2.0], [1.0, "auto"], [0], "/dev/null"
         args.journal = os.devnull
     specs = tuned_specs(cfg)
     if args.smoke:
@@ -343,12 +428,14 @@ def main() -> int:
     shard_dir, index_of = shards_for(args.data, Path(args.shards).expanduser(), args.shard_kb)
     from hasten.stream.remote_store import RemoteShards
 
-    jobs = [(ratio, e) for ratio in ratios for e in factors]
-    bar = progress(total=len(jobs) * cfg.seeds, desc="echo over a link", unit="run")
+    # At R <= 1 echoing cannot pay: only e = 1 and AutoEcho, which must stay at e = 1 for free.
+    jobs = [(ratio, e) for ratio in ratios for e in factors if ratio > 1 or e in (1.0, "auto")]
+    bar = progress(total=len(jobs) * len(seeds), desc="echo over a link", unit="run")
     runs: list[dict] = []
     with MeasuredConditions("cpu", argv=sys.argv) as cond, Link(shard_dir) as link:
         store = RemoteShards(link.url, "train", connections=args.prefetch)
-        for seed, (ratio, e) in interleaved(jobs, cfg.seeds, seed=0):
+        for i, (ratio, e) in interleaved(jobs, len(seeds), seed=0):
+            seed = seeds[i]
             spec = replace(base, echo="auto", seed=seed) if e == "auto" else replace(specs[str(e)], seed=seed)
             # "upstream": runs before the source read through ShardLoader (its own decode thread) do not count.
             key = json.dumps({"ratio": ratio, "spec": spec.__dict__, "prefetch": args.prefetch,
@@ -374,7 +461,7 @@ def main() -> int:
     rows = write_report(args, cfg, cond, runs, ratios, factors)  # again, with the conditions after the last run
     print(table(rows))
     print(cond.summary())
-    print("goals:", json.dumps(goals(rows, ratios), indent=1))
+    print(goals_lines(goals(rows, ratios, runs)))
     return 0
 
 
@@ -391,7 +478,7 @@ def write_report(args, cfg: SweepConfig, cond, runs: list[dict], ratios, factors
                  "upstream": ("hasten.recipes.echo.shard_source over ShardLoader" if args.pipeline == "keys"
                               else "EchoStage over ShardLoader (train_budget(stream=...))"),
                  "shard_kb": args.shard_kb},
-        "runs": runs, "summary": rows, "goals": goals(rows, ratios), "against_model": against_model(rows)})
+        "runs": runs, "summary": rows, "goals": goals(rows, ratios, runs), "against_model": against_model(rows)})
     return rows
 
 

@@ -18,7 +18,6 @@ from hasten.recipes.echo.value import steps_multiplier
 def _started(**kw):
     """An AutoEcho past its ignored start-up window."""
     kw.setdefault("e_max", 10)
-    kw.setdefault("smoothing", 1.0)
     auto = AutoEcho(**kw)
     auto.observe(fresh=10, emitted=10, wait_s=1.0, downstream_s=0.1)
     assert auto.windows == 1 and auto.ratio_estimate is None
@@ -49,7 +48,7 @@ def test_validation_boundaries_and_messages():
     # Boundary values the docstring allows.
     assert AutoEcho(e_max=1).e_max == 1.0  # e_max = 1: never echo
     assert AutoEcho(interval=1).interval == 1
-    AutoEcho(idle_threshold=0.0, headroom=0.0, smoothing=1.0, loss_smoothing=1.0)
+    AutoEcho(idle_threshold=0.0, hysteresis=0.0, loss_smoothing=1.0, value_every=0)
     for kw, name in [
         ({"e_max": 0.99}, "e_max"),
         ({"idle_threshold": 1.0}, r"idle_threshold must be in \[0, 1\)"),
@@ -57,9 +56,10 @@ def test_validation_boundaries_and_messages():
         ({"probe": 0.0}, r"probe must be in \(0, 1\)"),
         ({"probe": 1.0}, r"probe must be in \(0, 1\)"),
         ({"probe": 1.5}, "probe"),
-        ({"smoothing": 0.0}, r"smoothing must be in \(0, 1\]"),
-        ({"smoothing": 1.5}, r"smoothing must be in \(0, 1\]"),
-        ({"headroom": 1.0}, r"headroom must be in \[0, 1\)"),
+        ({"hysteresis": 1.0}, r"hysteresis must be in \[0, 1\)"),
+        ({"hysteresis": -0.1}, r"hysteresis must be in \[0, 1\)"),
+        ({"value_every": -1}, "value_every must be an integer >= 0"),
+        ({"value_every": 2.5}, "value_every must be an integer >= 0"),
         ({"repeat_tolerance": 1.0}, r"repeat_tolerance must be in \(0, 1\)"),
         ({"loss_smoothing": 0.0}, r"loss_smoothing must be in \(0, 1\]"),
         ({"loss_smoothing": 1.5}, r"loss_smoothing must be in \(0, 1\]"),
@@ -70,34 +70,42 @@ def test_validation_boundaries_and_messages():
 
 def test_waiting_share_must_be_strictly_above_the_threshold():
     # W / (W + D) = 0.25 / 1.0 = 0.25, exactly the threshold: not input-bound.
-    auto = _started(idle_threshold=0.25, headroom=0.1)
+    auto = _started(idle_threshold=0.25)
     auto.observe(fresh=4, emitted=4, wait_s=0.25, downstream_s=0.75)
-    assert math.isnan(auto.history[-1][1])
-    # Not waiting with no estimate yet: R is taken as the one that gave e (1 / 1.1), eased by probe/2.
-    assert auto.ratio_estimate == pytest.approx((1.0 / 1.1) * (1 - 0.1 / 2))
-    assert auto.factor == 1.0
+    assert math.isnan(auto.history[-1][1]) and auto.ratio_estimate is None and auto.factor == 1.0
+    auto.observe(fresh=4, emitted=4, wait_s=0.26, downstream_s=0.74)  # above it: a measurement
+    assert auto.ratio_estimate == pytest.approx(1 + 0.26 / 0.74)
 
 
-def test_not_waiting_eases_the_running_estimate_not_the_one_implied_by_e():
-    auto = _started(headroom=0.1, probe=0.1)
-    auto.observe(fresh=10, emitted=10, wait_s=0.5, downstream_s=0.1)  # R = 6: e = 6.6 at once
-    assert auto.ratio_estimate == pytest.approx(6.0) and auto.factor == pytest.approx(6.6)
-    auto.observe(fresh=10, emitted=66, wait_s=0.0, downstream_s=0.66)  # no waiting
-    assert auto.ratio_estimate == pytest.approx(6.0 * 0.95)  # not 6.6 / 1.1 * 0.95 from e
-    assert auto.factor == pytest.approx(5.7 * 1.1)
+def test_the_first_measurement_sets_e_and_later_ones_move_it_only_outside_the_band():
+    auto = _started(hysteresis=0.05)
+    auto.observe(fresh=10, emitted=10, wait_s=0.5, downstream_s=0.1)  # R = 6: e = 6 at once, no headroom
+    assert auto.ratio_estimate == pytest.approx(6.0) and auto.factor == pytest.approx(6.0)
+    # Windows at e = 6 reading R = 6.24 (4% above): the median moves, e holds inside the band.
+    for _ in range(3):
+        auto.observe(fresh=10, emitted=60, wait_s=0.024, downstream_s=0.6)
+    assert auto.ratio_estimate == pytest.approx(6.24) and auto.factor == pytest.approx(6.0)
+    # Two windows reading R = 7.2: the median of the last three (6.24, 7.2, 7.2) leaves the band.
+    auto.observe(fresh=10, emitted=60, wait_s=0.12, downstream_s=0.6)
+    assert auto.factor == pytest.approx(6.0)  # one window is outvoted
+    auto.observe(fresh=10, emitted=60, wait_s=0.12, downstream_s=0.6)
+    assert auto.ratio_estimate == pytest.approx(7.2) and auto.factor == pytest.approx(7.2)
 
 
 def test_echoing_turns_on_at_exactly_off_below():
     # R = (4 / 4) * (1 + 0.25 / 1.0) = 1.25 = off_below: echoing is off only *under* it,
-    # and e = R * 1.1 = 1.375 (not rounded up to a whole copy).
-    auto = _started(headroom=0.1)
+    # and e = R = 1.25 (not rounded up to a whole copy).
+    auto = _started()
     auto.observe(fresh=4, emitted=4, wait_s=0.25, downstream_s=1.0)
     assert auto.ratio_estimate == 1.25
-    assert auto.factor == pytest.approx(1.375)
+    assert auto.factor == pytest.approx(1.25)
+    below = _started()
+    below.observe(fresh=4, emitted=4, wait_s=0.24, downstream_s=1.0)
+    assert below.ratio_estimate == pytest.approx(1.24) and below.factor == 1.0
 
 
 def test_windows_that_teach_nothing_are_skipped_not_counted():
-    auto = AutoEcho(e_max=10, smoothing=1.0)
+    auto = AutoEcho(e_max=10)
     # No fresh item, no emitted item, or no downstream time (a coarse clock): nothing to learn,
     # and such a window does not use up the ignored start-up window either.
     for bad in [dict(fresh=0, emitted=10, wait_s=0.5, downstream_s=0.1),
@@ -120,14 +128,14 @@ def test_loop_reports_without_items_or_time_leave_the_stages_view_in_use():
     # A step of zero measured seconds (a coarse clock) or of no items is no loop measurement:
     # the stage's own view is used, now and in later windows without loop reports.
     for report in [dict(wait_s=0.0, step_s=0.0, items=16), dict(wait_s=0.05, step_s=0.1, items=0)]:
-        auto = AutoEcho(e_max=10, smoothing=1.0)
+        auto = AutoEcho(e_max=10)
         auto.record_step(**report)
         auto.observe(fresh=10, emitted=10, wait_s=1.0, downstream_s=0.1)  # start-up window
         auto.record_step(**report)
         auto.observe(fresh=10, emitted=10, wait_s=0.2, downstream_s=0.1)  # R = 1 * (1 + 2) = 3
         assert auto.ratio_estimate == pytest.approx(3.0), report
         auto.observe(fresh=10, emitted=10, wait_s=0.4, downstream_s=0.1)  # R = 5
-        assert auto.ratio_estimate == pytest.approx(5.0), report
+        assert auto.history[-1][1] == pytest.approx(5.0), report
 
 
 def test_a_loop_of_one_item_steps_is_a_loop_report():
@@ -151,7 +159,7 @@ def test_fresh_items_of_several_stepless_windows_all_carry_over():
     # R = (60 / 60) * (1 + 0.8 / 0.4) = 3.
     auto.record_step(wait_s=0.8, step_s=0.4, items=60)
     auto.observe(fresh=30, emitted=60, wait_s=0.8, downstream_s=0.001)
-    assert auto.ratio_estimate == pytest.approx(3.0)
+    assert auto.history[-1][1] == pytest.approx(3.0)  # this window's R (R^ is a median)
 
 
 def test_loss_reports_that_are_not_finite_or_not_positive_are_ignored():
@@ -194,7 +202,7 @@ def test_repeated_pauses_within_one_window_all_count(monkeypatch):
             return 0.05
 
     monkeypatch.setattr(auto_mod, "Stopwatch", FakeStopwatch)
-    auto = _started(headroom=0.0)
+    auto = _started()
     for _ in range(2):
         with auto.paused():
             pass
@@ -247,7 +255,7 @@ class _FakeRanks:
 def test_ranks_average_their_estimates_and_caps(monkeypatch, mine, other, expect):
     ranks = _FakeRanks(other_estimate=other, other_cap=1.0)
     ranks.install(monkeypatch)
-    auto = _started(e_max=10, headroom=0.1)
+    auto = _started(e_max=10)
     auto.observe(fresh=10, emitted=10, wait_s=mine, downstream_s=0.1)
     assert len(ranks.reduced) == 1 and ranks.reduced[0].dtype == torch.float64
     est = auto.history[-1][1]
@@ -456,25 +464,19 @@ def test_run_length_counting_matches_item_by_item_values():
 
 
 # ----------------------------------------------------------------------------- Jitter at e = R holds e
-def test_a_short_wait_within_half_the_headroom_holds_e_instead_of_creeping_up():
-    auto = _started(headroom=0.1, e_max=8)
-    auto.observe(fresh=10, emitted=10, wait_s=0.4, downstream_s=0.1)  # R = 5: e = 5.5
-    assert auto.factor == pytest.approx(5.5)
-    # At e = 5.5 the upstream jitters: 3% waiting gives R = 5.5 x 1.03 = 5.67 < 5.5 x 1.05.
-    # Taken as R it would set e = 6.2, then 7.0, 7.9: the creep to e_max.
-    for _ in range(5):
-        auto.observe(fresh=10, emitted=55, wait_s=0.03, downstream_s=1.0)
-    assert auto.factor == pytest.approx(5.5) and auto.ratio_estimate == pytest.approx(5.0)
-    # Just under half the headroom (4% < 5%) still holds; each held window is in the history.
-    held = len(auto.history)
-    auto.observe(fresh=10, emitted=55, wait_s=0.04, downstream_s=1.0)
-    assert auto.factor == pytest.approx(5.5) and len(auto.history) == held + 1
-    assert auto.history[-1] == (5.5, pytest.approx(5.5 * 1.04))
-    # A wait beyond half the headroom is a real rise of R: R = 5.5 x 1.2 = 6.6, e = 7.26.
-    auto.observe(fresh=10, emitted=55, wait_s=0.2, downstream_s=1.0)
-    assert auto.factor == pytest.approx(6.6 * 1.1)
-    # Without headroom there is no band: the same 3% wait is a measurement.
-    bare = _started(headroom=0.0, e_max=8)
+def test_short_waits_within_the_band_hold_e_instead_of_creeping_up():
+    auto = _started(hysteresis=0.05, e_max=8)
+    auto.observe(fresh=10, emitted=10, wait_s=0.4, downstream_s=0.1)  # R = 5: e = 5
+    assert auto.factor == pytest.approx(5.0)
+    # At e = 5 the upstream jitters: 4% waiting reads R = 5.2, inside the band. Taken as R
+    # above e window after window, it was the creep to e_max of the old rule (e = R x 1.1).
+    for _ in range(10):
+        auto.observe(fresh=10, emitted=50, wait_s=0.04, downstream_s=1.0)
+    assert auto.factor == pytest.approx(5.0) and auto.ratio_estimate == pytest.approx(5.2)
+    assert auto.history[-1] == (5.0, pytest.approx(5.2))  # each held window is in the history
+    # Without a band the same wait is a new R each window.
+    bare = _started(hysteresis=0.0, e_max=8)
     bare.observe(fresh=10, emitted=10, wait_s=0.4, downstream_s=0.1)
-    bare.observe(fresh=10, emitted=50, wait_s=0.03, downstream_s=1.0)
-    assert bare.factor == pytest.approx(5 * 1.03)
+    bare.observe(fresh=10, emitted=50, wait_s=0.04, downstream_s=1.0)
+    bare.observe(fresh=10, emitted=50, wait_s=0.04, downstream_s=1.0)
+    assert bare.factor == pytest.approx(5.2)

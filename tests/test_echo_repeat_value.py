@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hasten.echo.auto import REPEAT_VALUE, AutoEcho
-from hasten.echo.repeat_value import gradient_dots
+from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_VALUE, AutoEcho
+from hasten.echo.repeat_value import RepeatLossSums, RepeatValueEstimate, gradient_dots, observe_repeat_losses
 
 DIM = 20
 
@@ -83,56 +83,163 @@ def _window(auto: AutoEcho) -> None:
     auto.observe(fresh=10, emitted=10, wait_s=0.2, downstream_s=0.1)
 
 
-def test_autoecho_values_repeats_at_the_measurement_once_it_has_enough_reports():
-    auto = AutoEcho(value_after=3, value_memory=1.0)
+def _report_blocks(auto: AutoEcho, values, per_block: int = RepeatValueEstimate.BLOCK) -> None:
+    """One block of reports per value (each report repeat_dot = value, fresh_dot = 1), a window after each."""
+    for v in values:
+        for _ in range(per_block):
+            auto.report_repeat_gradients(v, 1.0)
+        _window(auto)
+
+
+def _shrunk(prior: float, measurement: float, se: float) -> float:
+    w = RepeatValueEstimate.PRIOR_SD ** 2 / (RepeatValueEstimate.PRIOR_SD ** 2 + se ** 2)
+    return prior + w * (measurement - prior)
+
+
+def test_autoecho_moves_its_schedule_only_from_min_blocks_on_and_shrinks_toward_the_prior():
+    auto = AutoEcho()
     _window(auto)  # start-up
-    for _ in range(2):
-        auto.report_repeat_gradients(0.8, 1.0)
-    _window(auto)
+    _report_blocks(auto, [0.9] * (RepeatValueEstimate.MIN_BLOCKS - 1))
     assert auto.measured_value is None and auto.copy_value(1) == pytest.approx(REPEAT_VALUE)
-    auto.report_repeat_gradients(1.1, 1.0)  # the sums: 2.7 / 3
-    _window(auto)
-    assert auto.measured_value == pytest.approx(0.9)
-    assert auto.copy_value(1) == auto.copy_value(5) == pytest.approx(0.9)
-    auto.report_repeat_gradients(50.0, 1.0)  # far above what a repeat can be worth: clipped to 1
-    _window(auto)
-    assert auto.copy_value(1) == 1.0 and auto.value_history == [pytest.approx(0.9), 1.0]
+    _report_blocks(auto, [0.9])
+    # Three equal blocks: no spread, the floor of the standard error; each copy's prior moves
+    # almost all the way to the measurement.
+    se = RepeatValueEstimate.SE_FLOOR
+    assert auto.copy_value(1) == pytest.approx(_shrunk(REPEAT_VALUE, 0.9, se))
+    assert auto.copy_value(5) == pytest.approx(_shrunk(LATER_REPEAT_VALUE, 0.9, se))
+    assert auto.measured_value == auto.copy_value(1)
+    # Blocks that disagree: the median, shrunk by its standard error (1.2533 x 1.4826 x MAD / sqrt(k)).
+    spread = AutoEcho()
+    _window(spread)
+    _report_blocks(spread, [0.5, 0.9, 1.1])
+    se = 1.2533 * 1.4826 * 0.2 / math.sqrt(3)
+    assert spread.copy_value(1) == pytest.approx(_shrunk(REPEAT_VALUE, 0.9, se))
+    assert _shrunk(REPEAT_VALUE, 0.9, se) < 0.85  # a noisy measurement moves the schedule less
 
 
-def test_older_reports_weigh_less_with_memory_below_one():
-    auto = AutoEcho(value_after=1, value_memory=0.5)
+def test_one_outlier_reading_does_not_move_the_schedule():
+    auto = AutoEcho()
     _window(auto)
-    auto.report_repeat_gradients(0.0, 1.0)
-    auto.report_repeat_gradients(1.0, 1.0)  # sums: 0.5 x 0 + 1 = 1 over 0.5 x 1 + 1 = 1.5
+    _report_blocks(auto, [0.84, 0.86, 0.85, 0.85, 0.86])
+    before = (auto.copy_value(1), auto.copy_value(2))
+    # One wild report (a step where the halves' gradients happened to agree little): alone its
+    # ratio is -50; summed, it would have thrown the value to its floor.
+    auto.report_repeat_gradients(-50.0, 1.0)
+    for _ in range(RepeatValueEstimate.BLOCK - 1):
+        auto.report_repeat_gradients(0.85, 1.0)
     _window(auto)
-    assert auto.measured_value == pytest.approx(1 / 1.5)
+    assert auto.value.blocks[-1] < 0  # its block reads the outlier ...
+    after = (auto.copy_value(1), auto.copy_value(2))
+    assert after == pytest.approx(before, abs=0.01)  # ... the median does not
 
 
-def test_a_negative_or_zero_fresh_sum_leaves_the_value_alone():
-    auto = AutoEcho(value_after=1)
+def test_early_large_gradients_do_not_outweigh_the_rest_of_the_run():
+    # Early in training |grad L|^2 is large: summed reports let the first ones decide (a run at
+    # R = 4 read 0.08 first and stayed below 0.5). Blocks weigh alike.
+    auto = AutoEcho()
     _window(auto)
-    auto.report_repeat_gradients(0.3, -1.0)  # noise only: no estimate of |grad L|^2 yet
+    for _ in range(RepeatValueEstimate.BLOCK):
+        auto.report_repeat_gradients(100 * 0.1, 100.0)  # early: value 0.1 at 100x the scale
     _window(auto)
-    assert auto.measured_value is None and auto.copy_value(1) == pytest.approx(REPEAT_VALUE)
+    _report_blocks(auto, [0.9] * 4)
+    assert auto.copy_value(1) > 0.85
+
+
+def test_a_block_with_a_non_positive_fresh_sum_is_dropped():
+    auto = AutoEcho()
+    _window(auto)
+    for _ in range(RepeatValueEstimate.BLOCK):
+        auto.report_repeat_gradients(0.3, -1.0)  # noise only: no estimate of |grad L|^2
+    _window(auto)
+    assert len(auto.value.blocks) == 0 and auto.copy_value(1) == pytest.approx(REPEAT_VALUE)
+    auto.report_repeat_gradients(math.nan, 1.0)  # not finite: ignored
+    assert auto._pending_dots == [0.0, 0.0, 0]
+
+
+def test_measurements_grow_sparse_once_the_value_stands_and_dense_again_when_it_moves():
+    auto = AutoEcho(value_every=16)
+    _window(auto)
+    assert not any(auto.value_due() for _ in range(100))  # e = 1: no repeats, never measured
+    auto.factor = 4.0
+
+    def steps_between_measurements(value, blocks):
+        gaps, since = [], 0
+        for _ in range(blocks * RepeatValueEstimate.BLOCK):
+            while True:
+                since += 1
+                if auto.value_due():
+                    break
+            gaps.append(since)
+            since = 0
+            auto.report_repeat_gradients(value, 1.0)
+            _window(auto)
+        return gaps
+    gaps = steps_between_measurements(0.85, 8)
+    assert gaps[:RepeatValueEstimate.BLOCK * RepeatValueEstimate.MIN_BLOCKS] == [16] * 12  # until it stands
+    assert gaps == sorted(gaps) and gaps[-1] == 16 * RepeatValueEstimate.MAX_SPREAD
+    assert sum(gaps) > 3 * 16 * len(gaps)  # a third or less of the measurements at a fixed 16
+    # The value moves (repeats start being memorised): back to every 16 steps.
+    moved = steps_between_measurements(0.2, 8)
+    assert moved[RepeatValueEstimate.BLOCK:2 * RepeatValueEstimate.BLOCK] == [16] * RepeatValueEstimate.BLOCK
+    assert AutoEcho(value_every=0).value.due() is False  # 0: the constants, never measured
 
 
 def test_the_ranks_sum_their_reports_and_agree_on_one_value(monkeypatch):
     from tests.test_echo_auto_rules import _FakeRanks
 
-    # This rank measured 0.3 / 1, the other 1.7 / 1 over 4 reports: together 2.0 / 2.
-    _FakeRanks(other_estimate=3.0, other_cap=8.0, other_dots=(1.7, 1.0, 4)).install(monkeypatch)
-    auto = AutoEcho(value_after=5)
+    # Each window this rank reports 1 of 4 (0.3 / 1) and the other 3 (2.4 / 3): one block of
+    # 2.7 / 4 per window on both ranks.
+    _FakeRanks(other_estimate=3.0, other_cap=8.0, other_dots=(2.4, 3.0, 3)).install(monkeypatch)
+    auto = AutoEcho()
     _window(auto)
-    auto.report_repeat_gradients(0.3, 1.0)
-    _window(auto)
-    assert auto.measured_value == pytest.approx(1.0)
+    for _ in range(RepeatValueEstimate.MIN_BLOCKS):
+        auto.report_repeat_gradients(0.3, 1.0)
+        _window(auto)
+    assert list(auto.value.blocks) == [pytest.approx(2.7 / 4)] * RepeatValueEstimate.MIN_BLOCKS
+    assert auto.copy_value(1) == pytest.approx(_shrunk(REPEAT_VALUE, 2.7 / 4, RepeatValueEstimate.SE_FLOOR))
 
 
-@pytest.mark.parametrize("kw, message", [({"value_after": 0}, "value_after"), ({"value_memory": 0.0}, "value_memory"),
-                                         ({"value_memory": 1.5}, "value_memory")])
+@pytest.mark.parametrize("kw, message", [({"value_every": -1}, "value_every"), ({"value_every": 1.5}, "value_every")])
 def test_bad_measurement_settings_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         AutoEcho(**kw)
+
+
+class _Reads(torch.Tensor):
+    """A tensor that counts reads of its values to the host (on CUDA each one waits for the device)."""
+
+    reads = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__int__,
+                    torch.Tensor.__bool__, torch.Tensor.numpy, torch.Tensor.cpu):
+            cls.reads += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_repeat_losses_are_summed_where_they_are_and_read_every_so_many_steps():
+    auto = AutoEcho(loss_smoothing=1.0)
+    reported = []
+    auto.repeat_losses.report = lambda fresh, repeat, steps: reported.append((fresh, repeat, steps))
+    copies = torch.tensor([0, 0, 1, 2])  # from the echo stage, on the host
+    _Reads.reads = 0
+    every = RepeatLossSums.EVERY
+    for step in range(3 * every):
+        losses = torch.tensor([1.0, 3.0, 0.5, 1.5]).as_subclass(_Reads)
+        assert observe_repeat_losses(auto, losses, copies)
+    assert _Reads.reads == 3  # one read per EVERY steps, none per step
+    assert reported == [(pytest.approx(2.0), pytest.approx(1.0), every)] * 3
+    # A batch of one kind only reports nothing and reads nothing.
+    assert not observe_repeat_losses(auto, torch.ones(4).as_subclass(_Reads), torch.zeros(4, dtype=torch.long))
+    assert _Reads.reads == 3
+
+
+def test_loss_reports_over_several_steps_weigh_as_that_many_steps():
+    auto = AutoEcho(loss_smoothing=0.1)
+    auto.observe_loss(2.0, 2.0)
+    auto.observe_loss(2.0, 1.0, steps=16)  # ratio 0.5 over 16 steps
+    assert auto.loss_ratio == pytest.approx(1.0 - (1 - 0.9 ** 16) * 0.5)
 
 
 class _Scaled(torch.nn.Module):

@@ -241,7 +241,8 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     # ahead at once queue on its one link instead of each getting the full rate (a per-request
     # latency would be hidden as many times over as there are reads in flight).
     storage = SlowStorage(store, item_s=cfg.upstream_delay_s, items_of=store.examples.__getitem__)
-    auto = AutoEcho(e_max=cfg.e_max, interval=4 * cfg.batch_size) if cfg.echo == "auto" else None
+    auto = (AutoEcho(e_max=cfg.e_max, interval=4 * cfg.batch_size, value_every=cfg.value_every)
+            if cfg.echo == "auto" else None)
     if auto is not None and cfg.variant == "batch":
         auto.interval = 4
     # The CIFAR augmentation (the whole image at image_size, a random crop of it padded by 4,
@@ -288,7 +289,7 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
                 x, y, copies = batch
                 x = normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last)
                 y = y.to(dev)
-                if measure and cfg.value_every and steps % cfg.value_every == cfg.value_every - 1:
+                if measure and auto.value_due():
                     with autocast(dev, bf16):  # at the step's weights, before its update
                         dots = gradient_dots(model, lambda out, t: cross_entropy(
                             out, t, label_smoothing=cfg.label_smoothing), x, y, copies, generator=value_rng)

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from hasten.data.host_augment import keyed_crop_flip
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer, expected_duplicate_rate
-from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
+from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE, rule_digest
 from hasten.echo.repeat_value import gradient_dots, observe_repeat_losses
 from hasten.echo.stages import check_variant
 from hasten.errors import DataError
@@ -125,7 +125,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     n = len(data.train)
     auto = None
     if spec.echo == "auto":
-        auto = AutoEcho(e_max=spec.e_max, interval=4 * cfg.batch_size if spec.variant != "batch" else 4)
+        auto = AutoEcho(e_max=spec.e_max, interval=4 * cfg.batch_size if spec.variant != "batch" else 4,
+                        value_every=cfg.value_every)
     factor = auto if auto is not None else float(spec.echo)
     if spec.variant == "batch" or (auto is None and factor == 1.0):
         buffer = 0  # no copies inside a batch to spread apart
@@ -200,8 +201,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
             losses = F.cross_entropy(model(x), y, label_smoothing=cfg.label_smoothing, reduction="none")
             opt.zero_grad(set_to_none=True)
             losses.mean().backward()
-            if (auto is not None and cfg.value_every and spec.variant != "batch"
-                    and steps % cfg.value_every == cfg.value_every - 1):
+            if auto is not None and spec.variant != "batch" and auto.value_due():
                 # What a repeat is worth on this task (hasten.echo.repeat_value), at the step's weights.
                 dots = gradient_dots(model, smoothed_loss, x, y, torch.from_numpy(numbers), generator=value_rng)
                 if dots is not None:
@@ -515,8 +515,10 @@ def journal_settings(cfg: SweepConfig) -> dict:
 
 def auto_settings(cfg: SweepConfig, spec: RunSpec) -> dict:
     """What an AutoEcho run's result depends on beyond its spec, for its journal key (the
-    journal's digest leaves it out, see journal_settings); nothing for other runs."""
-    return {"value_every": cfg.value_every} if spec.echo == "auto" else {}
+    journal's digest leaves it out, see journal_settings): how often it measures a repeat's
+    value and the source of its rule (``hasten.echo.auto.rule_digest``: a changed rule reruns
+    AutoEcho's runs, not the others); nothing for other runs."""
+    return {"value_every": cfg.value_every, "autoecho_rule": rule_digest()} if spec.echo == "auto" else {}
 
 
 def add_journal_arguments(parser, out_default: str) -> None:
