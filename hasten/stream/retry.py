@@ -130,7 +130,8 @@ class Outage:
                 self._announced = True
                 policy = policy or self.policy
                 least, most = policy.total_s()
-                self.say(f"{self.what}: {name}: {reason}; retrying, up to {policy.retries} times per request "
+                times = "1 time" if policy.retries == 1 else f"{policy.retries} times"
+                self.say(f"{self.what}: {name}: {reason}; retrying, up to {times} per request "
                          f"({least:.0f}-{most:.0f} s; --retries)")
             else:
                 self.say(f"{self.what}: still retrying ({name}: {reason}); {self.retries} retries in "
