@@ -7,20 +7,25 @@ http(s)://), laid out as ``hasten data pack`` writes them and uploaded as they a
 The index (``index.json``) is read first; a shard is then read as ranged GETs of
 ``part_bytes`` each, at most ``connections`` at once for the whole store (object
 stores serve one connection at a fraction of what they serve several: parts in
-parallel fill the link). Every part's body is checked against the length asked
+parallel fill the link). A web server that ignores Range headers (``python -m
+http.server`` answers 200 and the whole file), found by asking for one byte of the
+index, has each shard read in one whole GET instead (``ranges`` false), streamed
+into the cache file as it arrives. Every body is checked against the length asked
 for, and the shard against the size in the index, before anything uses it.
 
 Faults: a connection reset or refused, a timeout, a 5xx answer, throttling (503
 SlowDown, 429) and a body cut short are retried with backoff
 (``hasten.stream.retry``, ``retries`` per part); an answer a retry cannot change
-(not found, access denied, no credentials) is not. A shard that keeps failing
-raises one ``hasten.errors.StoreError`` line naming the shard, the store and the
-last error: nothing is skipped, so a run either gets every example of every
+(not found, access denied, no credentials) is not (``hasten.stream.store_errors``).
+Retries are said while they happen (``hasten.stream.retry.Outage``). A shard that
+keeps failing raises one ``hasten.errors.StoreUnavailable`` line naming the shard,
+the store and the last error; a refused answer one ``StoreError`` line naming the
+cause and the fix: nothing is skipped, so a run either gets every example of every
 shard or stops.
 
 ``open_remote_shards`` (what ``open_shards(URL)`` returns) puts the local
-``ShardCache`` in front, in ``$HASTEN_CACHE/remote/<the URL and index>/<split>``,
-which the ranks of one host share: epoch 1 reads from the store, later epochs from
+``ShardCache`` in front, in ``$HASTEN_CACHE/remote/<the index>/<split>``
+(``remote_cache_dir``), which the ranks of one host share: epoch 1 reads from the store, later epochs from
 the disk. The loader reads ``prefetch`` shards ahead of its decode workers
 (``hasten.stream.epoch_plan.plan_records``). When the cache holds the whole split
 (the default cap, disk permitting), each shard is streamed into its cache file part
@@ -31,7 +36,7 @@ while its images wait, so it is read whole (``store[i]``) and memory is bounded 
 ``prefetch`` shards.
 
 The client is obstore (the Rust ``object_store`` crate), an optional dependency
-(``pip install 'hasten[remote]'``), imported when a URL is opened; chosen over
+(``pip install obstore boto3``, or the ``remote`` extra), imported when a URL is opened; chosen over
 fsspec with s3fs by measurement (``benchmarks/remote_clients.py``, docs/remote.md).
 Credentials come from each store's standard places (environment variables,
 ``~/.aws`` through boto3, the cloud's metadata service), are never part of the
@@ -114,7 +119,8 @@ class RemoteShards:
     store; ``timeout_s``: one GET's limit (a stalled connection is a failed try).
     Counters: ``requests`` (GETs made), ``bytes_read`` (body bytes received),
     ``retried`` ((name, reason) of each retry, the most recent 1000), ``retries``
-    (their number), ``peak_bytes`` (most shard bytes held at once by reads in progress).
+    (their number), ``peak_bytes`` (most shard bytes held at once by reads in progress);
+    ``ranges``: whether shards are read in ranged parts (false: one whole GET each).
     """
 
     def __init__(self, url: str | StoreURL, split: str = "train", *, retry: RetryPolicy | None = None,
