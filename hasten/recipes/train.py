@@ -318,8 +318,8 @@ def _store_stop_note(failure: StoreError, cfg: TrainConfig, run_path, step: int)
         return (f"stopped at step {step}; newest checkpoint: {newest.path} (step {newest.step}); "
                 f"rerun with --resume auto {when}")
     if step == 0:
-        where = ("AWS_ENDPOINT_URL" if str(cfg.data).startswith(("s3://", "s3a://")) and os.environ.get("AWS_ENDPOINT_URL")
-                 else "the URL's host and port")
+        s3_endpoint = str(cfg.data).startswith(("s3://", "s3a://")) and os.environ.get("AWS_ENDPOINT_URL")
+        where = "AWS_ENDPOINT_URL" if s3_endpoint else "the URL's host and port"
         return (f"stopped before the first step; rerun when the store answers (if it never does, check {where})"
                 if waited else "nothing was trained")
     every = f"every {cfg.checkpoint_every} steps" if cfg.checkpoint_every else "only at the end"

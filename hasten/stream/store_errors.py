@@ -73,7 +73,8 @@ def one_line(e: BaseException, limit: int = LIMIT) -> str:
     xml = _S3_ERROR.search(raw)
     if xml is not None:
         code, message = xml.group(1), (xml.group(2) or "").strip()
-        text = re.split(r":?\s*<\?xml|:?\s*<Error>", text, maxsplit=1)[0] + f": {code}" + (f": {message}" if message else "")
+        head = re.split(r":?\s*<\?xml|:?\s*<Error>", text, maxsplit=1)[0]
+        text = f"{head}: {code}" + (f": {message}" if message else "")
     text = re.sub(r" in \d+(\.\d+)?(ns|µs|us|ms|s)\b", "", text)
     reason = cause(e)
     if reason is not None and reason not in text:
