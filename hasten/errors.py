@@ -22,8 +22,13 @@ class BadImageError(DataError):
 
 
 class StoreError(DataError):
-    """Remote storage that cannot be read: refused, or still failing after every retry
-    (``hasten.stream.remote_store``). A run it stops names its newest checkpoint."""
+    """Remote storage that cannot be read as given (``hasten.stream.remote_store``): no such
+    bucket, no index, no credentials. Rerunning the same command changes nothing."""
+
+
+class StoreUnavailable(StoreError):
+    """Remote storage that still failed after every retry (down, unreachable, throttling):
+    a run it stops names its newest checkpoint, to resume from once the store answers."""
 
 
 class ConfigError(HastenError, ValueError):

@@ -3,7 +3,8 @@
 ``ServerProcess`` runs a server from a pip package as a child process on a port of
 its own: ``moto_s3`` the moto S3 server (``moto[server]``; its buckets live in its
 memory), ``range_http`` RangeHTTPServer (``rangehttpserver``: Python's static file
-server with Range support) serving a directory. Either can be killed and started
+server with Range support) serving a directory, ``plain_http`` Python's own
+``http.server`` (no Range support) serving one. Either can be killed and started
 again on the same port.
 
 ``FaultProxy`` listens on a port of its own and forwards each HTTP request to the
@@ -118,6 +119,15 @@ def range_http(root: Path, log_dir: Path) -> ServerProcess:
     return _started(lambda port: ServerProcess(
         [sys.executable, "-m", "RangeHTTPServer", str(port), "-b", "127.0.0.1"], port, cwd=root,
         log=log_dir / f"http-{port}.log", ready="Serving HTTP on"))
+
+
+def plain_http(root: Path, log_dir: Path) -> ServerProcess:
+    """Python's own static file server serving ``root`` (``python -m http.server PORT --bind
+    127.0.0.1``), started: the server most people start first. It ignores Range headers and
+    answers every GET with 200 and the whole file."""
+    return _started(lambda port: ServerProcess(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port, cwd=root,
+        log=log_dir / f"plain-http-{port}.log", ready="Serving HTTP on"))
 
 
 def s3_env(endpoint: str) -> dict[str, str]:

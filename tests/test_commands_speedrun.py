@@ -74,6 +74,14 @@ def test_cli_rejects_bad_input_with_one_line(tmp_path, capsys):
     assert "--epochs" in capsys.readouterr().err
 
 
+def test_a_url_is_one_line_saying_what_speedrun_reads_and_what_streams_a_url(capsys):
+    assert _exit_code(["speedrun", "--data", "http://127.0.0.1:8000/shards/", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not exist" not in err
+    assert "reads a local image folder, archive or CIFAR-10 binary" in err
+    assert "hasten train --loader stream --data URL" in err
+
+
 def test_cli_ablation_prints_the_ladder(tmp_path, capsys):
     data = _image_folder(tmp_path / "data", per_class=32)
     out = tmp_path / "ladder.json"

@@ -88,7 +88,16 @@ def test_resume_auto_starts_fresh_then_continues_the_same_run(colours, tmp_path,
     assert run.parent == tmp_path / "runs" and run.name.startswith("train-")
     assert err == [f"hasten train: no checkpoint in {run} yet; starting fresh"]
     assert torch.load(run / "checkpoint.pt", weights_only=True)["step"] == 12
-    # The same command again without --resume would overwrite the run: refused in one line.
+    # The same command again: the run is finished, so it says so and exits 0, training nothing.
+    before = run.joinpath("metrics.jsonl").read_text()
+    assert _cli(*args) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"hasten train: {run} holds this run, finished at step 12: nothing to train "
+                                    "(a new run: --run-dir DIR)")
+    assert "already complete" in captured.out and run.joinpath("metrics.jsonl").read_text() == before
+    # A run that did not finish (stopped before its results were written) is not overwritten by a
+    # fresh one: refused in one line.
+    (run / "results.json").unlink()
     assert _cli(*args) == 2
     assert capsys.readouterr().err.strip() == (
         f"hasten train: error: {run} already holds a checkpoint of this run (step 12); continue it with "
@@ -124,3 +133,16 @@ def test_two_processes_on_one_gpu_is_one_line_not_a_cuda_traceback(colours, monk
 def test_collective_timeout_must_be_positive(tmp_path, capsys):
     assert _cli("--data", str(tmp_path), "--collective-timeout", "0") == 2
     assert "argument --collective-timeout: must be a finite number > 0, got '0'" in capsys.readouterr().err
+
+
+def test_help_states_the_retries_default_and_every_url_scheme(capsys):
+    from hasten.stream.retry import DEFAULT_RETRIES
+
+    for command in ("train", "echo"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+        for scheme in ("s3://", "gs://", "az://", "http(s)://"):
+            assert scheme in text, (command, scheme)
+        if command == "train":
+            assert f"(default {DEFAULT_RETRIES})" in text

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from store_servers import FaultProxy, moto_s3, s3_env, upload
+from store_servers import FaultProxy, moto_s3, plain_http, s3_env, upload
 
 from hasten.cli import main
 from hasten.stream.pack import pack
@@ -69,10 +69,31 @@ def test_train_over_s3_through_faults_reads_each_shard_once_in_two_epochs(moto, 
             assert not any(s.encode() in data for s in secrets), f
 
 
+def test_train_from_python_http_server_which_ignores_range(moto, tmp_path, capsys):
+    """The web server most people start first answers 200 with the whole file to a Range
+    request: each shard is read whole, once, and the run trains as from any store."""
+    _, index, packed = moto
+    server = plain_http(packed.parent, tmp_path)
+    try:
+        proxy = FaultProxy(server.port)
+        url = f"{proxy.url}/set/"
+        argv = ["train", *[url if a == URL else a for a in TINY], "--json", str(tmp_path / "r.json")]
+        assert main(argv) == 0
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["steps"] == STEPS and report["dataset"] == index["source"]
+        for name in shard_names(index, "train") + shard_names(index, "test"):
+            assert proxy.count("forwarded", name) == 1, name  # whole, once; epoch 2 from the cache
+        proxy.close()
+    finally:
+        server.kill()
+
+
 def test_a_store_that_keeps_failing_stops_the_run_in_one_line_naming_the_newest_checkpoint(moto, proxy, tmp_path,
-                                                                                          capsys):
+                                                                                          capsys, monkeypatch):
     _, index, _ = moto
-    test_shard = shard_names(index, "test")[0]
+    test_shard = shard_names(index, "test")[0]  # test/shard-000000.tar
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # the docs' moto recipe: the keys are "test"
+        monkeypatch.setenv(name, "test")
     proxy.inject("503", test_shard, times=10**6)  # evaluation, after the last checkpoint, cannot read it
     argv = ["train", *TINY, "--retries", "1", "--checkpoint-every", "3"]
     assert main(argv) == 2
@@ -83,6 +104,13 @@ def test_a_store_that_keeps_failing_stops_the_run_in_one_line_naming_the_newest_
     proxy.clear()
     assert main([*argv, "--resume", "auto"]) == 0  # the store answers again: the run completes
     assert "already complete" in capsys.readouterr().out
+    # Finished now: the same command again says so and exits 0, with or without --resume auto.
+    requests = proxy.count()
+    for again in (argv, [*argv, "--resume", "auto"]):
+        assert main(again) == 0
+        out, err = capsys.readouterr()
+        assert "already complete" in out and "finished at step" in err
+    assert proxy.count() == requests  # nothing read: not trained, not evaluated again
 
 
 def test_stop_mid_epoch_then_resume_auto_gives_the_weights_of_a_run_that_never_stopped(moto, proxy, tmp_path,
@@ -113,8 +141,14 @@ def test_stop_mid_epoch_then_resume_auto_gives_the_weights_of_a_run_that_never_s
     monkeypatch.setenv("HASTEN_CACHE", str(tmp_path / "other-host-cache"))
     proxy.inject("reset", ".tar", times=2)
     proxy.inject("truncate", ".tar", times=2)
-    assert main([*argv, "--run-dir", str(tmp_path / "stopped"), "--resume", "auto"]) == 0
+    resumed = tmp_path / "resumed.json"
+    assert main([*argv, "--run-dir", str(tmp_path / "stopped"), "--resume", "auto", "--json", str(resumed)]) == 0
     assert proxy.count("reset") == 2 and proxy.count("truncate") == 2
+    # The time of the 8 steps before the stop is kept: the rate is of all 14 steps over all their time.
+    report = json.loads(resumed.read_text())
+    assert report["resumed_from_step"] == 8 and report["time_of_all_steps"]
+    assert report["time_s"] > saved["train_time_s"] > 0
+    assert report["images_per_s"] == pytest.approx(STEPS * 8 / report["time_s"])
     a, b, c = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=True)
                for run in ("straight", "stopped", "local"))
     assert a["step"] == b["step"] == c["step"] == STEPS
@@ -123,7 +157,7 @@ def test_stop_mid_epoch_then_resume_auto_gives_the_weights_of_a_run_that_never_s
 
 
 @pytest.mark.parametrize("data, mistake, says", [
-    ("s3://missing-bucket/set/", None, "the bucket 'missing-bucket' does not exist"),
+    ("s3://missing-bucket/set/", None, "the bucket 'missing-bucket' does not exist at http://127.0.0.1:"),
     ("s3://shards/elsewhere/", None, "no index.json at s3://shards/elsewhere/"),
     (URL, "unreachable", "1 try failed (connection refused)"),
     (URL, "no credentials", "no credentials, or they do not give access"),
@@ -142,9 +176,14 @@ def test_url_mistakes_found_at_open_end_in_one_line_and_exit_2(moto, proxy, data
             monkeypatch.setenv(name, str(tmp_path / "none"))
         monkeypatch.setenv("AWS_METADATA_ENDPOINT", closed)
         monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("HASTEN_PROGRESS", "0")  # (the retry lines of an unreachable store: tested elsewhere)
     assert main(["train", *TINY[:2], "--data", data, *TINY[4:], "--retries", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err and err.startswith("hasten train: error: "), err
+    # Waiting is advised only for a store that did not answer; no run directory is named (none is left).
+    assert ("rerun when the store answers" in err) == (mistake == "unreachable")
+    assert "--resume" not in err and "train-" not in err and "<" not in err, err
+    assert not list((tmp_path / "runs").glob("*"))
 
 
 def test_a_url_needs_the_stream_loader(capsys):

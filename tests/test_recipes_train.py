@@ -259,6 +259,22 @@ def test_plan_resume_fresh_auto_explicit_and_restarted(tmp_path):
         plan_resume(TrainConfig(batch_size=128), run, "auto")
 
 
+def test_plan_resume_of_a_finished_run_gives_its_report_instead_of_a_state(tmp_path):
+    from hasten.recipes.train import plan_resume
+
+    cfg, run = TrainConfig(batch_size=64), tmp_path / "run"
+    _saved(run, cfg, 10)
+    report = {"steps": 10, "accuracy": 0.5}
+    (run / "results.json").write_text(json.dumps(report))
+    for resume in (None, "auto"):
+        plan = plan_resume(cfg, run, resume)
+        assert plan.finished == report and plan.state is None
+        assert f"{run} holds this run, finished at step 10" in plan.note
+    assert plan_resume(cfg, run, str(run / "checkpoint.pt")).state["step"] == 10  # an explicit resume is done
+    _saved(run, cfg, 20)  # the results of step 10 are not of the newest checkpoint: not finished
+    assert plan_resume(cfg, run, "auto").finished is None
+
+
 def test_lost_peer_message_names_step_checkpoint_and_what_to_do(tmp_path, monkeypatch):
     from hasten.distributed.faults import Terminated
     from hasten.recipes.train import _lost_peer_message

@@ -70,3 +70,29 @@ def test_the_default_gives_a_restarting_store_at_least_half_a_minute():
 def test_bad_policies_are_refused(kwargs):
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)
+
+
+def test_an_outage_is_said_at_its_start_every_interval_and_at_its_end_and_no_more():
+    from hasten.stream.retry import Outage
+
+    now, said = [100.0], []
+    outage = Outage("store s3://b/p/", RetryPolicy(retries=8), say=said.append, clock=lambda: now[0], every_s=30)
+    outage.answered()  # all is well: nothing to say
+    assert said == []
+    outage.retrying("train/shard-000001.tar", "HTTP 503")
+    assert said == ["store s3://b/p/: train/shard-000001.tar: HTTP 503; retrying, up to 8 times per request "
+                    "(36-72 s; --retries)"]
+    for t in (105.0, 120.0, 131.0, 140.0):  # one more line once 30 s have passed since the last
+        now[0] = t
+        outage.retrying("train/shard-000001.tar", "connection refused")
+    assert len(said) == 2 and said[1].endswith("4 retries in 31 s") and "connection refused" in said[1]
+    now[0] = 150.0
+    outage.answered()
+    outage.answered()
+    assert said[2:] == ["store s3://b/p/: answers again after 50 s (5 retries)"]
+    # Throttling that fails and answers by turns within the interval: said once, not at every request.
+    for t in (151.0, 152.0, 153.0):
+        now[0] = t
+        outage.retrying("train/shard-000002.tar", "HTTP 503")
+        outage.answered()
+    assert len(said) == 3

@@ -35,7 +35,8 @@ from hasten.stream.store_url import data_argument
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=data_argument, default=os.environ.get("HASTEN_DATA") or None,
                    help="image folder or archive with train/<class>/* and test/<class>/*, a directory of shards "
-                        "(hasten data pack) or their URL (s3://, gs://, https://; default $HASTEN_DATA)")
+                        "(hasten data pack) or their URL (s3://, gs://, az://, http(s)://; docs/remote.md; default "
+                        "$HASTEN_DATA)")
     p.add_argument("--echo", type=t.echo_factor, default="auto", help="echo factor: a number >= 1 or 'auto'")
     p.add_argument("--variant", default="example-before", choices=VARIANTS, help="where examples are repeated")
     delay = p.add_mutually_exclusive_group()

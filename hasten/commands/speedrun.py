@@ -20,8 +20,20 @@ prefer_passive_wait()  # before torch loads OpenMP: hasten.cores says why
 from hasten.recipes.speedrun import PRESETS  # noqa: E402 (torch is imported here)
 
 
+def local_data(text: str) -> str:
+    """``--data``: a local path that exists; a URL is refused in one line that says what to do."""
+    from hasten.stream.store_url import is_url
+
+    if is_url(text):
+        raise argparse.ArgumentTypeError(
+            f"{text}: hasten speedrun reads a local image folder, archive or CIFAR-10 binary files (the whole "
+            "set in memory), not a URL; download the data first, or stream shards from the URL with "
+            "hasten train --loader stream --data URL")
+    return t.existing_path(text)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", type=t.existing_path, default=os.environ.get("HASTEN_DATA") or None,
+    p.add_argument("--data", type=local_data, default=os.environ.get("HASTEN_DATA") or None,
                    help="dataset: image folder or archive (e.g. cifar10-jpeg.tar.xz), or the CIFAR-10 binary "
                         "files; default $HASTEN_DATA, else download canonical CIFAR-10")
     p.add_argument("--runs", type=t.positive_int, default=1, help="number of training runs")

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=data_argument, default=os.environ.get("HASTEN_DATA") or None,
                    help="dataset: image folder or archive (ImageNet layout too), CIFAR-10 binary, or with --loader "
                    "stream a directory of tar shards (hasten data pack), also at a URL: s3://BUCKET/PREFIX/, "
-                   "gs://..., https://... (docs/remote.md); default $HASTEN_DATA or the CIFAR-10 download")
+                   "gs://..., az://..., http(s)://... (docs/remote.md); default $HASTEN_DATA or the CIFAR-10 "
+                   "download")
     p.add_argument("--model", default=_D.model, choices=sorted(MODELS))
     p.add_argument("--width", type=t.positive_int, default=_D.width, help="channels of the first stage")
     p.add_argument("--image-size", type=t.positive_int, default=None, help="resize image folders to SxS")
@@ -63,8 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hook", choices=HOOKS, default=_D.hook, help="gradient all-reduce (hasten.distributed)")
     p.add_argument("--compress", choices=["bf16"], default=None, help="compress gradients on the wire")
     p.add_argument("--retries", type=t.int_range(0, 1000), default=_D.retries,
-                   help="tries after the first of each request to shards at a URL, with backoff from 0.5 s doubling "
-                   "to 20 s (the default waits 36-72 s in all: a store restarting)")
+                   help=f"tries after the first of each request to shards at a URL (default {_D.retries}), with "
+                   "backoff from 0.5 s doubling to 20 s (the default waits 36-72 s in all: a store restarting)")
     p.add_argument("--checkpoint-every", type=t.nonneg_int, default=0, help="steps between checkpoints (0: end)")
     p.add_argument("--resume", type=resume_type, help="checkpoint file, a run directory holding checkpoint.pt, or "
                    "'auto': the newest complete checkpoint in this run's directory (fresh if none); workers that "
@@ -112,6 +113,12 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_resume(cfg, run_path, args.resume, restarted=restarted)
     if main and plan.note:
         print(f"hasten train: {plan.note}", file=sys.stderr, flush=True)
+    if plan.finished is not None:  # nothing to train or evaluate: its result as it was
+        if main:
+            if args.json:
+                write_json(args.json, plan.finished)
+            print(result_line(plan.finished, finished=True))
+        return 0
     run_dir = RunDir("train", path=run_path) if main else None
     failed = True  # until train returns: a run directory it made and left bare is removed
     try:
@@ -131,15 +138,23 @@ def run(args: argparse.Namespace) -> int:
     if main:
         if args.json:
             write_json(args.json, report)
-        # A resumed run that was already complete trains no step: no rate to state.
-        trained = report["steps"] - (report.get("resumed_from_step") or 0)
-        rate = f"{report['images_per_s']:.0f} images/s" if trained > 0 else "already complete, nothing trained"
-        print(f"{report['dataset']}: accuracy {report['accuracy']:.4f} after {report['steps']} steps "
-              f"({report['epochs']:.2f} epochs) at global batch {report['global_batch']} on "
-              f"{report['world_size']} process(es); {rate}; run dir {report['run_dir']}")
+        print(result_line(report))
         if report.get("noise_scale"):
             print(noise_scale_line(report["noise_scale"], report["global_batch"]))
     return 0
+
+
+def result_line(report: dict, finished: bool = False) -> str:
+    """The end-of-run line. ``finished``: the report of a run that had ended before this command."""
+    trained = report["steps"] - (report.get("resumed_from_step") or 0)
+    rate = f"{report['images_per_s']:.0f} images/s"
+    if finished:
+        rate = f"already complete (trained at {rate})"
+    elif trained <= 0:  # resumed at its last step: no step timed now
+        rate = "already complete, nothing trained"
+    return (f"{report['dataset']}: accuracy {report['accuracy']:.4f} after {report['steps']} steps "
+            f"({report['epochs']:.2f} epochs) at global batch {report['global_batch']} on "
+            f"{report['world_size']} process(es); {rate}; run dir {report.get('run_dir')}")
 
 
 def noise_scale_line(ns: dict, batch: int) -> str:

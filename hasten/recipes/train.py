@@ -43,7 +43,7 @@ from hasten.checkpoint import (CHECKPOINT_NAME, CheckpointError, load_checkpoint
 from hasten.distributed.data_parallel import DEFAULT_TIMEOUT_S, init_distributed, seed_everything, shutdown, wrap_ddp
 from hasten.distributed.faults import PeerLostError, peer_failure, stop_on_sigterm, stop_signal
 from hasten.distributed.hooks import HOOKS
-from hasten.errors import ConfigError, StoreError
+from hasten.errors import ConfigError, StoreError, StoreUnavailable
 from hasten.models.resnet import MODELS, build_model
 from hasten.nn.ghost_bn import apply_ghost_batchnorm
 from hasten.nn.group_bn import convert_batchnorm
@@ -271,9 +271,8 @@ def _train_guarded(cfg: TrainConfig, run_dir, state, dataset, run_path, world_si
     if lost is None:
         shutdown()
         if isinstance(failure, StoreError):
-            # Remote shards that keep failing: the same line, with where to resume once the store is back.
-            raise StoreError(f"{failure}; stopped at step {where.step}; {_checkpoint_note(cfg, run_path)}; "
-                             "rerun with --resume auto when the store answers again") from None
+            # Remote shards: the store's line, with what a rerun can do about it.
+            raise type(failure)(f"{failure}; {_store_stop_note(failure, cfg, run_path, where.step)}") from None
         raise failure
     # No shutdown: tearing down a group whose peer is gone can block or log; the
     # process is about to exit, which frees it.
@@ -308,6 +307,26 @@ def _lost_peer_message(exc: BaseException, world: int, step: int, cfg: TrainConf
     return f"{head}; {where}; {how}"
 
 
+def _store_stop_note(failure: StoreError, cfg: TrainConfig, run_path, step: int) -> str:
+    """What a rerun can do after a store stopped the run at ``step``: resume advice only when
+    the store did not answer (``StoreUnavailable``: waiting may cure it) and a checkpoint
+    exists; no run directory named that a stop before the first step leaves behind."""
+    newest = newest_checkpoint(run_path) if run_path is not None else None
+    waited = isinstance(failure, StoreUnavailable)
+    if newest is not None:
+        when = "when the store answers again" if waited else "once that is fixed"
+        return (f"stopped at step {step}; newest checkpoint: {newest.path} (step {newest.step}); "
+                f"rerun with --resume auto {when}")
+    if step == 0:
+        s3_endpoint = str(cfg.data).startswith(("s3://", "s3a://")) and os.environ.get("AWS_ENDPOINT_URL")
+        where = "AWS_ENDPOINT_URL" if s3_endpoint else "the URL's host and port"
+        return (f"stopped before the first step; rerun when the store answers (if it never does, check {where})"
+                if waited else "nothing was trained")
+    every = f"every {cfg.checkpoint_every} steps" if cfg.checkpoint_every else "only at the end"
+    return (f"stopped at step {step}, before the first checkpoint (saved {every}; --checkpoint-every N); "
+            f"a rerun starts over{' when the store answers again' if waited else ''}")
+
+
 def _checkpoint_note(cfg: TrainConfig, run_path) -> str:
     """Where a stopped run can resume from: its newest checkpoint, or why there is none."""
     newest = newest_checkpoint(run_path) if run_path is not None else None
@@ -340,10 +359,12 @@ RESUME_AUTO = "auto"
 @dataclass(frozen=True)
 class ResumePlan:
     """Where a run starts: the checkpoint state to resume (None: fresh), the file it
-    came from, and a line to tell the user (None: nothing to say)."""
+    came from, and a line to tell the user (None: nothing to say). ``finished``: the
+    report (``results.json``) of a run that already ended: nothing to train or evaluate."""
     state: dict | None
     source: Path | None
     note: str | None
+    finished: dict | None = None
 
 
 def plan_resume(cfg: TrainConfig, run_path: str | os.PathLike, resume: str | None = None, *,
@@ -356,9 +377,16 @@ def plan_resume(cfg: TrainConfig, run_path: str | os.PathLike, resume: str | Non
     - ``resume=PATH``: that checkpoint (file, or run directory holding one).
     - ``resume=None``: fresh; refused when ``run_path`` already holds a checkpoint,
       so that a second run never overwrites the first one's.
+    With ``resume`` None or "auto", a run that finished (its ``results.json`` is of its
+    newest checkpoint's step) is not run again: ``finished`` holds its report.
     Every checkpoint must have been written with the same training configuration."""
     run_path = Path(run_path)
     newest = newest_checkpoint(run_path)
+    if resume in (None, RESUME_AUTO) and newest is not None:
+        report = _finished_report(run_path, newest.step)
+        if report is not None:
+            return ResumePlan(None, newest.path, f"{run_path} holds this run, finished at step {newest.step}: "
+                              "nothing to train (a new run: --run-dir DIR)", finished=report)
     if resume == RESUME_AUTO or restarted:
         if newest is not None:
             return ResumePlan(load_resume(newest.path, cfg), newest.path,
@@ -377,6 +405,17 @@ def plan_resume(cfg: TrainConfig, run_path: str | os.PathLike, resume: str | Non
         raise ConfigError(f"{run_path} already holds a checkpoint of this run (step {newest.step}); "
                           "continue it with --resume auto, or start a new run with --run-dir DIR")
     return ResumePlan(None, None, None)
+
+
+def _finished_report(run_path: Path, step: int) -> dict | None:
+    """The report a run in ``run_path`` wrote when it ended at ``step``, if it did."""
+    import json
+
+    try:
+        report = json.loads((run_path / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) and report.get("steps") == step else None
 
 
 def load_resume(resume: str | os.PathLike, cfg: TrainConfig) -> dict:
@@ -425,6 +464,9 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
     scheduler = WarmupPolyDecay(optimizer, warmup_steps, total_steps, power=cfg.decay_power)
     step = 0
     positioned = False  # the loader itself resumes mid-epoch (else: skip the steps done)
+    # Training seconds of the steps before a resume (the checkpoint keeps them): a resumed run
+    # reports the time and rate of all its steps. None: a fresh run, or an older checkpoint.
+    earlier_s = state.get("train_time_s") if state is not None else None
     if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -466,6 +508,11 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
         if saved_at[0] == step:
             return  # saved at this step already: keep the one before as checkpoint-previous.pt
         saved_at[0] = step
+        if clock.running:  # the time so far, this span included (the clock goes on)
+            clock.stop()
+            clock.start()
+        # Unknown when resumed from a checkpoint that did not keep the time before it.
+        elapsed = clock.elapsed if earlier_s is not None or start_step == 0 else None
         positions = None
         if data.position is not None:
             # Each rank's loader has its own position: rank 0 stores them all.
@@ -478,6 +525,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
                 "config": asdict(cfg), "step": step, "epoch": step // steps_per_epoch,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                **({"train_time_s": (earlier_s or 0.0) + elapsed} if elapsed is not None else {}),
                 **({"data": {"world_size": world, "ranks": positions}} if positions is not None else {}),
                 **({"noise_scale": noise.state_dict()} if noise is not None else {}),
             }, keep_previous=True)
@@ -492,6 +540,8 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
 
     # --- loop ---------------------------------------------------------------
     start_step = step
+    # Rates count the steps the clock timed: all of them when the earlier time is known.
+    base_step, base_s = (0, earlier_s) if earlier_s is not None else (start_step, 0.0)
     if main and progress_mode() == "lines":  # on a terminal the bar says this
         status(f"train: {total_steps - step} steps to go ({steps_per_epoch} per epoch at global batch "
                f"{cfg.batch_size}, {cfg.loader} loader, {world} process(es)); progress every "
@@ -528,8 +578,9 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
                 # Untimed, and the meter syncs with the device: once per epoch, not per step.
                 clock.stop()
                 run_dir.log(step=step, epoch=step / steps_per_epoch, loss=meter.loss,
-                            train_accuracy=meter.accuracy, lr=scheduler.get_last_lr()[0], time_s=clock.elapsed,
-                            images_per_s=(step - start_step) * cfg.batch_size / clock.elapsed,
+                            train_accuracy=meter.accuracy, lr=scheduler.get_last_lr()[0],
+                            time_s=base_s + clock.elapsed,
+                            images_per_s=(step - base_step) * cfg.batch_size / (base_s + clock.elapsed),
                             **(_noise_metrics(noise) if noise is not None else {}))
                 meter.reset()
                 clock.start()
@@ -538,7 +589,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
             if step >= total_steps:
                 break
     clock.stop()
-    train_time = clock.elapsed
+    train_time = base_s + clock.elapsed
     bar.close()
     checkpoint()
 
@@ -548,7 +599,7 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
         for b in model.buffers():
             torch.distributed.broadcast(b, 0)
     accuracy = evaluate(model, data.test_batches(), bf16=cfg.bf16, distributed=world > 1)
-    images = (step - start_step) * cfg.batch_size
+    images = (step - base_step) * cfg.batch_size
     report = {
         "accuracy": accuracy,
         "steps": step,
@@ -559,6 +610,9 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
         "time_s": train_time,
         "images_per_s": images / train_time if train_time > 0 else math.nan,
         "resumed_from_step": start_step,
+        # Whether time_s and images_per_s cover every step (False: resumed from a checkpoint that
+        # did not keep the time before it, so they cover this session's steps only).
+        "time_of_all_steps": base_step == 0,
         "dataset": data.name,
         "images_per_epoch": steps_per_epoch * cfg.batch_size,
         "loader": cfg.loader,
@@ -571,8 +625,9 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
         "device": str(device),
     }
     if noise is not None:
+        # This session's share: the probes of the steps before a resume were timed by that session.
         report["noise_scale"] = _noise_report(noise, cfg, world, local_batch, noise_micro, noise_clock.elapsed,
-                                              train_time)
+                                              clock.elapsed)
     if main and run_dir is not None:
         report["run_dir"] = str(run_dir.path)
         run_dir.log(step=step, test_accuracy=accuracy)

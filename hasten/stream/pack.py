@@ -8,8 +8,10 @@ split is written to ``OUTDIR/<split>/shard-NNNNNN.tar`` in the web-dataset layou
 label), in a permutation of the split drawn from ``seed``: classes are mixed
 across shards, so a reader that shuffles shards and examples within them (and a
 buffer) sees mixed batches. A shard closes before it would exceed
-``shard_bytes``. ``OUTDIR/index.json`` records per shard its example count and
-size, the class names and the source; readers check shards against it.
+``shard_bytes``. ``OUTDIR/index.json`` records per shard its example count,
+size and SHA-256, the class names and the source; readers check shards against
+it, and a cache of shards read from a URL is keyed by it (the same index is the
+same data, wherever it is served from).
 
 The output is deterministic: the same input, seed and shard size give the same
 bytes (tar headers carry no times or owners). An archive is first extracted,
@@ -29,6 +31,7 @@ see ``hasten.stream.presize``).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -163,7 +166,8 @@ def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: b
             writer.close()
             path = out / split / f"shard-{len(shards):06d}.tar"
             os.replace(path.with_suffix(".tar.tmp"), path)
-            shards.append({"name": f"{split}/{path.name}", "examples": count, "bytes": path.stat().st_size})
+            shards.append({"name": f"{split}/{path.name}", "examples": count, "bytes": path.stat().st_size,
+                           "sha256": _sha256(path)})
 
         with progress(total=len(order), desc=f"packing {split}", unit="file") as bar:
             for key, k in enumerate(order.tolist()):
@@ -199,3 +203,11 @@ def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: b
         log.warning("%s: %d image(s) larger than --max-side %d stored as they are: %s", where, len(sized["kept"]),
                     max_side, describe_skipped(sized["kept"]))
     return index
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

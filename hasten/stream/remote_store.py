@@ -7,20 +7,25 @@ http(s)://), laid out as ``hasten data pack`` writes them and uploaded as they a
 The index (``index.json``) is read first; a shard is then read as ranged GETs of
 ``part_bytes`` each, at most ``connections`` at once for the whole store (object
 stores serve one connection at a fraction of what they serve several: parts in
-parallel fill the link). Every part's body is checked against the length asked
+parallel fill the link). A web server that ignores Range headers (``python -m
+http.server`` answers 200 and the whole file), found by asking for one byte of the
+index, has each shard read in one whole GET instead (``ranges`` false), streamed
+into the cache file as it arrives. Every body is checked against the length asked
 for, and the shard against the size in the index, before anything uses it.
 
 Faults: a connection reset or refused, a timeout, a 5xx answer, throttling (503
 SlowDown, 429) and a body cut short are retried with backoff
 (``hasten.stream.retry``, ``retries`` per part); an answer a retry cannot change
-(not found, access denied, no credentials) is not. A shard that keeps failing
-raises one ``hasten.errors.StoreError`` line naming the shard, the store and the
-last error: nothing is skipped, so a run either gets every example of every
+(not found, access denied, no credentials) is not (``hasten.stream.store_errors``).
+Retries are said while they happen (``hasten.stream.retry.Outage``). A shard that
+keeps failing raises one ``hasten.errors.StoreUnavailable`` line naming the shard,
+the store and the last error; a refused answer one ``StoreError`` line naming the
+cause and the fix: nothing is skipped, so a run either gets every example of every
 shard or stops.
 
 ``open_remote_shards`` (what ``open_shards(URL)`` returns) puts the local
-``ShardCache`` in front, in ``$HASTEN_CACHE/remote/<the URL and index>/<split>``,
-which the ranks of one host share: epoch 1 reads from the store, later epochs from
+``ShardCache`` in front, in ``$HASTEN_CACHE/remote/<the index>/<split>``
+(``remote_cache_dir``), which the ranks of one host share: epoch 1 reads from the store, later epochs from
 the disk. The loader reads ``prefetch`` shards ahead of its decode workers
 (``hasten.stream.epoch_plan.plan_records``). When the cache holds the whole split
 (the default cap, disk permitting), each shard is streamed into its cache file part
@@ -31,7 +36,7 @@ while its images wait, so it is read whole (``store[i]``) and memory is bounded 
 ``prefetch`` shards.
 
 The client is obstore (the Rust ``object_store`` crate), an optional dependency
-(``pip install 'hasten[remote]'``), imported when a URL is opened; chosen over
+(``pip install obstore boto3``, or the ``remote`` extra), imported when a URL is opened; chosen over
 fsspec with s3fs by measurement (``benchmarks/remote_clients.py``, docs/remote.md).
 Credentials come from each store's standard places (environment variables,
 ``~/.aws`` through boto3, the cloud's metadata service), are never part of the
@@ -57,27 +62,21 @@ from datetime import timedelta
 from pathlib import Path
 
 from hasten.errors import DataError, StoreError
-from hasten.stream.retry import RetriesExhausted, RetryPolicy, call as call_with_retries
-from hasten.stream.store_url import CREDENTIALS, StoreURL, parse_store_url
+from hasten.stream.retry import Outage, RetriesExhausted, RetryPolicy, call as call_with_retries
+from hasten.stream.store_errors import INDEX, ShortBody, one_line, refused, transient, unavailable
+from hasten.stream.store_url import StoreURL, parse_store_url
 
-INDEX = "index.json"
 PART_BYTES = 8 << 20  # AWS's guidance for ranged GETs: 8-16 MB
 CONNECTIONS = 8
-EXTRA = "pip install 'hasten[remote]'"
-# Environment variables whose values are secrets: scrubbed from any message, whatever prints it.
-_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "GOOGLE_SERVICE_ACCOUNT_KEY",
-            "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_KEY", "AZURE_STORAGE_TOKEN")
-
-
-class ShortBody(OSError):
-    """A body shorter or longer than asked for: the connection was cut, or the object changed."""
+# hasten is installed from its source folder (it is not on the package index); the client alone also does.
+EXTRA = "pip install obstore boto3 (or, in hasten's source folder, pip install -e '.[remote]')"
 
 
 def _client(url: StoreURL, timeout_s: float):
     try:
         import obstore.store
     except ImportError:
-        raise DataError(f"reading shards from {url.scheme}:// needs the optional client library: {EXTRA}") from None
+        raise DataError(f"reading shards from {url.scheme}:// needs the client library obstore: {EXTRA}") from None
     options = {"timeout": timedelta(seconds=timeout_s), "connect_timeout": timedelta(seconds=min(timeout_s, 10)),
                # The endpoint is the user's choice (a local S3-compatible server is often plain http).
                "allow_http": True}
@@ -92,7 +91,7 @@ def _client(url: StoreURL, timeout_s: float):
         return obstore.store.from_url(url.text.rstrip("/"), client_options=options, retry_config={"max_retries": 0},
                                       **kwargs)
     except Exception as e:  # noqa: BLE001 - the library's configuration errors, as one line
-        raise DataError(f"cannot open {url}: {_one_line(e)}") from None
+        raise DataError(f"cannot open {url}: {one_line(e)}") from None
 
 
 def _true(value: str | None) -> bool:
@@ -112,67 +111,6 @@ def _boto3_credentials():
     return Boto3CredentialProvider(session)
 
 
-# What the library's debug dump says beneath "error sending request", in words.
-_CAUSES = (("ConnectionRefused", "connection refused"), ("ConnectionReset", "connection reset"),
-           ("UnexpectedEof", "body cut short"), ("IncompleteBody", "body cut short"),
-           ("kind: Timeout", "timed out"), ("dns error", "host name not found"), ("BrokenPipe", "connection broken"))
-
-
-def _cause(e: BaseException) -> str | None:
-    text = str(e)
-    return next((words for marker, words in _CAUSES if marker in text), None)
-
-
-def _one_line(e: BaseException) -> str:
-    """An error as one short line with no secrets (the library's messages add a long debug dump,
-    of which the cause is kept)."""
-    text = " ".join(str(e).split("\n\nDebug source", 1)[0].split()) or type(e).__name__
-    cause = _cause(e)
-    if cause is not None and cause not in text:
-        text = f"{text} ({cause})"
-    for name in _SECRETS:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text[:400]
-
-
-_STATUS = re.compile(r"status code: (\d{3})")
-
-
-def transient(e: BaseException) -> str | None:
-    """Why a retry may fix ``e`` (a short reason), or None when it cannot."""
-    if isinstance(e, ShortBody):
-        return f"body cut short ({e})"
-    if isinstance(e, (FileNotFoundError, PermissionError)):
-        return None
-    name = type(e).__name__
-    if name in ("PermissionDeniedError", "UnauthenticatedError", "InvalidPathError", "NotSupportedError",
-                "UnknownConfigurationKeyError"):
-        return None
-    text = _one_line(e)
-    status = _STATUS.search(text)
-    if status is not None:
-        code = int(status.group(1))
-        if code >= 500 or code in (408, 429):
-            return f"HTTP {code}"
-        return None  # 4xx: the request itself is wrong
-    if _no_credentials(text):
-        return None
-    if isinstance(e, OSError) or name in ("GenericError", "BaseError", "JoinError"):
-        # Connection refused or reset, a timeout, a body that stopped: worth retrying.
-        return _cause(e) or "connection error"
-    return None
-
-
-def _no_credentials(text: str) -> bool:
-    # Without credentials in the environment the client asks the cloud's metadata service
-    # (169.254.169.254 at /latest/api/token, metadata.google.internal), absent off the cloud.
-    low = text.lower()
-    return any(m in low for m in ("169.254.169.254", "/latest/api/token", "/latest/meta-data",
-                                  "metadata.google.internal", "credential"))
-
-
 class RemoteShards:
     """The shards of ``split`` under ``url`` (module docstring).
 
@@ -181,7 +119,8 @@ class RemoteShards:
     store; ``timeout_s``: one GET's limit (a stalled connection is a failed try).
     Counters: ``requests`` (GETs made), ``bytes_read`` (body bytes received),
     ``retried`` ((name, reason) of each retry, the most recent 1000), ``retries``
-    (their number), ``peak_bytes`` (most shard bytes held at once by reads in progress).
+    (their number), ``peak_bytes`` (most shard bytes held at once by reads in progress);
+    ``ranges``: whether shards are read in ranged parts (false: one whole GET each).
     """
 
     def __init__(self, url: str | StoreURL, split: str = "train", *, retry: RetryPolicy | None = None,
@@ -199,10 +138,17 @@ class RemoteShards:
         self.retried: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._held = 0
+        self._outage = Outage(f"store {self.url}", self.policy)
         self._client = _client(self.url, self.timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="hasten-get")
         self.index_bytes = self._index()
         self._parse_index(self.index_bytes, split)
+        # Object stores answer Range requests; a web server may not (python -m http.server
+        # answers 200 with the whole file): then each shard is one GET of the whole object,
+        # with the time limit of its parts together.
+        self.ranges = self.url.kind != "http" or self._answers_ranges()
+        self._whole_client = None if self.ranges else _client(
+            self.url, self.timeout_s * max(1, -(-max(self.sizes, default=0) // self.part_bytes)))
 
     # --- the store interface -------------------------------------------------
 
@@ -215,6 +161,8 @@ class RemoteShards:
 
     def __getitem__(self, i: int) -> bytes:
         name, size = self.names[i], self.sizes[i]
+        if not self.ranges:
+            return self._pool.submit(self._whole, name, size, None).result()
         with self._lock:
             self._held += size
             self.peak_bytes = max(self.peak_bytes, self._held)
@@ -241,6 +189,9 @@ class RemoteShards:
         Raises ``StoreError`` as ``store[i]`` does, ``OSError`` when the file cannot be written."""
         name, size = self.names[i], self.sizes[i]
         os.ftruncate(fd, 0)
+        if not self.ranges:
+            self._pool.submit(self._whole, name, size, fd).result()
+            return
         # Each part writes through its own duplicate of fd and closes it: when one part fails, the
         # error is raised at once, and parts still running (retrying) write into the file (which
         # the caller discards) through a descriptor that no other file can have reused.
@@ -302,38 +253,62 @@ class RemoteShards:
 
         return self._call(get, name, f"shard {name}")
 
-    def _call(self, request, name: str, what: str, policy: RetryPolicy | None = None):
-        try:
-            return call_with_retries(request, policy=policy or self.policy, transient=transient,
-                                on_retry=lambda k, reason: self._count(name, reason))
-        except RetriesExhausted as e:
-            tries = "1 try" if e.tries == 1 else f"{e.tries} tries"
-            raise StoreError(f"{what} of {self.url}: {tries} failed ({e.reason}); last error: "
-                             f"{_one_line(e.last)}") from None
-        except Exception as e:  # noqa: BLE001 - an answer no retry changes, as one line
-            raise self._refused(e, name, what) from None
+    def _whole(self, name: str, size: int, fd: int | None):
+        """A shard as one GET of the whole object (a server without Range support), checked
+        against the index's size: its bytes, or (``fd`` given) written into the file ``fd``
+        chunk by chunk as they arrive, a chunk in memory at a time (a retry starts the file over)."""
+        import obstore
 
-    def _count(self, name: str, reason: str) -> None:
+        def get():
+            with self._lock:
+                self.requests += 1
+            chunks, done = [], 0
+            if fd is not None:
+                os.ftruncate(fd, 0)
+            for chunk in obstore.get(self._whole_client, name).stream(min_chunk_size=min(size, 1 << 20) or 1):
+                view = memoryview(chunk)
+                if done + len(view) > size:
+                    raise ShortBody(f"more than the {size} bytes the index gives")
+                if fd is None:
+                    chunks.append(view)
+                else:
+                    at = 0
+                    while at < len(view):
+                        at += os.pwrite(fd, view[at:], done + at)
+                done += len(view)
+                with self._lock:
+                    self.bytes_read += len(view)
+            if done != size:
+                raise ShortBody(f"{done} of {size} bytes")
+            return b"".join(chunks) if fd is None else None
+
+        with self._lock:
+            self._held += size if fd is None else 0
+            self.peak_bytes = max(self.peak_bytes, self._held)
+        try:
+            return self._call(get, name, f"shard {name}")
+        finally:
+            with self._lock:
+                self._held -= size if fd is None else 0
+
+    def _call(self, request, name: str, what: str, policy: RetryPolicy | None = None):
+        policy = policy or self.policy
+        try:
+            result = call_with_retries(request, policy=policy, transient=transient,
+                                       on_retry=lambda k, reason: self._count(name, reason, policy))
+        except RetriesExhausted as e:
+            raise unavailable(self.url, what, e.tries, e.reason, e.last) from None
+        except Exception as e:  # noqa: BLE001 - an answer no retry changes, as one line
+            raise refused(e, self.url, name, what) from None
+        self._outage.answered()
+        return result
+
+    def _count(self, name: str, reason: str, policy: RetryPolicy) -> None:
         with self._lock:
             self.retries += 1
             self.retried.append((name, reason))
             del self.retried[:-1000]
-
-    def _refused(self, e: BaseException, name: str, what: str) -> StoreError:
-        text = _one_line(e)
-        if self.url.kind == "s3" and "NoSuchBucket" in text:
-            return StoreError(f"{self.url}: the bucket {self.url.bucket!r} does not exist ({text[:160]})")
-        if isinstance(e, FileNotFoundError) or "status code: 404" in text:
-            if name == INDEX:
-                return StoreError(f"no {INDEX} at {self.url}: pack the data with `hasten data pack SRC OUTDIR` and "
-                                  "upload OUTDIR whole (docs/remote.md)")
-            return StoreError(f"{what} is listed in {self.url.join(INDEX)} but not at {self.url.join(name)}: "
-                              "upload the packed directory whole")
-        if _no_credentials(text) or type(e).__name__ in ("UnauthenticatedError", "PermissionDeniedError") \
-                or re.search(r"status code: 40[13]", text):
-            return StoreError(f"{self.url}: no credentials, or they do not give access ({text[:200]}); "
-                              f"credentials are read from: {CREDENTIALS[self.url.kind]}")
-        return StoreError(f"{what} of {self.url}: {text}")
+        self._outage.retrying(name, reason, policy)
 
     # --- the index -----------------------------------------------------------
 
@@ -345,10 +320,30 @@ class RemoteShards:
                 self.requests += 1
             return bytes(obstore.get(self._client, INDEX).bytes())
 
+        return self._call(get, INDEX, INDEX, self._first_policy())
+
+    def _first_policy(self) -> RetryPolicy:
         # At most 2 retries: a store that does not answer at the start is most often a wrong
         # URL or endpoint, to be said at once; mid-run, the full policy rides out a restart.
-        first = RetryPolicy(min(self.policy.retries, 2), self.policy.first_s, self.policy.max_s)
-        return self._call(get, INDEX, INDEX, first)
+        return RetryPolicy(min(self.policy.retries, 2), self.policy.first_s, self.policy.max_s)
+
+    def _answers_ranges(self) -> bool:
+        """Whether the web server answers a Range request with the range (one byte of the index)."""
+        import obstore
+        from obstore.exceptions import NotSupportedError
+
+        def get():
+            with self._lock:
+                self.requests += 1
+            try:
+                obstore.get_range(self._client, INDEX, start=0, end=1)
+            except NotSupportedError as e:
+                if "Range" not in str(e):
+                    raise
+                return False
+            return True
+
+        return self._call(get, INDEX, INDEX, self._first_policy())
 
     def _parse_index(self, raw: bytes, split: str) -> None:
         where = self.url.join(INDEX)
@@ -358,6 +353,7 @@ class RemoteShards:
             self.names = [str(s["name"]) for s in shards]
             self.examples = [int(s["examples"]) for s in shards]
             self.sizes = [int(s["bytes"]) for s in shards]
+            self.checksums = [s.get("sha256") for s in shards]
             self.classes = list(index.get("classes", []))
             self.source = index.get("source")
         except KeyError as e:
@@ -371,12 +367,19 @@ class RemoteShards:
 
 
 def remote_cache_dir(store: RemoteShards) -> Path:
-    """``$HASTEN_CACHE/remote/<bucket and prefix>-<digest of the URL and the index>/<split>``:
-    a repacked set (a new index) gets a new directory, never the old set's shards."""
+    """``$HASTEN_CACHE/remote/<name>-<digest>/<split>``. An index that gives every shard's
+    SHA-256 (``hasten data pack`` writes them) names the data whatever serves it: the digest
+    is the index's alone, so the same set at a new address (a server on a new port, a
+    mirror) reads the cache, and a changed set has a new index, so never the old set's
+    shards. An index without checksums names the data only at its URL: the digest is of
+    the URL and the index."""
     from hasten.data.cache import cache_dir
 
-    digest = hashlib.sha256(str(store.url).encode() + b"\0" + store.index_bytes).hexdigest()[:12]
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{store.url.bucket}/{store.url.prefix}").strip("-")[:60]
+    checked = bool(store.checksums) and all(store.checksums)
+    key = store.index_bytes if checked else str(store.url).encode() + b"\0" + store.index_bytes
+    digest = hashlib.sha256(key).hexdigest()[:12]
+    name = str(store.source or "shards") if checked else f"{store.url.bucket}/{store.url.prefix}"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:60]
     return cache_dir() / "remote" / f"{slug}-{digest}" / store.split
 
 

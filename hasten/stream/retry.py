@@ -11,6 +11,11 @@ retries the last error is raised inside ``RetriesExhausted``. The defaults (8
 retries) sleep between 36 and 72 s in all before giving up: long enough for a
 store process to restart.
 
+``Outage`` says so while it happens: a line when requests start failing (what, why,
+how long the retries may last), one every ``HASTEN_PROGRESS_INTERVAL`` seconds while
+they go on, and one when the store answers again, so that a run waiting on its
+store never looks like a run that became slow.
+
 Based on: Brooker, "Exponential Backoff And Jitter" (AWS Architecture Blog, 2015),
 its "equal jitter"; AWS's guidance to retry 503 SlowDown with backoff.
 
@@ -20,6 +25,7 @@ Changes the training math: no (a retried read returns the same bytes).
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,3 +95,55 @@ def call(request: Callable[[], T], *, policy: RetryPolicy, transient: Callable[[
                 on_retry(retry, reason)
             sleep(policy.delay(retry))
     raise AssertionError("unreachable")
+
+
+class Outage:
+    """Lines about a store that stopped answering (module docstring): ``retrying(name,
+    reason)`` at each retry, ``answered()`` after each success (free while all is well).
+    ``say``: where lines go (``hasten.progress.status``); ``clock``: seconds, monotonic."""
+
+    def __init__(self, what: str, policy: RetryPolicy, *, say: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, every_s: float | None = None):
+        from hasten.progress import progress_interval, status
+
+        self.what, self.policy = what, policy
+        self.say, self.clock = say or status, clock
+        self.every_s = progress_interval() if every_s is None else every_s
+        self.since: float | None = None  # when the current outage began (None: the store answers)
+        self.retries = 0  # in the current outage
+        self._said = -float("inf")  # when a line was last said
+        self._announced = False  # whether the current outage was said
+        self._lock = threading.Lock()
+
+    def retrying(self, name: str, reason: str, policy: RetryPolicy | None = None) -> None:
+        with self._lock:
+            now = self.clock()
+            if self.since is None:
+                self.since, self.retries = now, 0
+            self.retries += 1
+            # At most one line per interval: a throttled store that fails and answers by turns says
+            # so once, not at every request.
+            if now - self._said < self.every_s:
+                return
+            self._said = now
+            if not self._announced:
+                self._announced = True
+                policy = policy or self.policy
+                least, most = policy.total_s()
+                times = "1 time" if policy.retries == 1 else f"{policy.retries} times"
+                self.say(f"{self.what}: {name}: {reason}; retrying, up to {times} per request "
+                         f"({least:.0f}-{most:.0f} s; --retries)")
+            else:
+                self.say(f"{self.what}: still retrying ({name}: {reason}); {self.retries} retries in "
+                         f"{now - self.since:.0f} s")
+
+    def answered(self) -> None:
+        if self.since is None:  # (read without the lock: the common case costs nothing)
+            return
+        with self._lock:
+            if self.since is None:
+                return
+            if self._announced:
+                self.say(f"{self.what}: answers again after {self.clock() - self.since:.0f} s "
+                         f"({self.retries} {'retry' if self.retries == 1 else 'retries'})")
+            self.since, self.retries, self._announced = None, 0, False
