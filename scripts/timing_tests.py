@@ -66,24 +66,27 @@ class Mutant:
 
 
 VERDICT = "hasten/profile/verdict.py"
+THRESHOLDS = "hasten/profile/thresholds.py"
+BOUNDS = "hasten/profile/bounds.py"
+RANKING = "hasten/profile/ranking.py"
 ATTRIBUTION = "hasten/profile/attribution.py"
 MUTANTS = [
-    Mutant("input threshold x10", VERDICT, "INPUT_MODERATE = 0.05", "INPUT_MODERATE = 0.5",
+    Mutant("input threshold x5", THRESHOLDS, "INPUT_MODERATE = 0.10", "INPUT_MODERATE = 0.5",
            "a step that waits 40% of the time for data called compute-bound or balanced"),
-    Mutant("high-severity threshold", VERDICT, "INPUT_HIGH = 0.20", "INPUT_HIGH = 0.90",
+    Mutant("high-severity threshold", THRESHOLDS, "INPUT_HIGH = 0.20", "INPUT_HIGH = 0.90",
            "a step that waits 80% of the time rated moderate"),
-    Mutant("communication threshold x10", VERDICT, "COMM_MODERATE = 0.05", "COMM_MODERATE = 0.5",
+    Mutant("communication threshold x10", THRESHOLDS, "COMM_MODERATE = 0.05", "COMM_MODERATE = 0.5",
            "exposed gradient exchange up to half the step not reported"),
     Mutant("verdict picks the smaller share", VERDICT, "input_wins = wait >= comm if",
            "input_wins = wait < comm if", "the wrong bottleneck named"),
     Mutant("dead band and interval ignored", VERDICT,
            "w_lo, w_hi = widened(wait, *(wait_interval or (wait, wait)), DEAD_BAND)", "w_lo, w_hi = wait, wait",
-           "a step waiting 3 to 7% of the time, or with an interval across 5%, called input- or compute-bound"),
+           "a step waiting 8 to 12% of the time, or with an interval across 10%, called input- or compute-bound"),
     Mutant("data share of the fastest rank's step", VERDICT,
            "step = max(s.step_s for s in sums)", "step = min(s.step_s for s in sums)",
            "shares of the wrong step time across ranks"),
-    Mutant("data share halved", VERDICT, "wait = _mean(s.data_s / s.step_s for s in sums)",
-           "wait = _mean(s.data_s / s.step_s / 2 for s in sums)", "the data wait under-reported by half"),
+    Mutant("data share halved", VERDICT, "wait = mean(s.data_s / s.step_s for s in sums)",
+           "wait = mean(s.data_s / s.step_s / 2 for s in sums)", "the data wait under-reported by half"),
     Mutant("compute share ignores communication", VERDICT,
            "compute_fraction=max(0.0, 1.0 - wait - comm_frac - other)", "compute_fraction=max(0.0, 1.0 - wait - other)",
            "shares that add up to more than the step"),
@@ -94,14 +97,14 @@ MUTANTS = [
     Mutant("contended CPU not counted", ATTRIBUTION, "        return min(max(0.0, c - idle) / rate, observed)",
            "        return 0.0",
            "DataLoader workers that take the step's cores called compute-bound"),
-    Mutant("R inverted", VERDICT, "r = produce / alone if", "r = alone / produce if",
+    Mutant("R inverted", VERDICT, "upstream_ratio=produce / alone if", "upstream_ratio=alone / produce if",
            "upstream ratio R = consume / produce instead of produce / consume"),
-    Mutant("Amdahl bound doubled", VERDICT, "    return t / rest if rest > 1e-12 else math.inf",
-           "    return 2 * t / rest if rest > 1e-12 else math.inf", "predictions allowed past what the wait allows"),
-    Mutant("Amdahl bound of the whole step", VERDICT, "    rest = t - removable\n",
-           "    rest = t - removable / 4\n", "the most a data fix can give understated"),
-    Mutant("workers prediction unbounded", VERDICT, "        return min(now / max(step, 1e-12), bound)",
-           "        return now / max(step, 1e-12) * 1.5", "a workers fix predicted beyond the data wait"),
+    Mutant("Amdahl bound doubled", BOUNDS, "    return step / rest if rest > 1e-12 else math.inf",
+           "    return 2 * step / rest if rest > 1e-12 else math.inf", "predictions allowed past what the wait allows"),
+    Mutant("Amdahl bound of the whole step", BOUNDS, "    rest = step - removable\n",
+           "    rest = step - removable / 4\n", "the most a data fix can give understated"),
+    Mutant("every prediction unbounded", RANKING, "        rec.predicted_speedup = min(rec.predicted_speedup, rec.bound)\n",
+           "        rec.predicted_speedup = rec.predicted_speedup * 1.5\n", "a fix predicted beyond what the measured shares allow"),
 ]
 
 

@@ -1,7 +1,7 @@
 """Data echoing (Choi et al., 2019): reuse prepared data when input is the bottleneck.
 
 - ``echo_examples`` / ``echo_batches``: echo stages for any iterable or DataLoader;
-- ``shuffle_buffer`` (``hasten.stream.shuffle_buffer``): spread echoed copies apart;
+- ``shuffle_buffer`` (``hasten.echo.shuffle_buffer``): spread echoed copies apart;
   ``default_shuffle_buffer`` sizes it;
 - ``AutoEcho``: an echo factor that follows the measured upstream/downstream ratio;
 - ``EchoCounters`` / ``timed_loader``: fresh examples, waits, idle fraction.
@@ -21,7 +21,7 @@ from hasten.echo.stages import (
     expected_duplicate_rate,
     warn_if_small_buffer,
 )
-from hasten.stream.shuffle_buffer import check_buffer_size, shuffle_buffer
+from hasten.echo.shuffle_buffer import check_buffer_size, shuffle_buffer
 
 __all__ = [
     "AutoEcho",

@@ -12,7 +12,7 @@ Where the stage sits gives the paper's variants:
 - ``batch``: echo whole batches after batching; ``group=k`` echoes runs of k batches,
   the micro-batches of one optimizer step under gradient accumulation.
 
-A shuffle buffer (``hasten.stream.shuffle_buffer``) after an example-echo stage spreads
+A shuffle buffer (``hasten.echo.shuffle_buffer``) after an example-echo stage spreads
 the copies apart, so fewer land in the same batch; ``default_shuffle_buffer(e, batch_size)``
 sizes it so that about 1% of a batch are repeated copies (derivation in its docstring),
 and ``warn_if_small_buffer`` warns when a given buffer leaves many more.

@@ -14,7 +14,7 @@ Where the echo stage sits is the variant (Choi et al., 2019):
   (identical copies);
 - ``batch``: the stage echoes whole batches.
 
-After an example echo, a shuffle buffer (``hasten.stream.shuffle_buffer``) spreads the copies
+After an example echo, a shuffle buffer (``hasten.echo.shuffle_buffer``) spreads the copies
 apart, sized by default so that about 1% of a batch are repeated copies
 (``hasten.echo.default_shuffle_buffer``; with ``AutoEcho`` it follows the current e).
 Without echoing the stage hands the loader's batches on (re-mixed through the buffer
@@ -63,7 +63,7 @@ from hasten.echo.stages import (
 )
 from hasten.stream.chunk_decode import UNAUGMENTED, DecodedChunk, pad_crop_seed
 from hasten.stream.device_copy import to_device
-from hasten.stream.shuffle_buffer import check_buffer_size, shuffle_buffer
+from hasten.echo.shuffle_buffer import check_buffer_size, shuffle_buffer
 
 
 class EchoStage:

@@ -5,7 +5,7 @@ the examples inside each shard by another, and cuts the resulting sequence into
 ``world_size`` contiguous ranges that differ by at most one example: every
 example goes to exactly one rank once per epoch (as torch's DistributedSampler
 without padding), and a rank reads its own shards plus at most two shared at the
-ends of its range. A shuffle buffer (``hasten.stream.shuffle_buffer``) then mixes
+ends of its range. A shuffle buffer (``hasten.echo.shuffle_buffer``) then mixes
 each rank's stream. All of it
 is computed on example numbers, from the counts, before any byte is read, so a
 mid-epoch position (epoch, examples already delivered) names exactly the
@@ -30,7 +30,7 @@ import numpy as np
 
 from hasten.errors import DataError
 from hasten.stream.shard_store import ShardFiles
-from hasten.stream.shuffle_buffer import shuffle_buffer
+from hasten.echo.shuffle_buffer import shuffle_buffer
 from hasten.stream.tar_members import Record, read_shard, scan_shard
 
 

@@ -46,7 +46,7 @@ from hasten.stream.decode_pool import MIN_COUNTED
 from hasten.stream.device_copy import to_device
 from hasten.stream.epoch_plan import EpochPlan, epoch_plan, plan_records
 from hasten.stream.shared_buffers import BatchPool, BufferPool
-from hasten.stream.shuffle_buffer import check_buffer_size
+from hasten.echo.shuffle_buffer import check_buffer_size
 from hasten.stream.tar_members import close_files
 
 

@@ -1,8 +1,8 @@
-"""The shuffle buffer (hasten.stream.shuffle_buffer): every item once, bounded, reproducible."""
+"""The shuffle buffer (hasten.echo.shuffle_buffer): every item once, bounded, reproducible."""
 
 import pytest
 
-from hasten.stream.shuffle_buffer import shuffle_buffer
+from hasten.echo.shuffle_buffer import shuffle_buffer
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "8"])
