@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from hasten.profile.inject import phases, probes, state
+from hasten.profile.inject import augmentation, phases, probes, state
 from hasten.profile.inject.messages import (error_line, raised_in_hasten, say, status, undo_probe_effects,
                                             write_json, write_status)
 from hasten.profile.inject.state import State, is_training_loader
@@ -64,7 +64,8 @@ def report(st: State, complete: bool) -> dict:
             "where": status(st)["where"], "probes": sorted(st.probes), "dropped": st.dropped, "pace": st.pace,
             "where_data": [{"at": k, "share": v / max(1, st.n_data_samples)}
                            for k, v in sorted(st.data_samples.items(), key=lambda kv: -kv[1])[:3]],
-            "outside": _outside_report(st), "threads": st.threads, "cpu_window": st.cpu_window}
+            "outside": _outside_report(st), "threads": st.threads, "cpu_window": st.cpu_window,
+            "bf16": st.bf16, **augmentation.facts(st)}
 
 
 def _outside_report(st: State) -> dict:
