@@ -10,7 +10,10 @@ class or its methods gets one line and no loader timing, never a crash.
 
 The first batch of a training loader is copied when it comes (before the loop can change
 it in place, ``batch.pop("labels")``), its copy's time left out of the step; the replayed
-steps get a fresh copy of it each.
+steps get a fresh copy of it each, in place of the pass's own batches and never past its
+end (``len(loader)``: :mod:`hasten.profile.inject.epoch_fit`), the batches handed out in
+the pass counted on the iterator (reset by ``_reset``, where a persistent workers'
+iterator starts its next pass).
 
 In a verification run of the echo fix, the training loader's batches are handed out by
 ``hasten.echo.echo_batches`` with the arguments the report prints (:func:`_draw`); in one of the
