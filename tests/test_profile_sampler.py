@@ -79,8 +79,8 @@ def test_the_users_frames_are_not_torchs_lightnings_or_an_installed_packages():
 
 
 def test_a_profiled_loop_never_names_its_loss_helper_as_the_rest_and_names_its_sleep():
-    config = ProfileConfig((sys.executable, str(SCRIPTS / "helper_loss.py"), "--pause", "0.02"), warmup=1, steps=20,
-                           probe_steps=2, capture=True, timeout_s=600, decide_s=0, skip_probes=("replay", "loader"))
+    config = ProfileConfig((sys.executable, str(SCRIPTS / "helper_loss.py"), "--classes", "8192", "--pause", "0.01"),
+                           warmup=1, steps=30, probe_steps=2, capture=True, timeout_s=600, decide_s=0, skip_probes=("replay", "loader"))
     (rank,) = run_instrumented(config, log=lambda m: None).ranks
     lines = rank["outside"]["lines"]
     assert not [x for x in lines.get("other", []) if x["at"].startswith("_loss_helper.py:")]

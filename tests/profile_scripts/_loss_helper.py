@@ -14,7 +14,7 @@ class Sharpen(nn.Module):
     def forward(self, logits):
         if self.probe is not None:
             self.probe()
-        for _ in range(20):
+        for _ in range(5):
             logits = logits - torch.logsumexp(logits, 1, keepdim=True)
         return logits
 
