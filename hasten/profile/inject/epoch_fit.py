@@ -36,6 +36,7 @@ from hasten.profile.inject.state import State, is_training_loader
 MIN_PROBE_STEPS = 2
 # The probes a pass too short for every kind loses first, in this order.
 SKIP_ORDER = ("autocast", "comm")
+NO_LIMIT = 2**62  # batches left where no length is known
 
 
 def handed(it) -> int:
@@ -72,15 +73,14 @@ def _batches_per_step(st: State) -> int:
 def _lengths(st: State) -> tuple[int, int] | None:
     """(batches left to hand out before the loop's next step, batches in a whole pass), the least over
     the ranks; None without a training loader of known length (nothing to fit in)."""
-    if st.train_iter is None or not any(is_training_loader(st, lid) for lid in st.loaders):
-        return None
-    it = st.train_iter[0]
-    n = pass_length(it)
-    if n is None:
-        return None
-    left = n - handed(it)
+    it = st.train_iter[0] if st.train_iter is not None else None
+    trains = any(is_training_loader(st, lid) for lid in st.loaders)
+    n = pass_length(it) if it is not None and trains else None
+    # (every rank takes part in the reduction, one without a limit with NO_LIMIT)
+    left = NO_LIMIT if n is None else n - handed(it)
     # the pass ended with the last step: the next step draws from a fresh pass
-    return _least_over_ranks(st, (left if left > 0 else n, n))
+    left, n = _least_over_ranks(st, (left if left > 0 else n, NO_LIMIT if n is None else n))
+    return None if n == NO_LIMIT else (left, n)
 
 
 def needed(st: State, kinds: int) -> int:
