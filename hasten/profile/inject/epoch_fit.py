@@ -98,25 +98,28 @@ def plan(st: State, replay_kinds) -> None:
     while replay_kinds(st) and needed(st, len(replay_kinds(st))) > n:
         kinds = replay_kinds(st)
         fewer = n // (len(kinds) * per_step)
-        short = (f"a pass of the training loader is {n} batch{'es' if n != 1 else ''} (len(loader)), and hasten "
-                 f"hands a loop no more than that")
+        short = f"a pass of the training loader is {_batches(n)} (len(loader)), and hasten hands a loop no more"
         if fewer >= MIN_PROBE_STEPS:
             messages.say(st, f"{short}: {fewer} replayed steps of each kind instead of {st.probe_steps}")
             st.probe_steps = fewer
-            return
+            break
         optional = next((p for p in SKIP_ORDER if p in st.probes and any(probes.PROBE_OF_KIND.get(k) == p
                                                                         for k in kinds)), None)
         probe = optional or "replay"
         least = len(kinds) * MIN_PROBE_STEPS * per_step
         probes.drop(st, probe, f"skipped: {short}, fewer than the {least} that {MIN_PROBE_STEPS} replayed steps "
-                               f"of each of {len(kinds)} kinds take")
+                               f"of each of {len(kinds)} kind{'s' if len(kinds) != 1 else ''} take")
     if not replay_kinds(st):
         return
     left, _ = lengths
     need = needed(st, len(replay_kinds(st)))
     if left < need:
-        messages.say(st, f"the replayed steps wait for the training loader's next pass: {left} batches are left "
+        messages.say(st, f"the replayed steps wait for the training loader's next pass: {_batches(left)} left "
                          f"in this one, they take {need}")
+
+
+def _batches(n: int) -> str:
+    return f"{n} batch" if n == 1 else f"{n} batches"
 
 
 def fits(st: State, kinds: int) -> bool:
