@@ -8,6 +8,7 @@ state of Python, numpy and torch, and the dataset's transform, are left as they 
 
 import random
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,6 +69,17 @@ def test_no_training_loader_or_a_dataset_that_raises_is_not_checked():
             raise OSError("the file is gone")
 
     assert augmentation.facts(_state(Broken(None))) == {"random_transforms": None, "decoded_sample_bytes": None}
+
+
+def test_a_read_that_blocks_leaves_the_fields_unchecked_and_the_process_free(monkeypatch):
+    class Blocking(augmented.Images):
+        def __getitem__(self, i):
+            time.sleep(60)
+
+    monkeypatch.setattr(augmentation, "READ_TIMEOUT_S", 0.2)
+    t0 = time.monotonic()
+    assert augmentation.facts(_state(Blocking(None))) == {"random_transforms": None, "decoded_sample_bytes": None}
+    assert time.monotonic() - t0 < 30
 
 
 def test_a_profiled_run_records_both_fields_for_the_analysis():

@@ -14,7 +14,7 @@ dataset in the profiled process:
   else None.
 
 Python's, numpy's and torch's random states are put back as they were, and so is the
-transform. Three ``__getitem__`` calls, outside any timed step.
+transform. Three ``__getitem__`` calls, outside any timed step, given :data:`READ_TIMEOUT_S`.
 
 Changes the training math: no.
 """
@@ -27,12 +27,28 @@ from collections.abc import Mapping
 from hasten.profile.inject.state import State
 
 
+# The reads run in a thread given this long: a dataset whose read blocks (a remote store gone) leaves
+# the fields unchecked, never the process hanging on its way out.
+READ_TIMEOUT_S = 10.0
+
+
 def facts(st: State) -> dict:
     """``{"random_transforms", "decoded_sample_bytes"}`` of the training loader's dataset."""
-    out = {"random_transforms": None, "decoded_sample_bytes": None}
+    import threading
+    unchecked = {"random_transforms": None, "decoded_sample_bytes": None}
     dataset = _training_dataset(st)
     if dataset is None:
-        return out
+        return unchecked
+    found = {}
+    reader = threading.Thread(target=lambda: found.update(_read(st, dataset)), daemon=True,
+                              name="hasten-profile-augmentation")
+    reader.start()
+    reader.join(READ_TIMEOUT_S)
+    return dict(found) if not reader.is_alive() and found else unchecked
+
+
+def _read(st: State, dataset) -> dict:
+    out = {"random_transforms": None, "decoded_sample_bytes": None}
     saved = _rng_states()
     was = st.in_probe
     st.in_probe = True  # hasten's own reads: no hook counts them
