@@ -24,7 +24,7 @@ WARMUP, STEPS = 2, 5
 
 
 def run_profile(*args, **kw):
-    kw = {"warmup": WARMUP, "steps": STEPS, "probe_steps": 2, "capture": True, "timeout_s": 180, "decide_s": 0, **kw}
+    kw = {"warmup": WARMUP, "steps": STEPS, "probe_steps": 2, "capture": True, "timeout_s": 600, "decide_s": 0, **kw}
     return profile(ProfileConfig((sys.executable, str(SCRIPTS / "short_epochs.py"), *map(str, args)), **kw),
                    log=lambda m: None)
 
