@@ -12,7 +12,6 @@ Nothing here reads a clock: what is checked is whether the report came and what 
 
 import json
 import platform
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,18 +89,17 @@ def test_a_closure_or_a_gradient_scaler_is_profiled_as_any_step(optimizer):
     assert not any("no module with parameters" in n for n in a.notes)  # LBFGS's model runs in its closure
 
 
-def test_a_replayed_step_that_raises_in_the_loop_drops_the_replay_and_reports_the_measured_steps(capsys):
+def test_a_replayed_step_that_raises_in_the_loop_fails_the_profile_naming_the_probe(capsys):
+    # The script failed under the profile (issue 43: timm died in 4 runs of 4 and hasten exited 0 with
+    # numbers): no report as if all was well, the probe named and how to turn it off.
     code = main(["profile", "--quiet", "--warmup", str(WARMUP), "--steps", str(STEPS), "--probe-steps", "2",
                  "--decide-within", "0", "--",
                  sys.executable, str(SCRIPTS / "lstm.py"), "--reject-repeated-batch"])
-    out = capsys.readouterr().out
-    assert code == 0  # the failure was the probe's, after the measured steps: not the command's
-    # the report is the measured steps' (STEPS of them; fewer when a step stalled beside other jobs
-    # is left out, more when the window went on to its shortest length)
-    measured = re.search(rf"(\d+) steps after {WARMUP} warm-up", out)
-    assert measured and int(measured.group(1)) >= 3
-    assert "probe dropped: replay: its replayed step raised ValueError: this batch was seen before (at lstm.py:" in out
-    assert "probe dropped: autocast: it is compared with the replayed step" in out
+    out, err = capsys.readouterr()
+    assert code == HASTEN_FAILED
+    assert "replay probe failed" in err and "--no-probe replay" in err
+    assert "ValueError: this batch was seen before (at lstm.py:" in err
+    assert "fixes, best first" not in out and "steps after" not in out
 
 
 def test_a_probe_turned_off_by_the_flag_does_not_run(tmp_path, capsys):

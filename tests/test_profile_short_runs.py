@@ -13,6 +13,7 @@ import pytest
 
 from hasten.cli import main
 from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
+from profile_helpers import measured_steps
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
 
@@ -68,5 +69,5 @@ def test_a_window_of_millisecond_steps_goes_on_to_a_second():
     cmd = (sys.executable, str(SCRIPTS / "short_run.py"), "--steps", "100000", "--batch-sleep", "0.001")
     a = profile(ProfileConfig(cmd, warmup=3, steps=12, probe_steps=3, capture=True, timeout_s=120),
                 log=lambda m: None)
-    assert not a.ended_early and a.extended >= 1 and a.steps >= 24
+    assert not a.ended_early and a.extended >= 1 and measured_steps(a) >= 24  # (a stall left out is measured)
     assert sum(r["span_s"] for r in a.per_step) > 0.5

@@ -354,12 +354,14 @@ def check_outcome(outcome: RunOutcome, config: ProfileConfig) -> list[dict]:
         raise ProfileFailed(f"the command did not reach {need} and the probes within --timeout {config.timeout_s:g} "
                             f"s ({seen} {unit} seen); it was stopped. Seen:\n  "
                             f"{describe_statuses(outcome.statuses)}{unseen}{tail}", 124)
-    if complete and len(complete) == world:
+    failed_probes = [(d["rank"], x) for d in complete for x in d.get("dropped", []) if x.get("ended_run")]
+    # the loop raised in a step a probe made it run: the command failed under the profile (issue 43)
+    failed_probes = [p for p in failed_probes if p[1].get("raised")] or failed_probes
+    if complete and len(complete) == world and not any(x.get("raised") for _, x in failed_probes):
         return complete
     short = _ended_on_its_own(outcome)
     if short:
         return short
-    failed_probes = [(d["rank"], x) for d in complete for x in d.get("dropped", []) if x.get("ended_run")]
     if failed_probes:  # one rank's probe ended its process, and the command with it
         rank, x = failed_probes[0]
         raise ProfileFailed(f"hasten's {x['probe']} probe failed on rank {rank} after the measured steps "

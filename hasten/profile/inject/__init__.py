@@ -13,6 +13,10 @@ of the user's unmodified command (every torchrun worker included):
 - :mod:`~hasten.profile.inject.loader`: DataLoader iterators, the training loader;
 - :mod:`~hasten.profile.inject.ddp`: DDP's dispatching communication hook, link timings;
 - :mod:`~hasten.profile.inject.phases`: warm-up, measure, replay, loader alone;
+- :mod:`~hasten.profile.inject.epoch_fit`: the replayed steps inside the training loader's
+  pass, never a batch past ``len(loader)``;
+- :mod:`~hasten.profile.inject.augmentation`: whether the training dataset's items are drawn
+  at random, and one item's size before its transform;
 - :mod:`~hasten.profile.inject.probes`: dropping a probe that fails; the loader alone
   and a batch's hand-off;
 - :mod:`~hasten.profile.inject.autocast_check`: the model under bf16 autocast, tried in

@@ -8,9 +8,13 @@ in ATen's fallback bf16 GEMM (``at::native::cpublas`` gemm, in backward; forward
 ``bf16_dot_with_fp32_arith``) and 3% in hasten's own frames. The autocast probe, run in the
 loop, made the whole replay about ten times slower than the loop, and could only find
 autocast slower.
-So a bf16 matmul under autocast and a float32 one, the size of a layer of a small model,
-are timed first (milliseconds; about 60 ms at worst, emulated): when bf16 is not the
-faster, the autocast probe is dropped with the ratio, and no step runs under autocast.
+So whether the device has native bf16 is asked first, of torch and of the CPU's flags
+(:func:`bf16_support`): without it the probe is dropped, with the facts. With it, a bf16
+product and a float32 one, the size of a layer of a small model, are timed in turn, seven of
+each: the probe is dropped only when bf16 is slower beyond their ratio's 95% interval. (A
+single timing of a product under autocast, its casts included, said "1.5x the float32 one"
+on a CPU with avx512_bf16 whose autocast step was x1.42-1.56 faster, and flipped the
+recommendation from one run to the next: issue 43.)
 
 **Whether the model runs** under it (:func:`trial`): some do not. oneDNN's LSTM on a CPU
 without bf16 support raises "could not create a primitive descriptor for the LSTM forward
@@ -47,12 +51,64 @@ from hasten.profile.inject.state import State
 # (rows, features) of the product: a small model's layer on a CPU; on a GPU, large enough that
 # tensor cores, not launch overhead, set its time.
 PRODUCT = {"cpu": (256, 1024), "cuda": (4096, 4096)}
+PAIRS = 7  # bf16 and float32 products timed in turn, this many of each: the ratio's interval comes from them
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_support(device: str) -> dict:
+    """Whether this device computes in bf16 natively, as torch and the CPU say (asked, not guessed).
+
+    ``{"native": True/False/None (unknown), "facts": "..."}``: on a CPU, torch's own query
+    (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``, which also sees oneDNN capped by
+    ``ONEDNN_MAX_CPU_ISA``) decides, the CPU's flags (``/proc/cpuinfo``) where torch has no query;
+    on CUDA, ``torch.cuda.is_bf16_supported()``."""
+    import torch
+    if device == "cuda":
+        native = bool(torch.cuda.is_bf16_supported())
+        return {"native": native, "facts": f"torch.cuda.is_bf16_supported() is {native}"}
+    facts = []
+    try:
+        asked = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        facts.append(f"torch.ops.mkldnn._is_mkldnn_bf16_supported() is {asked}")
+    except (AttributeError, RuntimeError):
+        asked = None
+    flags = _cpu_flags()
+    if flags is not None:
+        have = [f for f in CPU_BF16_FLAGS if f in flags]
+        facts.append(f"CPU flags {', '.join(have)}" if have else f"no {' nor '.join(CPU_BF16_FLAGS)} in the CPU flags")
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
+    if capability:
+        facts.append(f"ATen's CPU capability {capability}")
+    native = asked if asked is not None else (bool(have) if flags is not None else None)
+    return {"native": native, "facts": "; ".join(facts) or "torch and the CPU say nothing of bf16"}
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
 
 
 def bf16_pays(st: State) -> str | None:
-    """Why bf16 autocast cannot make a step faster here (its matmuls are not faster), or None."""
+    """Why bf16 autocast cannot make a step faster here, or None.
+
+    Without native bf16 (:func:`bf16_support`) it cannot: emulated, a step took 13 s instead of
+    0.1 s. With it, or where nothing says, a bf16 product and a float32 one are timed in turn
+    (:data:`PAIRS` of each, the operands cast beforehand: in a model the activations stay bf16
+    from layer to layer, and the replayed step measures the casts); only a product slower beyond
+    the interval of their ratio drops the probe. One noisy reading on a shared machine flipped the
+    earlier single-shot check from run to run (issue 43)."""
     import torch
     import torch.nn.functional as F
+    support = st.bf16 = bf16_support(st.device)
+    if support["native"] is False:
+        return (f"this {st.device} has no native bf16 ({support['facts']}): emulated bf16 matmuls make a step "
+                "slower, and its replayed steps would take that much longer")
     rows, features = PRODUCT.get(st.device, PRODUCT["cpu"])
     devices = [torch.cuda.current_device()] if st.device == "cuda" and torch.cuda.is_initialized() else []
     st.in_probe = True
@@ -60,32 +116,30 @@ def bf16_pays(st: State) -> str | None:
         with torch.random.fork_rng(devices=devices), torch.no_grad():  # the run's random numbers untouched
             x = torch.randn(rows, features, device=st.device)
             w = torch.randn(features, features, device=st.device)
-
-            def bf16():
-                with torch.autocast(device_type=st.device, dtype=torch.bfloat16):
-                    F.linear(x, w)
-
-            f32_s, bf16_s = _best(st, lambda: F.linear(x, w)), _best(st, bf16)
+            xb, wb = x.bfloat16(), w.bfloat16()
+            _timed(st, lambda: F.linear(x, w))  # the first call of each sets its kernel up
+            _timed(st, lambda: F.linear(xb, wb))
+            logs = [math.log(_timed(st, lambda: F.linear(xb, wb)) / max(_timed(st, lambda: F.linear(x, w)), 1e-9))
+                    for _ in range(PAIRS)]
     finally:
         st.in_probe = False
-    ratio = bf16_s / max(f32_s, 1e-9)
-    if ratio < 1.0:
+    from hasten.stats import mean_ci
+    ci = mean_ci(logs)
+    ratio, lo, hi = (math.exp(ci["mean"] + d) for d in (0.0, -ci["ci95"], ci["ci95"]))
+    support.update(matmul_ratio=ratio, matmul_interval=[lo, hi], pairs=PAIRS)
+    if lo <= 1.0:
         return None
-    return (f"a bf16 matmul under autocast takes {ratio:.1f}x the float32 one on this {st.device} (no native "
-            "bf16): autocast cannot make a step faster here, and its replayed steps would take that much longer")
+    return (f"a bf16 matmul takes {ratio:.2f}x the float32 one on this {st.device} (95% interval {lo:.2f}x-{hi:.2f}x, "
+            f"{PAIRS} pairs; {support['facts']}): autocast cannot make a step faster here, and its replayed steps "
+            "would take that much longer")
 
 
-def _best(st: State, fn, n: int = 5) -> float:
-    """The fastest of ``n`` timed calls after one untimed (the first pays for setting up the kernel)."""
+def _timed(st: State, fn) -> float:
+    sync(st)
+    t0 = time.perf_counter()
     fn()
-    best = math.inf
-    for _ in range(n):
-        sync(st)
-        t0 = time.perf_counter()
-        fn()
-        sync(st)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    sync(st)
+    return time.perf_counter() - t0
 
 
 def trial(st: State) -> str | None:

@@ -10,7 +10,10 @@ class or its methods gets one line and no loader timing, never a crash.
 
 The first batch of a training loader is copied when it comes (before the loop can change
 it in place, ``batch.pop("labels")``), its copy's time left out of the step; the replayed
-steps get a fresh copy of it each.
+steps get a fresh copy of it each, in place of the pass's own batches and never past its
+end (``len(loader)``: :mod:`hasten.profile.inject.epoch_fit`), the batches handed out in
+the pass counted on the iterator (reset by ``_reset``, where a persistent workers'
+iterator starts its next pass).
 
 In a verification run of the echo fix, the training loader's batches are handed out by
 ``hasten.echo.echo_batches`` with the arguments the report prints (:func:`_draw`); in one of the
@@ -30,6 +33,7 @@ import time
 
 from hasten.cpu_time import pid_cpu_s, runqueue_s
 from hasten.profile.inject import fixes, messages, resident, state, steps
+from hasten.profile.inject.epoch_fit import handed, pass_length
 from hasten.profile.inject.batches import batch_nbytes, fingerprint, fresh_copy, tensor_layout
 from hasten.profile.inject.state import State, is_training_loader
 
@@ -71,6 +75,12 @@ def patch_dataloader(st: State) -> None:
 
     base.__init__ = __init__
     base.__next__ = _timed_next(base.__next__)
+    orig_reset = vars(base).get("_reset")
+    if orig_reset is not None:  # a persistent workers' iterator starts each pass here, not in __init__
+        def _reset(it, *args, **kwargs):
+            it.__dict__["_hasten_handed"] = 0
+            return orig_reset(it, *args, **kwargs)
+        base._reset = _reset
 
 
 def _new_iterator(st: State, it, loader) -> None:
@@ -127,16 +137,19 @@ def _timed_next(orig):
         except Exception as exc:
             messages.hasten_failed(st, "DataLoader timing", exc)
             return orig(it)
-        if replaying:
-            batch = fresh_copy(st.cached)  # a copy each time: the loop may change its batch in place
-        else:
-            try:
+        try:
+            if replaying:
+                if handed(it) >= pass_length(it, float("inf")):
+                    raise StopIteration  # the pass ends on time: a loop trusts len(loader)
+                batch = fresh_copy(st.cached)  # a copy each time: the loop may change its batch in place
+            else:
                 batch = _draw(st, it, orig, training)
-            except StopIteration:  # the end of an epoch is no batch; a kept iterator starts afresh
-                owner = getattr(it, "_hasten_owner", None)
-                if owner is not None and owner.__dict__.get("_hasten_it") is it:
-                    del owner.__dict__["_hasten_it"]
-                raise
+        except StopIteration:  # the end of an epoch is no batch; a kept iterator starts afresh
+            owner = getattr(it, "_hasten_owner", None)
+            if owner is not None and owner.__dict__.get("_hasten_it") is it:
+                del owner.__dict__["_hasten_it"]
+            raise
+        it.__dict__["_hasten_handed"] = handed(it) + 1
         try:
             if not replaying:
                 t0, c0 = _keep(st, it, orig, batch, training, t0, c0)

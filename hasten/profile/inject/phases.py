@@ -1,6 +1,8 @@
 """The phases every instrumented process goes through, counted in steps.
 
-``warmup`` (discarded), ``measure`` (the real run), ``replay`` (the counterfactual probes,
+``warmup`` (discarded), ``measure`` (the real run), ``epoch_wait`` (the loop's own steps,
+not recorded, until the replayed ones fit in its training loader's pass:
+:mod:`hasten.profile.inject.epoch_fit`), ``replay`` (the counterfactual probes,
 interleaved step by step: ``step_alone``, the first batch that reached the model
 replayed, so data is free; ``comm_off``, the same with DDP's ``noop_hook``;
 ``comm_bf16``, with hasten's bf16-compressing hook; ``autocast``, under bf16 autocast),
@@ -18,7 +20,7 @@ import statistics
 import time
 
 from hasten.cpu_time import pid_cpu_s
-from hasten.profile.inject import autocast_check, cpu_window, ddp, probes
+from hasten.profile.inject import autocast_check, cpu_window, ddp, epoch_fit, probes
 from hasten.profile.inject.state import State, is_training_loader
 from hasten.profile.shares import could_decide, stalled, sum_interval
 
@@ -27,7 +29,8 @@ def plan(st: State) -> list[tuple[str, int]]:
     steps = [("warmup", st.warmup), ("measure", st.steps)]
     kinds = replay_kinds(st)
     if kinds:
-        steps.append(("replay", st.probe_steps * len(kinds)))
+        # steps of the loop's own until the replayed ones fit in its loader's pass (epoch_fit.fits)
+        steps += [("epoch_wait", 0), ("replay", st.probe_steps * len(kinds))]
     if "loader" in st.probes:
         steps.append(("loader_alone", 0))
     return steps
@@ -45,7 +48,7 @@ def replay_kinds(st: State) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-ORDER = ("warmup", "measure", "replay", "loader_alone", "done")
+ORDER = ("warmup", "measure", "epoch_wait", "replay", "loader_alone", "done")
 WORKER_QUEUES = 5  # the stopping rule wants at least this many prefetch queues of batches in the window
 # ... and a window at least this long: a scheduler's time slice (milliseconds) landing in one step of a
 # window of sub-millisecond steps is most of it (pytorch/examples' regression/main.py: 12 steps, 11 ms)
@@ -53,24 +56,26 @@ MIN_WINDOW_S = 1.0
 
 
 def advance(st: State) -> None:
-    names = [p for p, _ in plan(st)]
-    if st.phase not in names and st.phase != "done":  # its probes were dropped: on to the next planned phase
-        st.phase = next(p for p in ORDER[ORDER.index(st.phase) + 1:] if p in names or p == "done")
+    """At a step boundary: on to the next phase whose steps are due (entering it), as far as they go."""
+    while st.phase != "done":
+        counts = dict(plan(st))
+        names = list(counts)
+        if st.phase in counts:
+            if st.phase == "epoch_wait":
+                if not epoch_fit.fits(st, len(replay_kinds(st))):
+                    return
+            elif st.phase_step < counts[st.phase]:
+                return
+            if st.phase == "measure" and _measure_on(st):
+                st.steps += st.phase_step  # twice the steps: the interval narrows by about 1/sqrt(2)
+                return
+            _leave(st)
+            i = names.index(st.phase)
+            st.phase = names[i + 1] if i + 1 < len(names) else "done"
+        else:  # its probes were dropped: on to the next planned phase
+            st.phase = next(p for p in ORDER[ORDER.index(st.phase) + 1:] if p in counts or p == "done")
         st.phase_step = 0
-        _enter(st)
-        names = [p for p, _ in plan(st)]
-    while st.phase in names:
-        i = names.index(st.phase)
-        if st.phase_step < plan(st)[i][1]:
-            return
-        if st.phase == "measure" and _measure_on(st):
-            st.steps += st.phase_step  # twice the steps: the interval narrows by about 1/sqrt(2)
-            return
-        _leave(st)
-        st.phase = names[i + 1] if i + 1 < len(names) else "done"
-        st.phase_step = 0
-        _enter(st)
-        names = [p for p, _ in plan(st)]  # entering a phase may drop a probe, and with it a replayed kind
+        _enter(st)  # (entering a phase may drop a probe, and with it a replayed kind)
         if st.phase == "loader_alone":
             return
 
@@ -83,14 +88,16 @@ def _enter(st: State) -> None:
         st.threads = {"intra_op": _torch_threads(), "inter_op": _torch_threads("interop")}
         st.measure_t0 = time.perf_counter()
         st.cpu_window = cpu_window.start(st)
-    if st.phase == "replay":
-        # Without a training DataLoader, the replayed steps hand the model its kept arguments.
-        st.replay_args = st.model_args is not None and not any(is_training_loader(st, lid)
-                                                               for lid in st.loaders)
+    if st.phase == "epoch_wait":
         probes.guarded(st, "autocast", autocast_check.bf16_pays)  # milliseconds, before the trial's full step
         probes.guarded(st, "autocast", autocast_check.trial)
         if _any_rank(st, "autocast" not in st.probes) and "autocast" in st.probes:
             probes.drop(st, "autocast", "dropped on another rank")  # every rank replays the same kinds
+        epoch_fit.plan(st, replay_kinds)
+    if st.phase == "replay":
+        # Without a training DataLoader, the replayed steps hand the model its kept arguments.
+        st.replay_args = st.model_args is not None and not any(is_training_loader(st, lid)
+                                                               for lid in st.loaders)
         probes.guarded(st, "comm", ddp.calibrate_link)
 
 

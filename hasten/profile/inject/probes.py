@@ -37,11 +37,12 @@ KINDS = {"replay": ("step_alone",), "autocast": ("autocast",), "comm": ("comm_of
 PROBE_OF_KIND = {kind: probe for probe, kinds in KINDS.items() for kind in kinds}
 
 
-def drop(st: State, probe: str, why: str, ended_run: bool = False) -> None:
+def drop(st: State, probe: str, why: str, ended_run: bool = False, raised: bool = False) -> None:
     """Turn ``probe`` off for the rest of the run, its steps unused, with one line saying why.
 
     Dropping the replay drops the probes compared with it (autocast, comm). ``ended_run``:
-    its failure ended the process (the launcher tells a peer rank's end apart by it)."""
+    its failure ended the process (the launcher tells a peer rank's end apart by it);
+    ``raised``: the loop raised in its replayed step (the command failed under the profile)."""
     names = [probe] + ([p for p in NEEDS_REPLAY if p in st.probes] if probe == "replay" else [])
     for name in names:
         if name not in st.probes:
@@ -55,7 +56,8 @@ def drop(st: State, probe: str, why: str, ended_run: bool = False) -> None:
         if name == "loader":
             st.loader_probe = {}
         reason = why if name == probe else "it is compared with the replayed step, whose probe was dropped"
-        st.dropped.append({"probe": name, "why": reason, "ended_run": ended_run and name == probe})
+        st.dropped.append({"probe": name, "why": reason, "ended_run": ended_run and name == probe,
+                           **({"raised": True} if raised and name == probe else {})})
         messages.say(st, f"{name} probe dropped: {reason}")
     if st.step_kind in PROBE_OF_KIND and PROBE_OF_KIND[st.step_kind] not in st.probes:
         st.comm_mode = "real"

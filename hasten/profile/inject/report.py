@@ -11,9 +11,13 @@ steps measured so far, the window's CPU accounting closed at exit (:func:`at_exi
 launcher reports from them when the command exited 0.
 
 Whose failure it was is kept apart: an exception that escapes a replayed step (a probe
-in flight, after the measured window) drops that probe and the report of the measured
-steps is written all the same (:func:`probe_failed`); hasten's own failure is
-:func:`hasten.profile.inject.messages.hasten_failed`'s.
+in flight, after the measured window) drops that probe, marked ``raised``, and the report
+of the measured steps is written all the same (:func:`probe_failed`), but the command
+failed under the profile and the launcher fails the profile with it (exit code 70, the
+probe named), never a report as if all was well; hasten's own failure is
+:func:`hasten.profile.inject.messages.hasten_failed`'s. A command that ends on its own
+(exit 0) while it waits for a pass of its loader that the replayed steps fit in has its
+measured steps reported as complete, the replay skipped.
 
 Changes the training math: no.
 """
@@ -25,7 +29,7 @@ import sys
 import time
 
 from hasten.cores import affinity_cores
-from hasten.profile.inject import phases, probes, state
+from hasten.profile.inject import augmentation, phases, probes, state
 from hasten.profile.inject.messages import (error_line, raised_in_hasten, say, status, undo_probe_effects,
                                             write_json, write_status)
 from hasten.profile.inject.state import State, is_training_loader
@@ -61,7 +65,8 @@ def report(st: State, complete: bool) -> dict:
             "where": status(st)["where"], "probes": sorted(st.probes), "dropped": st.dropped, "pace": st.pace,
             "where_data": [{"at": k, "share": v / max(1, st.n_data_samples)}
                            for k, v in sorted(st.data_samples.items(), key=lambda kv: -kv[1])[:3]],
-            "outside": _outside_report(st), "threads": st.threads, "cpu_window": st.cpu_window}
+            "outside": _outside_report(st), "threads": st.threads, "cpu_window": st.cpu_window,
+            "bf16": st.bf16, **augmentation.facts(st)}
 
 
 def _outside_report(st: State) -> dict:
@@ -86,13 +91,16 @@ def finish(st: State) -> None:
     os._exit(0)
 
 
-def probe_failed(st: State, why: str) -> bool:
+def probe_failed(st: State, why: str, raised: bool = False) -> bool:
     """The process ends inside a replayed step: drop the probe in flight, and write the report of the
-    measured steps as complete. False when no probe was in flight (the command's own failure)."""
+    measured steps as complete. False when no probe was in flight (the command's own failure).
+
+    ``raised``: the loop raised in the replayed step, which the probe made it run: the command failed
+    under the profile, and the launcher says so (exit code 70), never a report as if all was well."""
     probe = probes.in_flight(st)
     if probe is None:
         return False
-    probes.drop(st, probe, why, ended_run=True)
+    probes.drop(st, probe, why, ended_run=True, raised=raised)
     undo_probe_effects(st)
     st.finished = True
     probes.drop_unfinite(st)
@@ -107,6 +115,16 @@ def at_exit() -> None:
     try:
         if probe_failed(st, "the command exited during its replayed steps"):
             write_status(st)
+            return
+        if st.phase == "epoch_wait" and st.error is None:
+            # the measured window is done; the command ended on its own (its last epoch) before a pass
+            # in which the replayed steps fit: the report of the measured steps is complete without them
+            probes.drop(st, "replay", "skipped: the command ended before its training loader began a pass with "
+                                      "the batches the replayed steps take")
+            st.finished = True
+            probes.drop_unfinite(st)
+            write_status(st)
+            _write(st, complete=True)
             return
         st.finished = True
         write_status(st)
@@ -129,12 +147,11 @@ def excepthook(orig):
                 line = st.error = error_line(exc, tb)
                 if raised_in_hasten(tb):
                     st.hasten_error = f"uncaught: {line}"
-                elif probe_failed(st, f"its replayed step raised {line}"):
-                    say(st, "the measured steps are reported")
+                elif probe_failed(st, f"its replayed step raised {line}", raised=True):
                     write_status(st)
                     if st.world_size == 1:
-                        # hasten stops the command after its probes anyway; the traceback would be
-                        # the probe's, not the command's: the line above says what it was
+                        # the traceback would be the probe's, not the command's: the drop's line says
+                        # what it was, and the launcher fails the profile (exit code 70) with it
                         sys.stdout.flush()
                         os._exit(0)
                 at_exit()

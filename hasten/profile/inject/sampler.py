@@ -4,7 +4,10 @@ The samples say where the time went when no step comes (``rank<N>.status.json``,
 the launcher's stall messages), and, in the measured window (twenty times a second), where
 a step's time outside compute went: into a DataLoader (``loader``), into the lines that
 make the batch (``batch``: :mod:`hasten.profile.inject.batch_source`), or elsewhere
-(``other``: a sleep, logging, ``loss.item()``, a checkpoint write), each by file and line.
+(``other``: a sleep, logging, ``loss.item()``, a checkpoint write), each by file and line
+(the innermost of the user's frames). Of ``other``, those whose stack is in torch's forward,
+autograd or optimizer code (:func:`hasten.profile.inject.user_code.is_compute`) are counted
+again as ``compute``, their lines kept apart (``lines["compute"]``): never named as the rest.
 The same thread writes the status file every second.
 
 Changes the training math: no.
@@ -21,7 +24,7 @@ import time
 
 from hasten.profile.inject import batch_source, messages
 from hasten.profile.inject.state import State
-from hasten.profile.inject.user_code import is_users, named, where
+from hasten.profile.inject.user_code import is_compute, is_users, named, where
 
 # The sampler's own random numbers: drawing from the module's global generator would change the
 # script's random sequence (its shuffles and augmentations) under the profile.
@@ -34,7 +37,7 @@ def attribute(st: State, frame) -> None:
     if "/hasten/profile/" in frame.f_code.co_filename.replace(os.sep, "/"):
         st.outside_counts["hasten"] = st.outside_counts.get("hasten", 0) + 1
         return
-    kind, user, inside = "other", None, False
+    kind, user, inside, compute = "other", None, False, False
     f = frame
     while f is not None:
         name = f.f_code.co_filename
@@ -44,6 +47,7 @@ def attribute(st: State, frame) -> None:
         if user is None and is_users(name):
             user = f
         inside = inside or f.f_code is st.batch_fn_code
+        compute = compute or is_compute(f)
         lines = st.batch_lines.get(f.f_code) if st.batch_lines else None
         if lines and f.f_lineno in lines:
             kind = "batch"
@@ -52,6 +56,11 @@ def attribute(st: State, frame) -> None:
     st.outside_counts[kind] = st.outside_counts.get(kind, 0) + 1
     if inside and kind == "batch":  # in the batch function, whose calls are timed: counted apart
         st.outside_counts["in_batch_fn"] = st.outside_counts.get("in_batch_fn", 0) + 1
+    if compute and kind == "other":
+        # In torch's forward, autograd or optimizer code outside hasten's timed intervals: compute, counted
+        # apart within "other" (as in_batch_fn within "batch"), its lines never named as the rest of the step
+        st.outside_counts["compute"] = st.outside_counts.get("compute", 0) + 1
+        kind = "compute"
     if user is None or kind == "loader":
         return
     at = f"{os.path.basename(user.f_code.co_filename)}:{user.f_lineno}"

@@ -97,6 +97,7 @@ class State:
         self.batch_fn_shape: dict = {}  # what it does with its data (batch_source.function_shape)
         self.batch_fn_code = None  # the code of the script's batch function, whose calls are timed (batch_fn)
         self.cpu_window: dict = {}  # the measured window's cores: allowed, ours, other processes', free
+        self.bf16: dict = {}  # native bf16 as torch and the CPU say, and the timed products (autocast_check)
         self.threads: dict = {}  # torch's thread counts as the script set them, and whether a probe changed them
         self.lock = threading.Lock()
 
