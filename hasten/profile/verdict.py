@@ -78,6 +78,7 @@ class Recommendation:
     verified_step_s: float | None = None
     bound: float | None = None  # the most the measurements allow (Amdahl)
     promoted: bool = False  # rejected by its prediction, recommended by its verification
+    verification: dict | None = None  # --verify's measurement: interval, n, cost, whether it decides (verify.py)
     low: float | None = None  # the prediction at the low end of the data share's interval (rerank)
 
     @property
@@ -374,8 +375,11 @@ def _input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> 
                 f"{handoff * 1e3:.2f} ms hand-off; step {step * 1e3:.1f} ms, set by {limit}, {against}; "
                 f"bound x{bound:.2f} (the step with data made free: {rest * 1e3:.1f} of {t * 1e3:.1f} ms)")
 
-    if w0 < MAX_WORKERS:
-        options = [(w, step_with(w)[0]) for w in range(max(w0 + 1, 2), MAX_WORKERS + 1)]
+    # Never more workers than the cores the process may use: PyTorch warns above that that the DataLoader
+    # "might get running slow or even freeze" (issue 43: 3 workers on 2 cores, promoted on one run, x0.97).
+    most = min(MAX_WORKERS, usable_cores(a.cpu))
+    if max(w0 + 1, min(2, most)) <= most:
+        options = [(w, step_with(w)[0]) for w in range(max(w0 + 1, min(2, most)), most + 1)]
         best = min(o[1] for o in options)
         w = next(w for w, st in options if st <= best * 1.02)
         pred = speedup(step_with(w)[0])
@@ -681,6 +685,13 @@ def analyse(ranks: list[dict], memory_bytes: float = 8 * 2**30, cpus: dict | Non
     return a
 
 
+def usable_cores(cpu: dict) -> int:
+    """The whole cores the job may run on: its affinity, capped by the cgroup quota and the cores its
+    measured window saw (at least 1)."""
+    caps = [x for x in (cpu.get("affinity"), cpu.get("quota"), cpu.get("window_cores")) if x]
+    return max(1, math.floor(min(caps))) if caps else MAX_WORKERS
+
+
 def _dropped(ranks: list[dict]) -> list[dict]:
     """The probes each rank dropped, one entry per probe and reason, with the ranks that dropped it."""
     out: dict[tuple[str, str], dict] = {}
@@ -694,17 +705,25 @@ def _dropped(ranks: list[dict]) -> list[dict]:
 def _as_rejected(rec: Recommendation, why: str) -> dict:
     return {"fix": rec.fix, "why": why, "basis": rec.basis, "how": rec.how, "predicted_speedup": rec.predicted_speedup,
             "apply": rec.apply, "step_rate_factor": rec.step_rate_factor, "changes_math": rec.changes_math,
-            "verified_speedup": rec.verified_speedup, "verified_step_s": rec.verified_step_s, "bound": rec.bound}
+            "verified_speedup": rec.verified_speedup, "verified_step_s": rec.verified_step_s, "bound": rec.bound,
+            "verification": rec.verification}
+
+
+def _decides(verified: float | None, verification: dict | None) -> bool:
+    """Whether a verified speed-up may move its fix: measured, and (with an interval) clear of 1."""
+    return verified is not None and (verification is None or verification.get("decides", False))
 
 
 def rerank(a: Analysis) -> None:
     """Order the fixes by what is known: verified speedups first, best first, then unverified by prediction.
 
     A fix verified below ``WORTH_IT`` (x1.05) is moved to the rejected list, whatever its
-    prediction; a rejected fix that verified at ``WORTH_IT`` or better is promoted."""
+    prediction; a rejected fix that verified at ``WORTH_IT`` or better is promoted. A
+    verification whose interval holds 1 (or that was a measurement anomaly: hasten.profile.verify)
+    moves nothing: its fix stays where its prediction puts it."""
     keep = []
     for rec in a.recommendations:
-        if rec.verified_speedup is not None and rec.verified_speedup < WORTH_IT:
+        if _decides(rec.verified_speedup, rec.verification) and rec.verified_speedup < WORTH_IT:
             a.rejected.append(_as_rejected(rec, f"verified x{rec.verified_speedup:.2f} (predicted "
                                                 f"x{rec.predicted_speedup:.2f}): "
                                                 f"{'slower' if rec.verified_speedup < 1 else 'not worth it'}"))
@@ -713,18 +732,20 @@ def rerank(a: Analysis) -> None:
     still = []
     for r in a.rejected:
         v = r.get("verified_speedup")
-        if v is not None and v >= WORTH_IT and r.get("predicted_speedup") is not None and "verified x" not in r["why"]:
+        if (_decides(v, r.get("verification")) and v >= WORTH_IT and r.get("predicted_speedup") is not None
+                and "verified x" not in r["why"]):
             keep.append(Recommendation(fix=r["fix"], how=r.get("how", ""), predicted_speedup=r["predicted_speedup"],
                                        basis=r.get("basis", ""), changes_math=r.get("changes_math", False),
                                        apply=r.get("apply"), step_rate_factor=r.get("step_rate_factor", 1.0),
                                        verified_speedup=v, verified_step_s=r.get("verified_step_s"),
-                                       bound=r.get("bound"), promoted=True))
+                                       bound=r.get("bound"), promoted=True, verification=r.get("verification")))
         else:
             still.append(r)
     a.rejected = still
     # Verified first (by what was measured), then unverified (by prediction); on a near tie of
     # predictions, a fix --verify can apply without code edits first.
-    keep.sort(key=lambda x: (x.verified_speedup is None, -round(x.verified_speedup or 0.0, 2),
+    keep.sort(key=lambda x: (not _decides(x.verified_speedup, x.verification),
+                             -round(x.verified_speedup if _decides(x.verified_speedup, x.verification) else 0.0, 2),
                              -round(x.predicted_speedup, 1), x.apply is None))
     # A code change nothing verifies ranks below a fix --verify can apply whose prediction reaches the low end
     # of its own (the data share's interval): within what is known, the one that can be measured goes first.
