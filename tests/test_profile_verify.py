@@ -34,7 +34,7 @@ def _analysis(recommendations, rejected=()):
 
 def _config(script, *args):
     return ProfileConfig((sys.executable, str(SCRIPTS / script), *args), warmup=2, steps=8, capture=True,
-                         timeout_s=120)
+                         timeout_s=600)  # a loaded machine (a load of 18 on 2 cores) took a minute to start one
 
 
 def _null_fix(apply):
@@ -88,6 +88,7 @@ def reruns():
 def test_a_real_effect_is_measured_with_an_interval_clear_of_1(reruns):
     (res,) = reruns.recommendations
     v = res.verification
+    assert v is not None, reruns.notes
     assert v["decides"] and v["interval"][0] > 1 and v["interval"][0] <= v["speedup"] <= v["interval"][1], (v, reruns.notes)
     assert v["n"] == RERUNS and res.verified_speedup == v["speedup"]
 
