@@ -16,6 +16,9 @@ from hasten.profile.verify import BLOCK_STEPS, PAIRS, RERUNS, judge, ratio_inter
 from hasten.timing import interleaved
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
+# A verification runs the command up to 7 times here, each a few seconds; on a machine loaded 10-fold
+# (a load of 18 on 2 cores), each took a minute and more to start.
+SLOW = pytest.mark.timeout(2400)
 
 
 def _analysis(recommendations, rejected=()):
@@ -54,6 +57,7 @@ def null():
     return a
 
 
+@SLOW
 @pytest.mark.parametrize("apply", ["workers=0", "comm=bf16"])
 def test_a_fix_with_no_effect_is_no_measurable_difference_and_not_promoted(null, apply):
     (rec,) = [r for r in null.rejected if r["apply"] == apply]
@@ -63,6 +67,7 @@ def test_a_fix_with_no_effect_is_no_measurable_difference_and_not_promoted(null,
     assert not null.recommendations  # not promoted
 
 
+@SLOW
 def test_the_report_prints_each_verification_with_its_interval_n_and_cost(null):
     text = format_report(null)
     assert f"n = {RERUNS} re-runs of each, interleaved" in text
@@ -85,6 +90,7 @@ def reruns():
     return a
 
 
+@SLOW
 def test_a_real_effect_is_measured_with_an_interval_clear_of_1(reruns):
     (res,) = reruns.recommendations
     v = res.verification
@@ -93,6 +99,7 @@ def test_a_real_effect_is_measured_with_an_interval_clear_of_1(reruns):
     assert v["n"] == RERUNS and res.verified_speedup == v["speedup"]
 
 
+@SLOW
 def test_each_round_runs_the_baseline_and_the_fix_once_in_its_recorded_shuffle(reruns):
     v = reruns.recommendations[0].verification
     names = {None: "the baseline", 0: "device-resident loader"}
@@ -109,6 +116,7 @@ def switched():
     return a
 
 
+@SLOW
 def test_a_fix_switched_between_steps_is_measured_in_blocks_of_one_run_and_promoted(switched):
     assert switched.recommendations, switched.rejected
     (ac,) = switched.recommendations

@@ -103,12 +103,12 @@ def describe(v: dict) -> str:
             f"{v['wall_s']:.0f} s): {v['finding']}")
 
 
-def _median_step(ranks: list[dict], records: list[dict] | None = None) -> float:
+def _median_step(ranks: list[dict]) -> float:
     """The slowest rank's median step (steps left out as evaluation or another loader's left out)."""
     def median(recs):
         kept = [r["span_s"] for r in recs if not r.get("excluded")] or [r["span_s"] for r in recs]
         return statistics.median(kept)
-    return max(median(d["records"]["measure"] if records is None else records) for d in ranks)
+    return max(median(d["records"]["measure"]) for d in ranks)
 
 
 def _blocks(ranks: list[dict]) -> tuple[list[float], list[float]]:
@@ -174,12 +174,17 @@ def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
     if not todo:
         return
     runs = _Runs(config, analysis, log)
-    rng = random.Random()
-    seed = rng.randrange(2**31)
+    n_switched = sum(1 for _, _, apply, _ in todo if apply in SWITCHABLE)
+    n_rerun = len(todo) - n_switched
+    log(f"hasten profile: verifying {len(todo)} fix(es) against the baseline: "
+        + ", ".join(([f"{RERUNS} rounds of {n_rerun + 1} runs (the baseline and each fix, shuffled)"] if n_rerun else [])
+                    + ([f"{n_switched} run(s) switching a fix on and off"] if n_switched else [])))
+    seed = random.randrange(2**31)  # recorded with each verification: its order can be rebuilt
     results: dict[int, dict] = {}
-    for i, (rec, fix, apply, factor) in enumerate(todo):
+    verified = 0
+    for i, (_, fix, apply, _) in enumerate(todo):
         if apply in SWITCHABLE:
-            results[i] = _switched(runs, rec, fix, apply, seed + i)
+            results[i] = _switched(runs, fix, apply, seed + i)
     rerun = [i for i, (_, _, apply, _) in enumerate(todo) if apply not in SWITCHABLE]
     if rerun:
         results.update(_reruns(runs, todo, rerun, seed))
@@ -197,13 +202,13 @@ def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
              "seed": res["seed"]}
         v["text"] = describe(v)
         _set(rec, verified_speedup=v["speedup"], verified_step_s=statistics.median(res["fixed"]), verification=v)
-    verified = sum(1 for i in results if not results[i].get("failed"))
+        verified += 1
     analysis.cost.update(verify_runs_s=sum(runs.walls), verify_runs=len(runs.walls), fixes_verified=verified,
                          per_verified_fix_s=(analysis.cost["profile_run_s"] + sum(runs.walls)) / max(1, verified))
     rerank(analysis)
 
 
-def _switched(runs: _Runs, rec, fix: str, apply: str, seed: int) -> dict:
+def _switched(runs: _Runs, fix: str, apply: str, seed: int) -> dict:
     """One run with the fix switched on and off in blocks of steps (the pattern: one character per block)."""
     pattern = "".join("1" if on else "0" for _, on in interleaved((False, True), PAIRS, seed=seed))
     runs.log(f"hasten profile: verifying {fix} in one run, switched on and off in {2 * PAIRS} blocks of "
