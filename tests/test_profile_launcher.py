@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
+from hasten.profile.input_fixes import worker_cap
+from hasten.profile.verify import RERUNS
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
 
@@ -61,7 +63,9 @@ def test_verify_measures_the_workers_fix_close_to_its_prediction():
     a = profile(_config("input_bound.py", "--item-sleep", "0.005", "--batch", "16", "--step-sleep", "0.02",
                         verify=True), log=lambda m: None)
     workers = next(r for r in a.recommendations if r.apply and r.apply.startswith("workers"))
+    assert int(workers.apply.split("=")[1].split(",")[0]) <= worker_cap(a.cpu)  # never more than the cores
     assert workers.verified_speedup is not None and workers.verified_speedup > 2
+    assert workers.verification["n"] == RERUNS and workers.verification["interval"][0] > 1
     assert workers.verified_speedup == pytest.approx(workers.predicted_speedup, rel=0.35)
     echo = next(r for r in a.recommendations if r.apply and r.apply.startswith("echo"))
     # batch echoing, applied from outside: fewer waits per step, discounted by echo's data efficiency

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from hasten.cli import main
-from hasten.profile.launcher import HASTEN_FAILED, ProfileConfig, ProfileFailed, profile
+from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
+from hasten.profile.outcome import HASTEN_FAILED
 from profile_helpers import measured_steps
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"

@@ -97,7 +97,8 @@ def test_echo_steps_factor_follows_the_measured_table():
 
 
 def test_input_bound_analysis_measures_r_and_recommends_input_fixes():
-    a = analyse([_rank(wait=0.032, work=0.008, loader=0.032)])
+    # on 8 cores: workers are capped at the cores the job may use (worker_cap), and 4 are needed here
+    a = analyse([_rank(wait=0.032, work=0.008, loader=0.032)], cpus={"affinity": 8, "available": 8.0})
     assert a.verdict == "input-bound" and a.severity == "high"
     assert a.upstream_ratio == pytest.approx(4.0)
     assert a.data_wait_fraction == pytest.approx(0.8)

@@ -9,7 +9,8 @@ Python processes (``hasten.profile.inject``), measures ``--steps`` optimizer ste
 (or about ``--seconds`` of them) after ``--warmup``, runs the counterfactual probes,
 stops it (a script that never ends is fine), and prints a verdict,
 the time breakdown and ranked fixes with predicted speedups; ``--verify``
-re-runs the command once per fix that can be applied without editing it.
+measures each fix that can be applied without editing the command against the
+baseline, with a 95% interval (:mod:`hasten.profile.verify`).
 Writes results.json and timeline.png to a run directory.
 """
 
@@ -43,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure about S seconds of steps instead of --steps (from the warm-up's step time)")
     p.add_argument("--warmup", type=t.nonneg_int, default=5, help="optimizer steps to discard first (default 5)")
     p.add_argument("--probe-steps", type=t.int_range(2), default=8, help="steps per counterfactual probe (default 8)")
-    p.add_argument("--verify", action="store_true", help="re-run with each applicable fix; report measured speedups")
+    p.add_argument("--verify", action="store_true", help="measure each applicable fix against the baseline (3 interleaved re-runs of each, or "
+                        "blocks of steps switched in one run): speedups with 95%% intervals and their cost")
     p.add_argument("--json", type=t.output_file, default=None, metavar="PATH", help="also write the results JSON here")
     p.add_argument("--timeout", type=t.positive_float, default=300.0, metavar="SECONDS",
                    help="stop a run of the command after this long (default 300)")

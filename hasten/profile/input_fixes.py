@@ -17,6 +17,7 @@ Changes the training math: no (analysis only); echoing does, and says so.
 
 from __future__ import annotations
 
+from hasten.cores import quota_capped
 from hasten.profile.bounds import gain_bound
 from hasten.profile.fix_code import echo_apply, echo_code
 from hasten.profile.input_model import InputModel, input_model
@@ -69,7 +70,7 @@ def input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> l
         return []
     a.cpu.update(producer_s=m.producer, data_cpu_s=m.data_cpu, main_cpu_s=m.main_cpu)
     recs = []
-    if m.workers < MAX_WORKERS:
+    if m.workers < worker_cap(a.cpu):
         recs.append(_workers_fix(a, m, d0))
     if a.loader_driven and m.workers and m.data_cpu > 0 and not per_step_iter_of(a, d0):
         recs.append(_in_loop_fix(m))
@@ -89,8 +90,18 @@ def input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> l
     return recs
 
 
+def worker_cap(cpu: dict) -> int:
+    """The most DataLoader workers a fix may ask for: the cores the job may run on (its affinity and
+    the cores its measured window saw, capped by the cgroup quota as ``hasten.cores`` counts it), at
+    most ``MAX_WORKERS``. More workers than cores is what PyTorch warns "might get DataLoader running
+    slow or even freeze" (issue 43: 3 workers on 2 cores, promoted on one run, measured x0.97)."""
+    caps = [int(x) for x in (cpu.get("affinity"), cpu.get("window_cores")) if x]
+    return min(MAX_WORKERS, quota_capped(min(caps), cpu.get("quota"))) if caps else MAX_WORKERS
+
+
 def _workers_fix(a: Analysis, m: InputModel, d0: dict) -> Recommendation:
-    options = [(w, m.step_with(w)[0]) for w in range(max(m.workers + 1, 2), MAX_WORKERS + 1)]
+    most = worker_cap(a.cpu)
+    options = [(w, m.step_with(w)[0]) for w in range(max(m.workers + 1, min(2, most)), most + 1)]
     best = min(step for _, step in options)
     w = next(w for w, step in options if step <= best * 1.02)
     predicted = m.speedup(m.step_with(w)[0])

@@ -57,7 +57,7 @@ def as_rejected(rec: Recommendation, why: str) -> dict:
     return {"fix": rec.fix, "why": why, "basis": rec.basis, "how": rec.how, "predicted_speedup": rec.predicted_speedup,
             "apply": rec.apply, "step_rate_factor": rec.step_rate_factor, "changes_math": rec.changes_math,
             "verified_speedup": rec.verified_speedup, "verified_step_s": rec.verified_step_s, "bound": rec.bound,
-            "kind": rec.kind, "math_note": rec.math_note}
+            "kind": rec.kind, "math_note": rec.math_note, "verification": rec.verification}
 
 
 def _promoted(r: dict) -> Recommendation:
@@ -65,17 +65,24 @@ def _promoted(r: dict) -> Recommendation:
                           basis=r.get("basis", ""), changes_math=r.get("changes_math", False), apply=r.get("apply"),
                           step_rate_factor=r.get("step_rate_factor", 1.0), verified_speedup=r["verified_speedup"],
                           verified_step_s=r.get("verified_step_s"), bound=r.get("bound"), promoted=True,
-                          kind=r.get("kind", INPUT), math_note=r.get("math_note"))
+                          kind=r.get("kind", INPUT), math_note=r.get("math_note"), verification=r.get("verification"))
+
+
+def _decides(verified: float | None, verification: dict | None) -> bool:
+    """Whether a verified speed-up may move its fix: measured, and (with an interval) clear of 1."""
+    return verified is not None and (verification is None or verification.get("decides", False))
 
 
 def rerank(a: Analysis) -> None:
     """Order the fixes by what is known: verified speedups first, best first, then unverified by prediction.
 
     A fix verified below ``WORTH_IT`` (x1.05) is moved to the rejected list, whatever its
-    prediction; a rejected fix that verified at ``WORTH_IT`` or better is promoted."""
+    prediction; a rejected fix that verified at ``WORTH_IT`` or better is promoted. A
+    verification whose interval holds 1 (or that was a measurement anomaly: hasten.profile.verify)
+    moves nothing: its fix stays where its prediction puts it."""
     keep = []
     for rec in a.recommendations:
-        if rec.verified_speedup is not None and rec.verified_speedup < WORTH_IT:
+        if _decides(rec.verified_speedup, rec.verification) and rec.verified_speedup < WORTH_IT:
             a.rejected.append(as_rejected(rec, f"verified x{rec.verified_speedup:.2f} (predicted "
                                                f"x{rec.predicted_speedup:.2f}): "
                                                f"{'slower' if rec.verified_speedup < 1 else 'not worth it'}"))
@@ -84,14 +91,16 @@ def rerank(a: Analysis) -> None:
     still = []
     for r in a.rejected:
         v = r.get("verified_speedup")
-        if v is not None and v >= WORTH_IT and r.get("predicted_speedup") is not None and "verified x" not in r["why"]:
+        if (_decides(v, r.get("verification")) and v >= WORTH_IT and r.get("predicted_speedup") is not None
+                and "verified x" not in r["why"]):
             keep.append(_promoted(r))
         else:
             still.append(r)
     a.rejected = still
     # Verified first (by what was measured), then unverified (by prediction); on a near tie of
     # predictions, a fix --verify can apply without code edits first.
-    keep.sort(key=lambda x: (x.verified_speedup is None, -round(x.verified_speedup or 0.0, 2),
+    keep.sort(key=lambda x: (not _decides(x.verified_speedup, x.verification),
+                             -round(x.verified_speedup if _decides(x.verified_speedup, x.verification) else 0.0, 2),
                              -round(x.predicted_speedup, 1), x.apply is None))
     # A code change nothing verifies ranks below a fix --verify can apply whose prediction reaches the low end
     # of its own (the data share's interval): within what is known, the one that can be measured goes first.

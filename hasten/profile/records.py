@@ -27,6 +27,7 @@ class Recommendation:
     verified_step_s: float | None = None
     bound: float | None = None  # the most the measurements allow (Amdahl): set by ranking.admit
     promoted: bool = False  # rejected by its prediction, recommended by its verification
+    verification: dict | None = None  # --verify's measurement: interval, n, cost, whether it decides (verify.py)
     low: float | None = None  # the prediction at the low end of the data share's interval (rerank)
     kind: str = INPUT  # what the fix removes time from: INPUT, COMPUTE or COMMUNICATION
     math_note: str | None = None  # how it changes the training math, where that is not plain from its name

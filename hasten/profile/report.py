@@ -140,17 +140,22 @@ def format_report(a: Analysis) -> str:
             lines.append(f"  {i}. {r.fix:48s} {_x(r.predicted_speedup):>9s} {_x(r.verified_speedup):>9s} "
                          f"{err_s:>6s}{note}")
             lines.append(f"     {r.how}")
+            if r.verification:  # the measured speed-up with its interval, n, cost and what it decided (verify.py)
+                lines.append(f"     {r.verification['text']}")
     else:
         lines.append("  no fix is predicted (or verified) to pay more than 5%")
     for r in a.rejected:
         v = r.get("verified_speedup")
         measured = f" (verified x{v:.2f})" if v is not None and "verified x" not in r["why"] else ""
         lines.append(f"  not recommended: {r['fix']}: {r['why']}{measured}")
+        if r.get("verification"):
+            lines.append(f"     {r['verification']['text']}")
     for note in a.notes:
         lines.append(f"  note: {note}")
     if a.cost.get("per_verified_fix_s"):
         c = a.cost
-        lines.append(f"  cost: profile run {c['profile_run_s']:.0f} s, verification {c['verify_runs_s']:.0f} s: "
+        runs = f" ({c['verify_runs']} runs)" if c.get("verify_runs") else ""
+        lines.append(f"  cost: profile run {c['profile_run_s']:.0f} s, verification {c['verify_runs_s']:.0f} s{runs}: "
                      f"{c['per_verified_fix_s']:.0f} s per verified fix ({c['fixes_verified']} verified)")
     elif a.cost.get("profile_run_s"):
         lines.append(f"  cost: profile run {a.cost['profile_run_s']:.0f} s")
@@ -162,7 +167,7 @@ def results_json(a: Analysis, command: list[str], environment: dict) -> dict:
     d = a.as_dict()
     d["recommendations"] = [{k: r[k] for k in ("fix", "how", "predicted_speedup", "verified_speedup", "basis",
                                                "changes_math", "math_note", "kind", "apply", "verified_step_s", "bound",
-                                               "promoted", "prediction_error")}
+                                               "promoted", "prediction_error", "verification")}
                             for r in d["recommendations"]]
     d["command"] = command
     d["environment"] = environment

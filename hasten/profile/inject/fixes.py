@@ -17,6 +17,12 @@
 - ``batch_fn=...``: a loop without a DataLoader's batch function in workers, echoed, or with
   its rows made at once (:mod:`hasten.profile.inject.batch_fn`).
 
+With ``HASTEN_PROFILE_SWITCH`` (``"<steps>:<pattern>"``), a fix read where each step happens
+(``autocast``, ``comm=bf16``) is switched on and off between steps (:func:`switch_fix`): on in
+the measured window's blocks of ``<steps>`` steps that ``pattern`` marks 1, on every other
+warm-up step (both kinds warm), off after the window; :mod:`hasten.profile.verify` compares
+the blocks.
+
 Changes the training math: yes for ``echo``, ``comm=bf16`` and ``autocast`` (each says so
 in the report), no for ``workers``; only in the verification runs.
 """
@@ -77,3 +83,18 @@ def override_workers(loader_cls, workers: int) -> None:
         orig_init(*bound.args, **bound.kwargs)
 
     loader_cls.__init__ = __init__
+
+
+def switch_fix(st: State) -> None:
+    """Set the fix for the step that opens next, from ``HASTEN_PROFILE_SWITCH`` (a no-op without it)."""
+    if not st.settings.switch:
+        return
+    block, _, pattern = st.settings.switch.partition(":")
+    if st.phase == "warmup":
+        on = st.phase_step % 2 == 0
+    elif st.phase == "measure":
+        i = st.phase_step // int(block)
+        on = i < len(pattern) and pattern[i] == "1"
+    else:
+        on = False
+    st.apply = st.settings.apply if on else ""

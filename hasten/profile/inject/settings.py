@@ -46,6 +46,7 @@ class Settings:
     probes: frozenset[str]  # the probes to run
     apply: str  # the fix a verification run applies ("" for none)
     decide_s: float = 0.0  # > 0: measure on (up to this long) while the data share is too uncertain to decide
+    switch: str = ""  # "<steps>:<pattern>": ``apply`` only in the blocks of steps marked 1 (fixes.switch_fix)
 
     @classmethod
     def from_environment(cls, env=os.environ) -> Settings:
@@ -57,4 +58,5 @@ class Settings:
                    seconds=float(env.get("HASTEN_PROFILE_SECONDS", "0") or 0),
                    probe_steps=int(env.get("HASTEN_PROFILE_PROBE_STEPS", "8")), probes=probes,
                    apply=env.get("HASTEN_PROFILE_APPLY", ""),
-                   decide_s=float(env.get("HASTEN_PROFILE_DECIDE_S", "0") or 0))
+                   decide_s=float(env.get("HASTEN_PROFILE_DECIDE_S", "0") or 0),
+                   switch=env.get("HASTEN_PROFILE_SWITCH", ""))

@@ -29,7 +29,7 @@ import statistics
 import time
 
 from hasten.cpu_time import runqueue_s
-from hasten.profile.inject import messages, phases, probes, report, state
+from hasten.profile.inject import fixes, messages, phases, probes, report, state
 from hasten.profile.inject.device_sync import sync
 from hasten.profile.inject.state import RECORDS, State, is_training_loader
 
@@ -114,6 +114,8 @@ def close_step(st: State, host_end: float) -> None:
         rec["batch_fn_s"] = min(sp["batch_fn_s"], outside)
     if excluded:
         rec["excluded"] = excluded
+    if st.settings.switch:  # a verification run switching its fix between steps (fixes.switch_fix)
+        rec["fix_on"] = bool(st.apply)
     probe = probes.PROBE_OF_KIND.get(st.step_kind)
     if st.step_kind in RECORDS and (probe is None or probe in st.probes):  # a dropped probe's steps are not used
         st.records[st.step_kind].append(rec)
@@ -130,6 +132,7 @@ def end_step(st: State) -> None:
     if closed and st.phase in ("warmup", "measure", "replay"):
         st.phase_step += 1
     phases.advance(st)
+    fixes.switch_fix(st)
     if st.phase == "loader_alone":
         probes.guarded(st, "loader", probes.loader_alone)
         probes.guarded(st, "loader", probes.handoff)
