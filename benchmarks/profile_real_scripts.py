@@ -52,6 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hasten.cores import usable_cores
 from hasten.profile.verdict import classify
 from hasten.rundir import write_json
 from hasten.timing import interleaved
@@ -385,15 +386,16 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def estimate(todo: list[tuple[int, Case]], past: list[dict]) -> float:
+def estimate(todo: list[tuple[int, Case]], past: list[dict], busy: int = 0) -> float:
     """Seconds the runs to go should take: each case's mean wall time in the quiet results where it has
-    some, else its ``est_s``; 0 for a case that will be skipped."""
+    some, else its ``est_s``; 0 for a case that will be skipped. Beside busy processes, stretched by
+    (cores + busy) / cores: a step is fixed work, and the spinners take their share of the cores."""
     walls: dict[str, list[float]] = {}
     for r in past:
         if "skipped" not in r:
             walls.setdefault(r["case"], []).append(r["truth"].get("wall_s", 0) + r["profile"].get("wall_s", 0))
     return sum(0.0 if skip_reason(c) else statistics.mean(walls[c.name]) if c.name in walls else c.est_s
-               for _, c in todo)
+               for _, c in todo) * (usable_cores() + busy) / usable_cores()
 
 
 def _load(out: Path) -> dict:
@@ -433,7 +435,7 @@ def main() -> int:
                                                args.repeats, args.seed) if (c.name, rep) not in done]
     t_start, n_done = time.perf_counter(), 0
     print(f"{len(todo)} runs to go ({len(done)} already in {out.name}, {args.busy} busy processes beside); "
-          f"about {estimate(todo, _load(OUT)['runs']) / 60:.0f} min", flush=True)
+          f"about {estimate(todo, _load(OUT)['runs'], args.busy) / 60:.0f} min", flush=True)
     with MeasuredConditions("cpu") as cond:
         for rep, case in todo:
             row = run_case(case, rep, args.verify, args.busy)

@@ -113,3 +113,5 @@ def test_estimate_uses_past_walls_and_skips():
     measured, guessed = cases.CASES[0], next(c for c in cases.CASES if c.needs is None and c is not cases.CASES[0])
     past = [{"case": measured.name, "truth": {"wall_s": 30}, "profile": {"wall_s": 10}}]
     assert bench.estimate([(0, measured), (1, guessed)], past) == pytest.approx(40 + guessed.est_s)
+    cores = bench.usable_cores()
+    assert bench.estimate([(0, measured)], past, busy=2) == pytest.approx(40 * (cores + 2) / cores)
