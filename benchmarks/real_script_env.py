@@ -17,7 +17,8 @@ Python that runs this script, in a venv of their own (``$HASTEN_REAL_SCRIPTS_ENV
    operators for torch's tracing (``_meta_registrations``, ``_autograd_registrations``) are removed
    from the installed copy; the transforms, datasets and models the scripts use do not need them;
 3. timm, lightning and torchmetrics with ``--no-deps`` (each requires torch and torchvision,
-   unpinned) and then their other requirements, which do not touch torch.
+   unpinned) and then their other requirements, which do not touch torch, with tensorboard and
+   gymnasium (the makemore and CartPole cases), so that every case runs from this environment.
 
 Without this environment the benchmark skips those cases and says so. The scripts run unchanged.
 """
@@ -39,7 +40,8 @@ TIMM, LIGHTNING, TORCHMETRICS = "timm==1.0.31", "lightning==2.6.6", "torchmetric
 # their requirements other than torch and torchvision (timm: huggingface_hub, pyyaml, safetensors;
 # lightning: fsspec, lightning-utilities, packaging, pyyaml, tqdm, typing-extensions; LightningCLI: jsonargparse)
 OTHERS = ("huggingface_hub", "pyyaml", "safetensors", "fsspec[http]", "lightning-utilities", "packaging",
-          "tqdm", "typing-extensions", "jsonargparse[signatures]>=4.39.0,<4.48.0")
+          "tqdm", "typing-extensions", "jsonargparse[signatures]>=4.39.0,<4.48.0",
+          "tensorboard", "gymnasium")   # the older cases' (makemore logs to TensorBoard; CartPole), so all run here
 REGISTRATIONS = re.compile(r"^.*\b(_meta_registrations|_autograd_registrations)\b.*$\n?", re.M)
 
 

@@ -77,6 +77,9 @@ def test_image_folder_layout(tmp_path):
         assert {f.parent.name for f in files} == {"class0", "class1"}
     with Image.open(next((tmp_path / "images" / "train").glob("class1/*.jpg"))) as im:
         assert im.size == (64, 48) and im.mode == "RGB"
+    # each class's photos are distinct images, not one image under every name
+    names = sorted((tmp_path / "images" / "train" / "class0").glob("*.jpg"))
+    assert len({f.read_bytes() for f in names}) == 3
 
 
 def _run(case, repeat, verdict, *, asrun=0.2, free=0.1, exit=0, fix=None):
