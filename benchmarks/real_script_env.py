@@ -32,7 +32,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import BENCHMARKS
+
+ROOT = BENCHMARKS.parent
 DEFAULT = Path(os.environ.get("HASTEN_REAL_SCRIPTS_ENV") or Path.home() / ".cache" / "hasten" / "real-scripts-env")
 PACKAGES = ("torchvision", "timm", "lightning")   # what the cases that need this environment import
 # pinned: the versions this benchmark was run with
