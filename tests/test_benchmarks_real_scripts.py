@@ -112,6 +112,11 @@ def test_goal_figures():
     assert "MISSED" in bench.goals_text(s)
 
 
+def test_no_runs_judge_no_goal_as_met():
+    s = bench.judge([{"case": cases.CASES[0].name, "repeat": 0, "skipped": "needs x"}])
+    assert all(met is None for _, _, met in s["goals"].values())
+
+
 def test_estimate_uses_past_walls_and_skips():
     measured, guessed = cases.CASES[0], next(c for c in cases.CASES if c.needs is None and c is not cases.CASES[0])
     past = [{"case": measured.name, "truth": {"wall_s": 30}, "profile": {"wall_s": 10}}]
