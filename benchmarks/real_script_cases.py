@@ -61,7 +61,8 @@ class Case:
     #                           torchvision, timm, lightning: the environment of real_script_env.py)
     busy: int = 0             # processes spinning beside this case's runs, added to --busy (a busy core)
     est_s: float = 90.0       # about how long its truth and profile take here, quiet (the benchmark's estimate
-    #                           where the results hold no run of it; timm's measured at 54 s, the others guessed)
+    #                           where the results hold no run of it): timm's 1 worker measured at 49 s (truth
+    #                           29 s, profile 20 s); the others scaled from it by their steps and pixels
     stubs: tuple[str, ...] = ()  # modules replaced by a no-op stand-in (STUBS: an online logging service)
     truth_warmup: int = 8     # more than 4 workers x 2 prefetched batches
     truth_block: int = 4      # counted steps per block (as run, data free, as run, data free, ...)
@@ -291,14 +292,14 @@ CASES = [
     # pytorch/examples' ImageNet script: ImageFolder, RandomResizedCrop(224) and a flip in its workers, its
     # validation pass after each epoch; resnet18 at batch 8 (a step of about half a second here).
     Case("imagenet main.py resnet18, 4 workers", "examples", "imagenet/main.py",
-         (*IMAGENET, "-a", "resnet18", "-j", "4"), data="photos_256x192", needs="torchvision", est_s=150),
+         (*IMAGENET, "-a", "resnet18", "-j", "4"), data="photos_256x192", needs="torchvision", est_s=120),
     Case("imagenet main.py mobilenet_v3_small, 1 worker, 1280 x 960 photos", "examples", "imagenet/main.py",
          (*IMAGENET, "-a", "mobilenet_v3_small", "-j", "1"), variant="slow data: 1 worker, 1280 x 960 photos",
-         data="photos_1280x960", needs="torchvision", est_s=150),
+         data="photos_1280x960", needs="torchvision", est_s=60),
     Case("imagenet main.py mobilenet_v3_small, 1 worker beside a busy core", "examples", "imagenet/main.py",
          (*IMAGENET, "-a", "mobilenet_v3_small", "-j", "1"),
          variant="slow data: 1 worker, a process spinning beside it", data="photos_256x192", needs="torchvision",
-         busy=1, est_s=150),
+         busy=1, est_s=60),
     # timm's train.py: its own loader (timm.data.create_loader: RandomResizedCropAndInterpolation, flip, colour
     # jitter), resnet18 at 112 px, batch 16, its cosine schedule; --val-split val (the folder made here).
     Case("timm train.py resnet18, 4 workers", "timm", "train.py", (*TIMM, "-j", "4"),
@@ -317,5 +318,5 @@ CASES = [
          est_s=75),
     # Lightning's ImageNet template: LightningCLI and its Trainer around the same ImageFolder pipeline
     Case("Lightning imagenet.py resnet18, 2 workers", "lightning", "examples/pytorch/domain_templates/imagenet.py",
-         LIGHTNING, data="photos_256x192", needs="lightning", est_s=180),
+         LIGHTNING, data="photos_256x192", needs="lightning", est_s=100),
 ]
