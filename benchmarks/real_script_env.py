@@ -85,6 +85,12 @@ def build(env: Path) -> Path:
     _run(*pip, f"torch=={torch.__version__.split('+')[0]}")
     _run(*pip, "-e", ROOT)
     _run(*pip, "--no-deps", f"torchvision=={torchvision_for(torch.__version__)}")
+    requires = " ".join(r for r in subprocess.run(
+        [str(py), "-c", "import importlib.metadata as m; print(*m.requires('torchvision'), sep='\\n')"],
+        capture_output=True, text=True, check=True).stdout.splitlines() if re.match(r"torch\s*[(=<>~!]", r))
+    if torch.__version__.split("+")[0] not in requires:
+        raise SystemExit(f"real_script_env: the torchvision installed requires {requires}, "
+                         f"not torch {torch.__version__}")
     error = _imports(py, "torchvision")
     if error:
         site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -111,7 +117,11 @@ def build(env: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--env", type=Path, default=DEFAULT, help="the venv to create or complete")
-    build(ap.parse_args().env.expanduser().resolve())
+    try:
+        build(ap.parse_args().env.expanduser().resolve())
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"real_script_env: {' '.join(map(str, e.cmd))} failed (exit {e.returncode}); "
+                         "its output is above") from None
     return 0
 
 
