@@ -14,6 +14,7 @@ Placeholders in ``args``: ``{checkout}`` (the script's repository at the commit)
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import random
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ REPOS = {
                          "GPL-3.0: fetched, never copied"),
     "ng-video-lecture": Repo("karpathy/ng-video-lecture", "52201428ed7b46804849dea0b3ccf0de9df1a5c3",
                              "none stated (all rights reserved): fetched, never copied"),
+    "timm": Repo("huggingface/pytorch-image-models", "aa4b5850c1543fa488abf260f18390eda46cf85d", "Apache-2.0"),
+    "lightning": Repo("Lightning-AI/pytorch-lightning", "7f0c3436cd3f6ad3753125672024fc415cbcb414", "Apache-2.0"),
 }
 
 
@@ -54,7 +57,12 @@ class Case:
     data_fn: str | None = None    # no DataLoader: the script's function that makes a batch (truth: replayed)
     in_memory: bool = False   # the whole batch is in memory before the loop: no data path to make free
     taskset: str | None = None    # cores the whole run is pinned to (taskset -c)
-    needs: str | None = None  # a package the script imports beyond torch and numpy (skipped without it)
+    needs: str | None = None  # a package the script imports beyond torch and numpy (skipped without it;
+    #                           torchvision, timm, lightning: the environment of real_script_env.py)
+    busy: int = 0             # processes spinning beside this case's runs, added to --busy (a busy core)
+    est_s: float = 90.0       # about how long its truth and profile take here, quiet (the benchmark's estimate
+    #                           where the results hold no run of it): timm's 1 worker measured at 49 s (truth
+    #                           29 s, profile 20 s); the others scaled from it by their steps and pixels
     stubs: tuple[str, ...] = ()  # modules replaced by a no-op stand-in (STUBS: an online logging service)
     truth_warmup: int = 8     # more than 4 workers x 2 prefetched batches
     truth_block: int = 4      # counted steps per block (as run, data free, as run, data free, ...)
@@ -143,7 +151,49 @@ def carvana_like(checkout: Path, scratch: Path, n: int = 200, distinct: int = 10
             (masks / f"{j:04d}_mask.gif").write_bytes(gif.getvalue())
 
 
-DATA = {f.__name__: f for f in (chargpt_text, shakespeare_char_bins, wikitext_like, sine_waves, carvana_like)}
+def _image_folder(scratch: Path, train: int, val: int, size: tuple[int, int], classes: int = 4,
+                  distinct: int = 8) -> None:
+    """``scratch/images/{train,val}/<class>/<n>.jpg``: torchvision's ImageFolder layout (ImageNet's, as the
+    scripts' READMEs lay it out), photographs of ``size`` at JPEG quality 90 made of smooth colour fields with
+    blotches (the detail of a photograph: a decode costs what a real photo of that size costs); ``distinct``
+    images per class, each under several names (hard links: the disk holds each once, a read is a read)."""
+    from PIL import Image
+
+    w, h = size
+    originals = scratch / "originals"
+    originals.mkdir(exist_ok=True)
+    for c in range(classes):
+        photos = []
+        for k in range(distinct):
+            channels = [Image.effect_noise((max(1, w // 16), max(1, h // 16)), 40 + 8 * ch + 5 * c + k)
+                        .resize(size, Image.BILINEAR) for ch in range(3)]
+            photos.append(originals / f"{c}-{k}.jpg")
+            Image.merge("RGB", channels).save(photos[-1], "JPEG", quality=90)
+        for split, n in (("train", train), ("val", val)):
+            d = scratch / "images" / split / f"class{c}"
+            d.mkdir(parents=True)
+            for j in range(c, n, classes):
+                os.link(photos[j % distinct], d / f"{j:05d}.jpg")
+
+
+def photos_256x192(checkout: Path, scratch: Path) -> None:
+    """2000 training and 40 validation photographs of 256 x 192 (a small photo), 4 classes."""
+    _image_folder(scratch, 2000, 40, (256, 192))
+
+
+def photos_1280x960(checkout: Path, scratch: Path) -> None:
+    """2000 training and 40 validation photographs of 1280 x 960 (a small camera photo: the decode of a
+    256 x 192 one 25 times over), 4 classes."""
+    _image_folder(scratch, 2000, 40, (1280, 960))
+
+
+def photos_600(checkout: Path, scratch: Path) -> None:
+    """600 training and 32 validation photographs of 256 x 192: short epochs (38 steps of 16)."""
+    _image_folder(scratch, 600, 32, (256, 192))
+
+
+DATA = {f.__name__: f for f in (chargpt_text, shakespeare_char_bins, wikitext_like, sine_waves, carvana_like,
+                                photos_256x192, photos_1280x960, photos_600)}
 
 # Stand-ins for the online services a script logs to, found first on PYTHONPATH: the script is unchanged, its
 # logging goes nowhere. Pytorch-UNet's wandb.Image renders tensors with torchvision in the wandb of its time
@@ -185,6 +235,15 @@ NANOGPT_CPU = ("config/train_shakespeare_char.py", "--device=cpu", "--compile=Fa
 # batches of 2 (an epoch of 99 steps: its workers, not persistent, start again at each), 2 validation images
 # (its evaluation round every 9 steps, one batch).
 UNET = ("--scale", "0.03", "--validation", "1", "--batch-size", "2")
+# the ImageNet scripts on the photographs made here: batch 8 (resnet18 at 224 px: about half a second a step on
+# two cores), no accelerator, a print every 10 steps, an epoch of 250 steps
+IMAGENET = ("{scratch}/images", "-b", "8", "--epochs", "100", "--no-accel", "-p", "10")
+TIMM = ("--data-dir", "{scratch}/images", "--val-split", "val", "--model", "resnet18", "--num-classes", "4",
+        "--img-size", "112", "-b", "16", "--epochs", "100", "--device", "cpu", "--log-interval", "10",
+        "--output", "{scratch}/out", "--checkpoint-hist", "1")
+LIGHTNING = ("fit", "--model.data_path", "{scratch}/images", "--model.batch_size", "8", "--model.workers", "2",
+             "--trainer.accelerator", "cpu", "--trainer.max_epochs", "100", "--trainer.default_root_dir",
+             "{scratch}/out")
 CHARGPT = ("--model.model_type=gpt-nano", "--trainer.batch_size=16", "--data.block_size=64")
 
 CASES = [
@@ -228,4 +287,36 @@ CASES = [
          variant="few cores: the step and its 4 workers on one core (taskset -c 0)",
          data="carvana_like", stubs=("wandb",), taskset="0"),
     Case("ng-video-lecture bigram", "ng-video-lecture", "bigram.py", (), cwd="checkout", data_fn="get_batch"),
+
+    # --- image training with torchvision, timm and Lightning (issue 43; the environment of real_script_env.py)
+    # pytorch/examples' ImageNet script: ImageFolder, RandomResizedCrop(224) and a flip in its workers, its
+    # validation pass after each epoch; resnet18 at batch 8 (a step of about half a second here).
+    Case("imagenet main.py resnet18, 4 workers", "examples", "imagenet/main.py",
+         (*IMAGENET, "-a", "resnet18", "-j", "4"), data="photos_256x192", needs="torchvision", est_s=120),
+    Case("imagenet main.py mobilenet_v3_small, 1 worker, 1280 x 960 photos", "examples", "imagenet/main.py",
+         (*IMAGENET, "-a", "mobilenet_v3_small", "-j", "1"), variant="slow data: 1 worker, 1280 x 960 photos",
+         data="photos_1280x960", needs="torchvision", est_s=60),
+    Case("imagenet main.py mobilenet_v3_small, 1 worker beside a busy core", "examples", "imagenet/main.py",
+         (*IMAGENET, "-a", "mobilenet_v3_small", "-j", "1"),
+         variant="slow data: 1 worker, a process spinning beside it", data="photos_256x192", needs="torchvision",
+         busy=1, est_s=60),
+    # timm's train.py: its own loader (timm.data.create_loader: RandomResizedCropAndInterpolation, flip, colour
+    # jitter), resnet18 at 112 px, batch 16, its cosine schedule; --val-split val (the folder made here).
+    Case("timm train.py resnet18, 4 workers", "timm", "train.py", (*TIMM, "-j", "4"),
+         data="photos_256x192", needs="timm", est_s=60),
+    # 1 worker on 256 x 192 photos nearly keeps up here (data 6% of the step, 4-8%: undecided); on larger
+    # photos it cannot
+    Case("timm train.py resnet18, 1 worker, 1280 x 960 photos", "timm", "train.py", (*TIMM, "-j", "1"),
+         variant="slow data: 1 worker, 1280 x 960 photos", data="photos_1280x960", needs="timm", est_s=90),
+    Case("timm train.py resnet18, short epochs (600 images)", "timm", "train.py", (*TIMM, "-j", "4"),
+         variant="short epochs: 38 steps, then validation and the workers started again",
+         data="photos_600", needs="timm", est_s=90),
+    # an augmenting dataset: RandAugment (2 of 15 PIL operations per image) and random erasing in the workers
+    Case("timm train.py resnet18, RandAugment + random erasing, 2 workers", "timm", "train.py",
+         (*TIMM, "-j", "2", "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25"),
+         variant="augmenting dataset: RandAugment, random erasing", data="photos_256x192", needs="timm",
+         est_s=75),
+    # Lightning's ImageNet template: LightningCLI and its Trainer around the same ImageFolder pipeline
+    Case("Lightning imagenet.py resnet18, 2 workers", "lightning", "examples/pytorch/domain_templates/imagenet.py",
+         LIGHTNING, data="photos_256x192", needs="lightning", est_s=100),
 ]

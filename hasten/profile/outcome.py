@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from hasten.errors import HastenError
 
 if TYPE_CHECKING:
-    from hasten.profile.launcher import ProfileConfig
+    from hasten.profile.config import ProfileConfig
     from hasten.profile.verdict import Analysis
 
 # The exit code when hasten itself failed (EX_SOFTWARE), never the command's own.

@@ -42,6 +42,7 @@ import random
 import statistics
 from typing import TYPE_CHECKING
 
+from hasten.profile.config import ProfileConfig
 from hasten.profile.outcome import ProfileFailed, check_outcome, same_in_every_worker
 from hasten.profile.ranking import rerank
 from hasten.profile.records import Recommendation
@@ -49,7 +50,6 @@ from hasten.stats import mean_ci
 from hasten.timing import interleaved
 
 if TYPE_CHECKING:
-    from hasten.profile.launcher import ProfileConfig
     from hasten.profile.records import Analysis
 
 RERUNS = 3  # runs of the baseline and of each fix that needs its own process
@@ -143,8 +143,7 @@ def _set(rec, **values) -> None:
 class _Runs:
     """Runs of the command for the verification: each one's outcome checked, its wall time counted."""
 
-    def __init__(self, config: ProfileConfig, analysis: Analysis, log):
-        from hasten.profile.launcher import ProfileConfig, run_instrumented
+    def __init__(self, config: ProfileConfig, analysis: Analysis, log, run_instrumented):
         self.run_instrumented, self.log, self.analysis = run_instrumented, log, analysis
         # Only the measured window, not the probes; with --seconds, the profiled run's steps.
         self.config = ProfileConfig(config.command, warmup=config.warmup, steps=max(3, analysis.steps),
@@ -166,15 +165,15 @@ class _Runs:
         return ranks, out.wall_s
 
 
-def verify(config: ProfileConfig, analysis: Analysis, log) -> None:
-    """Measure every fix that can be applied from outside (rejected ones too: "no gain" is a claim
+def verify(config: ProfileConfig, analysis: Analysis, log, run_instrumented) -> None:
+    """``run_instrumented`` is the launcher's (passed in: the launcher imports this module). Measure every fix that can be applied from outside (rejected ones too: "no gain" is a claim
     as well) against the baseline, as the module's docstring says; record each one's verification
     (``verification``: speed-up, interval, n, order, wall time, finding) and re-rank."""
     todo = [(r, r.fix, r.apply, r.step_rate_factor) for r in analysis.recommendations if r.apply] + \
            [(r, r["fix"], r["apply"], r["step_rate_factor"]) for r in analysis.rejected if r.get("apply")]
     if not todo:
         return
-    runs = _Runs(config, analysis, log)
+    runs = _Runs(config, analysis, log, run_instrumented)
     n_switched = sum(1 for _, _, apply, _ in todo if apply in SWITCHABLE)
     n_rerun = len(todo) - n_switched
     log(f"hasten profile: verifying {len(todo)} fix(es) against the baseline: "
