@@ -50,3 +50,17 @@ def test_the_verdict_counts_the_models_lines_as_compute_and_names_only_the_rest(
     report = format_report(a)
     assert "optimizer.step()" not in report and "cross_entropy" not in report
     assert "train.py:60 `time.sleep(args.pause)` (neither data, compute nor communication)" in report
+
+
+def test_the_samplers_compute_lines_count_as_compute():
+    # the sampler files samples whose stack was in torch's forward, autograd or an optimizer under "compute",
+    # a part of counts["other"] (hasten.profile.inject.sampler): a helper's loss line, whatever its code says
+    compute = [{"at": "losses.py:12", "code": "return criterion(out, y)", "function": "loss_of", "samples": 40}]
+    rest = [{"at": "train.py:60", "code": "time.sleep(args.pause)", "function": "train", "samples": 40}]
+    rank = _rest_rank(rest)
+    rank["outside"]["counts"]["other"] += 40
+    rank["outside"]["counts"]["compute"] = 40
+    rank["outside"]["lines"]["compute"] = compute
+    a = analyse([rank], cpus={"available": 2.0})
+    assert a.other_fraction == pytest.approx(0.40 * 40 / 80)
+    assert [w["at"] for w in a.other_where] == ["train.py:60"]

@@ -241,6 +241,12 @@ def _rest_lines(d0: dict, loader_driven: bool) -> tuple[dict[str, dict], int]:
             row = rows.setdefault(x["at"], {**x, "samples": 0, "compute": 0})
             row["samples"] += x["samples"]
             row["compute"] += compute_samples(x)
+    # The sampler files the rest's samples whose stack was in torch's forward, autograd or an optimizer under
+    # "compute" (a part of counts["other"], hasten.profile.inject.sampler): compute, whatever their line.
+    for x in lines.get("compute", []):
+        row = rows.setdefault(x["at"], {**x, "samples": 0, "compute": 0})
+        row["samples"] += x["samples"]
+        row["compute"] += x["samples"]
     if counts.get("hasten"):  # hasten's own hooks, running in the step: said as such, not as a line of the loop
         rows["hasten profile's own hooks"] = {"at": "hasten profile's own hooks", "samples": counts["hasten"],
                                               "compute": 0}
