@@ -37,7 +37,7 @@ profiling overhead < 5% per step on the compute-bound cases without ``--verify``
 each case for the whole of its truth and its profile (the truth is measured in the same
 conditions as the verdict it judges), written to ``profile_real_scripts-busy2.json``. A case may
 add its own (``Case.busy``: one worker beside a busy core). The image-training cases (torchvision,
-timm, Lightning) need the environment of ``real_script_env.py``; run from anywhere else they are
+timm, Lightning) need the environment of ``_real_script_env.py``; run from anywhere else they are
 skipped and said to be.
 
 (``nice -n 19`` in front on a machine others are timing on; ``hasten profile`` runs the command
@@ -65,7 +65,7 @@ from hasten.timing import interleaved
 
 from _common import RESULTS, MeasuredConditions, hardware_label, load_results, write_results
 from real_script_cases import CASES, DATA, STUBS, Case
-from real_script_env import PACKAGES as ENV_PACKAGES
+from _real_script_env import PACKAGES as ENV_PACKAGES
 from real_script_fetch import checkout
 
 HERE = Path(__file__).resolve().parent
@@ -85,7 +85,7 @@ def _portable(text: str, checkout_dir: Path, scratch: Path) -> str:
 
 def _env(case: Case, checkout_dir: Path, scratch: Path) -> dict:
     # `hasten profile -- python SCRIPT` finds python on PATH: this interpreter's first (the environment of
-    # real_script_env.py when the benchmark runs from it)
+    # _real_script_env.py when the benchmark runs from it)
     env = {**os.environ, "PATH": os.pathsep.join((str(Path(PY).parent), os.environ.get("PATH", "")))}
     extra = [str(checkout_dir)] if case.pythonpath else []
     if case.stubs:  # stand-ins for an online service the script logs to (real_script_cases.STUBS)
@@ -206,7 +206,7 @@ class Busy:
 
 def skip_reason(case: Case) -> str | None:
     if case.needs and importlib.util.find_spec(case.needs) is None:
-        how = ("run the benchmark from the environment of benchmarks/real_script_env.py"
+        how = ("run the benchmark from the environment of benchmarks/_real_script_env.py"
                if case.needs in ENV_PACKAGES else f"pip install {case.needs}")
         return f"needs {case.needs} ({how})"
     return None

@@ -58,7 +58,7 @@ class Case:
     in_memory: bool = False   # the whole batch is in memory before the loop: no data path to make free
     taskset: str | None = None    # cores the whole run is pinned to (taskset -c)
     needs: str | None = None  # a package the script imports beyond torch and numpy (skipped without it;
-    #                           torchvision, timm, lightning: the environment of real_script_env.py)
+    #                           torchvision, timm, lightning: the environment of _real_script_env.py)
     busy: int = 0             # processes spinning beside this case's runs, added to --busy (a busy core)
     est_s: float = 90.0       # about how long its truth and profile take here, quiet (the benchmark's estimate
     #                           where the results hold no run of it): timm's 1 worker measured at 49 s (truth
@@ -288,7 +288,7 @@ CASES = [
          data="carvana_like", stubs=("wandb",), taskset="0"),
     Case("ng-video-lecture bigram", "ng-video-lecture", "bigram.py", (), cwd="checkout", data_fn="get_batch"),
 
-    # --- image training with torchvision, timm and Lightning (issue 43; the environment of real_script_env.py)
+    # --- image training with torchvision, timm and Lightning (issue 43; the environment of _real_script_env.py)
     # pytorch/examples' ImageNet script: ImageFolder, RandomResizedCrop(224) and a flip in its workers, its
     # validation pass after each epoch; resnet18 at batch 8 (a step of about half a second here).
     Case("imagenet main.py resnet18, 4 workers", "examples", "imagenet/main.py",

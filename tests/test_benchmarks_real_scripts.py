@@ -17,7 +17,7 @@ if str(BENCHMARKS) not in sys.path:  # the scripts import each other, as when ru
 
 import profile_real_scripts as bench  # noqa: E402
 import real_script_cases as cases  # noqa: E402
-import real_script_env as env  # noqa: E402
+import _real_script_env as env  # noqa: E402
 
 TORCHVISION_INIT = """import os
 import torch
@@ -63,7 +63,7 @@ def test_busy_processes_spin_while_inside_and_are_gone_after():
 def test_cases_needing_the_environment_are_skipped_with_the_way_to_it(monkeypatch):
     case = next(c for c in cases.CASES if c.needs == "timm")
     monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)
-    assert "real_script_env.py" in bench.skip_reason(case)
+    assert "_real_script_env.py" in bench.skip_reason(case)
     assert bench.run_case(case, 0, verify=False)["skipped"] == bench.skip_reason(case)
     other = next(c for c in cases.CASES if c.needs == "gymnasium")
     assert "pip install gymnasium" in bench.skip_reason(other)

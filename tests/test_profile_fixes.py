@@ -11,6 +11,7 @@ import torch
 
 from hasten.profile.inject.batches import fingerprint
 from hasten.profile.fix_code import echo_apply, echo_arguments, echo_code
+from hasten.profile.input_fixes import worker_cap
 from hasten.profile.launcher import ProfileConfig, profile
 from hasten.profile.report import format_report
 
@@ -55,10 +56,13 @@ def test_the_echo_fix_under_accumulation_is_the_code_its_verification_ran(tmp_pa
     assert all(a != b for a, b in printed)  # a step's micro-batches are distinct
     assert printed[1] == printed[0] and printed[2] != printed[0]  # and whole steps repeat
 
-    # The verification re-run logged what each of its steps trained on: the same steps.
-    (log,) = tmp_path.glob(f"steps.{echo.apply}.*")
-    verified = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(verified) >= a.steps and verified == printed[:len(verified)]
+    # Each verification re-run (several, interleaved with the baseline's) logged what each of its steps
+    # trained on: the same steps.
+    logs = list(tmp_path.glob(f"steps.{echo.apply}.*"))
+    assert logs
+    for log in logs:
+        verified = [json.loads(line) for line in log.read_text().splitlines()]
+        assert len(verified) >= a.steps and verified == printed[:len(verified)]
 
 
 def test_echo_fix_arguments_round_trip_into_the_printed_call():
@@ -89,9 +93,11 @@ def test_workers_that_all_yield_the_same_items_are_named_in_the_report(shard):
     notes = [n for n in a.notes if "get_worker_info" in n]
     hints = [r.fix for r in a.recommendations if "an IterableDataset: split its items by worker" in r.how]
     if shard:
-        # more workers are advised, without the IterableDataset hint: its workers' batches showed it splits them
-        assert any(r.fix.endswith("DataLoader workers") for r in a.recommendations)
+        # no IterableDataset hint: its workers' batches showed it splits them; more workers are advised
+        # only where the job has more cores than its 2 workers (never more workers than cores: issue 43)
         assert notes == [] and hints == []
+        if worker_cap(a.cpu) > 2:
+            assert any(r.fix.endswith("DataLoader workers") for r in a.recommendations)
     else:
         (note,) = notes
         assert "DataLoader(Stream, batch_size=16): its 2 workers' first batches are the same" in note

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hasten.profile.launcher import ProfileConfig
+from hasten.profile.launcher import ProfileConfig, run_instrumented
 from hasten.profile.report import format_report
 from hasten.profile.input_fixes import worker_cap
 from hasten.profile.ranking import rerank
@@ -56,7 +56,8 @@ def null():
     # block, so these fixes' effect is exactly none. workers=0 (re-runs) where no DataLoader is built, and
     # comm=bf16 (switched between steps) without DDP, change nothing.
     a = _analysis([], [_null_fix("workers=0"), _null_fix("comm=bf16")])
-    verify(_config("autocast_sleep.py", "--virtual-clock"), a, log=lambda m: None)
+    verify(_config("autocast_sleep.py", "--virtual-clock"), a, log=lambda m: None,
+           run_instrumented=run_instrumented)
     return a
 
 
@@ -89,7 +90,7 @@ def reruns():
     resident = Recommendation("device-resident loader", "", 10.0, "", False, apply="resident")
     a = _analysis([resident])
     verify(_config("input_bound.py", "--item-sleep", "0.025", "--batch", "8", "--step-sleep", "0.02"), a,
-           log=lambda m: None)
+           log=lambda m: None, run_instrumented=run_instrumented)
     return a
 
 
@@ -115,7 +116,8 @@ def test_each_round_runs_the_baseline_and_the_fix_once_in_its_recorded_shuffle(r
 def switched():
     # The forward sleeps 200 ms, 20 ms under autocast: ~x10 by construction; predicted x1.01, so rejected
     a = _analysis([], [{**_null_fix("autocast"), "fix": "bf16 autocast", "predicted_speedup": 1.01}])
-    verify(_config("autocast_sleep.py", "--plain-sleep", "0.2", "--autocast-sleep", "0.02"), a, log=lambda m: None)
+    verify(_config("autocast_sleep.py", "--plain-sleep", "0.2", "--autocast-sleep", "0.02"), a, log=lambda m: None,
+           run_instrumented=run_instrumented)
     return a
 
 

@@ -1,6 +1,6 @@
 """The real-scripts benchmark's own environment: torch as installed here, plus torchvision, timm, Lightning and hasten.
 
-    python benchmarks/real_script_env.py [--env DIR]       # creates or completes DIR (prints its python)
+    python benchmarks/_real_script_env.py [--env DIR]       # creates or completes DIR (prints its python)
     DIR/bin/python benchmarks/profile_real_scripts.py ...  # then run the benchmark from it
 
 The image-training cases (``real_script_cases.py``: ``needs="torchvision"``, ``"timm"``,
@@ -51,7 +51,7 @@ def torchvision_for(torch_version: str) -> str:
     """The torchvision release built against a torch release: 2.N <-> 0.(N + 15) since torch 2.0 / 0.15."""
     major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
     if major != 2:
-        raise SystemExit(f"real_script_env: no torchvision pairing known for torch {torch_version}")
+        raise SystemExit(f"_real_script_env: no torchvision pairing known for torch {torch_version}")
     return f"0.{minor + 15}.*"
 
 
@@ -89,7 +89,7 @@ def build(env: Path) -> Path:
         [str(py), "-c", "import importlib.metadata as m; print(*m.requires('torchvision'), sep='\\n')"],
         capture_output=True, text=True, check=True).stdout.splitlines() if re.match(r"torch\s*[(=<>~!]", r))
     if torch.__version__.split("+")[0] not in requires:
-        raise SystemExit(f"real_script_env: the torchvision installed requires {requires}, "
+        raise SystemExit(f"_real_script_env: the torchvision installed requires {requires}, "
                          f"not torch {torch.__version__}")
     error = _imports(py, "torchvision")
     if error:
@@ -100,13 +100,13 @@ def build(env: Path) -> Path:
         patch_torchvision(init)
         error = _imports(py, "torchvision")
         if error:
-            raise SystemExit(f"real_script_env: torchvision still fails to import: {error}")
+            raise SystemExit(f"_real_script_env: torchvision still fails to import: {error}")
     _run(*pip, "--no-deps", TIMM, LIGHTNING, TORCHMETRICS)
     _run(*pip, *OTHERS)
     for module in ("torchvision", "timm", "lightning", "hasten"):
         error = _imports(py, module)
         if error:
-            raise SystemExit(f"real_script_env: import {module} fails in {env}: {error}")
+            raise SystemExit(f"_real_script_env: import {module} fails in {env}: {error}")
     versions = subprocess.run([str(py), "-c", "import torch, torchvision, timm, lightning; print(torch.__version__, "
                                "torchvision.__version__, timm.__version__, lightning.__version__)"],
                               capture_output=True, text=True, check=True).stdout.strip()
@@ -120,7 +120,7 @@ def main() -> int:
     try:
         build(ap.parse_args().env.expanduser().resolve())
     except subprocess.CalledProcessError as e:
-        raise SystemExit(f"real_script_env: {' '.join(map(str, e.cmd))} failed (exit {e.returncode}); "
+        raise SystemExit(f"_real_script_env: {' '.join(map(str, e.cmd))} failed (exit {e.returncode}); "
                          "its output is above") from None
     return 0
 
