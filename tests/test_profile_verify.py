@@ -15,6 +15,7 @@ from hasten.profile.input_fixes import worker_cap
 from hasten.profile.ranking import rerank
 from hasten.profile.records import Recommendation
 from hasten.profile.verdict import analyse
+from test_profile_report import _analysis as report_analysis
 from hasten.profile.verify import BLOCK_STEPS, PAIRS, RERUNS, judge, ratio_interval, verify
 from hasten.timing import interleaved
 
@@ -26,13 +27,7 @@ SLOW = pytest.mark.timeout(2400)
 
 def _analysis(recommendations, rejected=()):
     """A real Analysis (from constructed steps) carrying the fixes to verify."""
-    recs = [{"wait_s": 0.030, "work_s": 0.010, "cpu_s": 0.001} for _ in range(6)]
-    rank = {"rank": 0, "world_size": 1, "device": "cpu", "num_workers": 0, "batch_size": 16, "dataset_len": 64,
-            "batch_bytes": 1024, "cpu_count": 2, "warmup": 2,
-            "records": {"measure": recs, "step_alone": [{**r, "wait_s": 0.0} for r in recs]},
-            "loader_probe": {"batch_s": 0.030, "main_cpu_s": 0.0, "worker_cpu_s": None},
-            "ddp": False, "grad_bytes": 0, "allreduce_times": []}
-    a = analyse([rank])
+    a = report_analysis()
     a.recommendations, a.rejected = list(recommendations), list(rejected)
     a.steps, a.cost = 8, {"profile_run_s": 1.0}
     return a

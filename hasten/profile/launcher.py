@@ -30,7 +30,6 @@ are separate, short runs).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -47,7 +46,7 @@ from hasten.profile.attach_check import AttachCheck
 from hasten.profile.config import ProfileConfig
 from hasten.profile.inject.settings import PROBES
 from hasten.profile.outcome import (ProfileFailed, RunOutcome, check_outcome, describe_statuses, ended_early_note,
-                                    hasten_errors, read_statuses, same_in_every_worker)
+                                    hasten_errors, read_json_files, read_statuses, same_in_every_worker)
 from hasten.profile.verdict import Analysis, analyse
 
 SITECUSTOMIZE = '''\
@@ -203,12 +202,7 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
         if cannot_attach:
             raise ProfileFailed(cannot_attach, 2)
         wall = time.perf_counter() - t0
-        ranks = []
-        for p in sorted(out_dir.glob("rank*.json")):
-            try:
-                ranks.append(json.loads(p.read_text()))
-            except (OSError, ValueError):
-                pass
+        ranks = read_json_files(out_dir, "rank*.json")
         text = tee.tail.decode(errors="replace")
         statuses = read_statuses(out_dir)
         return RunOutcome(proc.returncode, ranks, timed_out, text, wall, statuses, check.attached(),

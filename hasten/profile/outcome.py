@@ -51,14 +51,20 @@ class RunOutcome:
 
 
 
-def read_statuses(out_dir: Path) -> list[dict]:
+def read_json_files(out_dir: Path, pattern: str) -> list[dict]:
+    """The JSON files in ``out_dir`` matching ``pattern``, in name order; a file being written or gone
+    meanwhile is left out (the ranks write theirs while the launcher reads)."""
     out = []
-    for p in sorted(out_dir.glob("status-*.json")):
+    for p in sorted(out_dir.glob(pattern)):
         try:
             out.append(json.loads(p.read_text()))
         except (OSError, ValueError):
             pass
     return out
+
+
+def read_statuses(out_dir: Path) -> list[dict]:
+    return read_json_files(out_dir, "status-*.json")
 
 
 def describe_statuses(statuses: list[dict]) -> str:
