@@ -153,15 +153,18 @@ class _Alternating:
         if key not in _first_batches:
             _first_batches[key] = next(self.it)
             return _copy(_first_batches[key])
+        # A pass ends after as many batches as the loader has, replayed or real: an evaluation loop over
+        # the whole of a validation loader in a data-free block would otherwise never end (Pytorch-UNet),
+        # and real batches after replayed ones would run past len(loader), which loops trust (timm's
+        # gradient-accumulation arithmetic divides by zero there).
+        try:
+            over = self.handed > len(self.it)
+        except TypeError:  # an iterable dataset of unknown length: the pass goes on, as the loop asks
+            over = False
+        if over:
+            raise StopIteration
         if not _state["free"]:
             return next(self.it)
-        # A pass ends after as many batches as the loader has, replayed or not: an evaluation loop over
-        # the whole of a validation loader in a data-free block would otherwise never end (Pytorch-UNet).
-        try:
-            if self.handed > len(self.it):
-                raise StopIteration
-        except TypeError:  # an iterable dataset of unknown length: the replay goes on, as the loop asks
-            pass
         return _copy(_first_batches[key])
 
     def __len__(self):
