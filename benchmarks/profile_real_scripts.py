@@ -226,7 +226,7 @@ def truth_says_input(t: dict) -> bool:
     return classify(hi, 0.0)[0] != "compute-bound"
 
 
-def run_case(case: Case, repeat: int, verify: str, busy: int = 0) -> dict:
+def run_case(case: Case, repeat: int, verify: str, busy: int = 0, verify_repeats: int = 1) -> dict:
     why = skip_reason(case)
     if why:
         return {"case": case.name, "repeat": repeat, "skipped": why}
@@ -243,7 +243,8 @@ def run_case(case: Case, repeat: int, verify: str, busy: int = 0) -> dict:
         row = {"case": case.name, "repeat": repeat, "fetched_from": origin, "busy": busy + case.busy}
         with Busy(busy + case.busy):
             row["truth"] = truth_run(case, checkout_dir, scratch, cwd)
-            verified = verify == "all" or (verify == "input-bound" and truth_says_input(row["truth"]))
+            verified = repeat < verify_repeats and (
+                verify == "all" or (verify == "input-bound" and truth_says_input(row["truth"])))
             row["verify"] = verified
             row["profile"] = profile_run(case, checkout_dir, scratch, cwd, verified)
         return row
@@ -334,7 +335,8 @@ def judge(rows: list[dict]) -> dict:
                     above.append({"case": case.name, "repeat": r["repeat"], "fix": fix.get("fix"),
                                   "predicted": fix["predicted"], "bound": fix.get("bound"),
                                   "truth_ceiling": ceiling and list(ceiling)})
-            if t.get("verdict") == "input-bound" and t.get("decided"):
+            # the runs profiled with --verify (--verify-repeats: the first of each case by default)
+            if t.get("verdict") == "input-bound" and t.get("decided") and r.get("verify") is not False:
                 true_input += 1
                 if fix.get("verified") is not None and fix.get("verified_interval"):
                     with_interval += 1
@@ -457,6 +459,9 @@ def main() -> int:
     ap.add_argument("--verify", choices=("input-bound", "all", "none"), default="input-bound",
                     help="profile with --verify (re-runs with each fix applied): on the runs whose own truth may "
                          "be input-bound (the default: the goal judges those), on all, or on none")
+    ap.add_argument("--verify-repeats", type=int, default=1, metavar="N",
+                    help="verify in the first N repeats of a case only (default 1: a verification re-runs the "
+                         "script about 3 times per fix, 10-20 min for a slow image script on 2 cores)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the order of the cases in each repeat")
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--fresh", action="store_true", help="forget the runs already in the results file")
@@ -483,7 +488,7 @@ def main() -> int:
           f"about {estimate(todo, _load(OUT)['runs'], args.busy) / 60:.0f} min", flush=True)
     with MeasuredConditions("cpu") as cond:
         for rep, case in todo:
-            row = run_case(case, rep, args.verify, args.busy)
+            row = run_case(case, rep, args.verify, args.busy, args.verify_repeats)
             if "skipped" in row:
                 print(f"{case.name}: skipped, {row['skipped']}", flush=True)
                 continue
