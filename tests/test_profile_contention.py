@@ -7,6 +7,7 @@ next. The window's totals do not depend on the replay."""
 import pytest
 
 from hasten.profile.contention import workers_delay
+from hasten.profile.report import format_report
 from hasten.profile.verdict import analyse
 
 
@@ -147,6 +148,7 @@ def test_idle_cores_do_not_hide_workers_that_held_the_loop_thread_off_its_core()
     assert a.data_gain[1] == pytest.approx(1.0 / 0.75)
     lo, hi = a.cpu["data_cpu_share_interval"]
     assert lo >= 0.25 - 1e-9 and hi >= lo
+    assert "300 ms of CPU held its loop thread off its core 250 ms" in format_report(a)
 
 
 def test_the_run_queue_wait_other_jobs_caused_is_not_the_workers():
