@@ -157,7 +157,8 @@ def format_report(a: Analysis) -> str:
         lines.append(f"  note: {note}")
     if a.cost.get("per_verified_fix_s"):
         c = a.cost
-        runs = f" ({c['verify_runs']} runs)" if c.get("verify_runs") else ""
+        n = c.get("verify_runs")
+        runs = f" ({n} run{'' if n == 1 else 's'})" if n else ""
         lines.append(f"  cost: profile run {c['profile_run_s']:.0f} s, verification {c['verify_runs_s']:.0f} s{runs}: "
                      f"{c['per_verified_fix_s']:.0f} s per verified fix ({c['fixes_verified']} verified)")
     elif a.cost.get("profile_run_s"):
