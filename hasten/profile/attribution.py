@@ -6,7 +6,8 @@ the CPU the data path takes from the step, and the rest, by line.
   stack sampler found on the lines that make the batch
   (:mod:`hasten.profile.inject.batch_source`), the rest being neither data nor compute;
 - :func:`cpu_use`: the workers' CPU against the cores the step leaves idle: what runs on
-  the step's own cores adds to the step, beside the wait;
+  the step's own cores adds to the step, beside the wait, and never less than the time they
+  held the loop's thread off its core;
 - :func:`data_free_step`: the step with its data made free, never below what was measured;
 - :func:`other_where`, :func:`batch_where`: the lines the rest and the batch were sampled in;
   :func:`compute_in_rest`: the share of the rest that was the model, a loss, backward or an
