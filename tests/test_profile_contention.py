@@ -7,6 +7,7 @@ next. The window's totals do not depend on the replay."""
 import pytest
 
 from hasten.profile.contention import workers_delay
+from hasten.profile.report import format_report
 from hasten.profile.verdict import analyse
 
 
@@ -114,3 +115,55 @@ def test_the_window_idle_per_step_comes_from_its_proc_totals():
     assert idle_seen_per_step({"cores": 2, "wall_s": 1.0, "busy_s": 1.9}, 50) == pytest.approx(0.1 / 50)
     assert idle_seen_per_step({"cores": 2, "wall_s": 1.0, "busy_s": 2.1}, 50) == 0.0
     assert idle_seen_per_step({}, 50) is None and idle_seen_per_step({"cores": 2, "wall_s": 1, "busy_s": 1}, 0) is None
+
+
+def _held_rank(queued: float, others_s: float = 0.0, n: int = 20, c: float = 0.300, step: float = 1.0):
+    """Issue 43, item 8's shape: 4 workers taking ``c`` of CPU a step on 2 cores, beside a step of one busy core
+    (1 s of CPU in 1 s of work) that waits for no batch; the loop thread sat ``queued`` of each step in the run
+    queue; other processes took ``others_s`` over the window."""
+    from test_profile_verdict import _rank
+    rank = _rank(wait=0.0, work=step, alone=step, workers=4, n=n)
+    for r in rank["records"]["measure"]:
+        r.update(cpu_s=step, data_cpu_s=0.0, compute_s=step, own_s=step - queued)
+    rank["worker_cpu"] = {"cpu_s": c * n, "batches": n, "in_flight": 0}
+    rank["cpu_window"] = {"cores": 2, "wall_s": n * step, "free": 2.0, "others_s": others_s}
+    rank["threads"] = {"intra_op": 2}
+    return rank
+
+
+def test_idle_cores_do_not_hide_workers_that_held_the_loop_thread_off_its_core():
+    # 2 x 1 s of core time a step, 1 s of it the step's and 0.3 s the workers': 0.7 s "idle", more than the
+    # workers' CPU, so the idle-time model alone says the workers cost nothing. The loop thread sat 0.25 s a
+    # step in the run queue with no other process competing: the workers held it off its core that long.
+    free = analyse([_held_rank(queued=0.0)], cpus={"available": 2.0})
+    assert not free.cpu["contended"] and free.data_free_step_s == pytest.approx(1.0)
+    a = analyse([_held_rank(queued=0.25)], cpus={"available": 2.0})
+    assert a.cpu["idle_core_s"] > a.cpu["data_cpu_per_step_s"]  # the idle-time model's blind spot
+    assert a.cpu["contended"] and a.cpu["data_cpu_held_s"] == pytest.approx(0.25)
+    assert a.cpu["data_cpu_delay_s"] >= 0.25 and a.data_share >= 0.25 and a.verdict == "input-bound"
+    # the step with its data made free: less what the workers held the loop thread; never below the floor (its
+    # own work less all of its run-queue wait), nor more than the Amdahl bound allows
+    assert a.data_free_step_s == pytest.approx(0.75)
+    assert a.data_free_step_s >= a.cpu["fastest_step_s"] - 1e-9
+    assert a.data_gain[1] == pytest.approx(1.0 / 0.75)
+    lo, hi = a.cpu["data_cpu_share_interval"]
+    assert lo >= 0.25 - 1e-9 and hi >= lo
+    assert "300 ms of CPU held its loop thread off its core 250 ms" in format_report(a)
+
+
+def test_the_run_queue_wait_other_jobs_caused_is_not_the_workers():
+    # as above, but other processes took 0.9 s of CPU a step beside the workers' 0.3 s: a quarter of the wait
+    d = analyse([_held_rank(queued=0.25, others_s=0.9 * 20)], cpus={"available": 2.0})
+    assert d.cpu["data_cpu_held_s"] == pytest.approx(0.25 * 0.3 / 1.2)
+    assert d.data_free_step_s == pytest.approx(1.0 - 0.25 * 0.3 / 1.2)
+    assert d.cpu["fastest_step_s"] == pytest.approx(0.75)  # the floor stays all of the wait
+
+
+def test_the_held_time_is_a_lower_end_only():
+    # a saturated window (no idle core time): the idle-time model's estimate stands where it is the larger
+    c = (0.004, 0.004, 0.004)
+    base = workers_delay(c, [0.040] * 20, [0.020] * 20, [0.040] * 20, [0.020] * 20, 2.0, 2)
+    small = workers_delay(c, [0.040] * 20, [0.020] * 20, [0.040] * 20, [0.020] * 20, 2.0, 2, queued=[0.001] * 20)
+    big = workers_delay(c, [0.040] * 20, [0.020] * 20, [0.040] * 20, [0.020] * 20, 2.0, 2, queued=[0.006] * 20)
+    assert small["delay_s"] == base["delay_s"] and small["delay_interval_s"] == base["delay_interval_s"]
+    assert big["delay_s"] == pytest.approx(0.006) and big["delay_interval_s"][0] == pytest.approx(0.006)

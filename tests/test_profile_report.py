@@ -56,3 +56,12 @@ def test_an_input_bound_headline_adds_the_workers_cpu_to_the_wait():
     head = format_report(analyse([rank], cpus={"available": 2.0})).splitlines()[0]
     assert head.startswith("hasten profile: INPUT-BOUND (moderate): the step waits for data 9% of the time, and")
     assert "costs it 6% more: data 14%" in head
+
+
+def test_the_cost_line_counts_the_verification_runs():
+    a = _analysis()
+    a.cost = {"profile_run_s": 20.0, "verify_runs_s": 11.0, "verify_runs": 1, "fixes_verified": 1,
+              "per_verified_fix_s": 31.0}
+    assert "  cost: profile run 20 s, verification 11 s (1 run): 31 s per verified fix (1 verified)" in format_report(a)
+    a.cost.update(verify_runs=7)
+    assert "verification 11 s (7 runs)" in format_report(a)

@@ -86,3 +86,18 @@ def test_a_profiled_loop_never_names_its_loss_helper_as_the_rest_and_names_its_s
     assert not [x for x in lines.get("other", []) if x["at"].startswith("_loss_helper.py:")]
     assert [x for x in lines.get("compute", []) if x["at"].startswith("_loss_helper.py:")]
     assert any("time.sleep" in x["code"] for x in lines.get("other", []))
+
+
+def test_a_hook_calling_into_hastens_library_is_hastens_time_not_a_line_of_the_loop():
+    # `14% of the step in cpu_time.py:149 ...`: a step hook reading /proc through hasten/cpu_time.py
+    st = _state()
+    ns = {}
+    exec(compile("import sys\ndef read(attribute, st):\n    attribute(st, sys._getframe())\n",
+                 "/src/hasten/cpu_time.py", "exec"), ns)
+    exec(compile("def hook(read, attribute, st):\n    read(attribute, st)\n", "/src/hasten/profile/inject/steps.py",
+                 "exec"), ns)
+    ns["hook"](ns["read"], sampler.attribute, st)
+    assert st.outside_counts == {"hasten": 1} and not st.line_samples
+    # hasten's library called from the loop itself (an echo wrapper) is the loop's time, named by its line
+    ns["read"](sampler.attribute, st)
+    assert st.outside_counts["other"] == 1 and st.line_samples["other"]

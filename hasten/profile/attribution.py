@@ -6,7 +6,8 @@ the CPU the data path takes from the step, and the rest, by line.
   stack sampler found on the lines that make the batch
   (:mod:`hasten.profile.inject.batch_source`), the rest being neither data nor compute;
 - :func:`cpu_use`: the workers' CPU against the cores the step leaves idle: what runs on
-  the step's own cores adds to the step, beside the wait;
+  the step's own cores adds to the step, beside the wait, and never less than the time they
+  held the loop's thread off its core;
 - :func:`data_free_step`: the step with its data made free, never below what was measured;
 - :func:`other_where`, :func:`batch_where`: the lines the rest and the batch were sampled in;
   :func:`compute_in_rest`: the share of the rest that was the model, a loss, backward or an
@@ -109,7 +110,10 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
 
     Where the measured window's CPU was read (``window``, Linux's /proc), the estimate is
     :func:`hasten.profile.contention.workers_delay`'s instead, from the window's totals: the
-    replayed step's numbers above moved from run to run by more than the cost they decide."""
+    replayed step's numbers above moved from run to run by more than the cost they decide. There
+    the delay is never less than the time the workers held the loop's thread off its core, as its
+    run-queue wait measured it (``data_cpu_held_s``: idle core time does not mean the workers
+    used it, issue 43 item 8)."""
     if not loader_driven or not s.worker_cpu_per_batch_s or not alone or alone <= 0 or s.step_s <= 0:
         return {}
     c = s.worker_cpu_per_batch_s * max(1.0, micro)
@@ -117,7 +121,8 @@ def cpu_use(s: RankSummary, alone: float, cores: float, micro: float, loader_dri
     n, q = s.worker_batches, s.in_flight  # the workers made between n - q and n + q batches over the window
     c_lo, c_hi = (c * n / (n + q), c * n / max(1, n - q)) if n else (c, c)
     if window and s.own_cpu_steps:
-        return _from_window(s, c, c_lo, c_hi, cores, threads, idle_seen_per_step(window, s.window_steps))
+        return _from_window(s, c, c_lo, c_hi, cores, threads, idle_seen_per_step(window, s.window_steps),
+                            others_per_step(window, s.window_steps))
     if s.calm_alone and s.calm_alone[0] > 0 and s.calm_alone[1] is not None:
         wall, own_cpu = s.calm_alone
     else:  # no replay (dropped, or the command ended first): the measured steps outside their wait
@@ -150,11 +155,17 @@ def idle_seen_per_step(window: dict, steps: int) -> float | None:
     return max(0.0, window["cores"] * window["wall_s"] - window["busy_s"]) / steps
 
 
+def others_per_step(window: dict, steps: int) -> float:
+    """Other processes' CPU per step over the measured window (0 where not read)."""
+    return (window.get("others_s") or 0.0) / steps if steps else 0.0
+
+
 def _from_window(s: RankSummary, c: float, c_lo: float, c_hi: float, cores: float, threads: int,
-                 idle_seen: float | None) -> dict:
+                 idle_seen: float | None, others: float) -> dict:
     """:func:`cpu_use` from the measured window's totals (:func:`hasten.profile.contention.workers_delay`)."""
+    queued = list(s.queued_steps) if len(s.queued_steps) == len(s.work_steps) else None
     d = workers_delay((c, c_lo, c_hi), list(s.cpu_steps), list(s.span_steps), list(s.own_cpu_steps),
-                      list(s.work_steps), cores, threads, idle_seen)
+                      list(s.work_steps), cores, threads, idle_seen, queued=queued, others=others)
     if not d:
         return {}
     own = sum(s.own_cpu_steps) / len(s.own_cpu_steps)
@@ -170,6 +181,7 @@ def _from_window(s: RankSummary, c: float, c_lo: float, c_hi: float, cores: floa
     return {"data_cpu_per_step_s": c, "step_cpu_per_step_s": own, "step_cores": d["step_cores"],
             "idle_core_s": d["idle_core_s"], "idle_core_interval_s": d["idle_core_interval_s"],
             "thread_rate": d["thread_rate"], "demand_cores": (c + own) / t, "contended": d["delay_s"] > 0,
+            "data_cpu_held_s": d["held_s"],
             "data_cpu_delay_s": d["delay_s"], "data_cpu_observed_s": observed, "estimate": "window totals",
             "data_cpu_share": share(d["delay_s"]), "data_cpu_share_interval": (share(lo), share(hi))}
 

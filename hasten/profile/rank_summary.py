@@ -99,6 +99,7 @@ def summarise_rank(d: dict) -> RankSummary:
         cpu_steps=tuple(r["cpu_s"] for r in with_cpu), span_steps=tuple(span_of(r) for r in with_cpu),
         own_cpu_steps=tuple(r["cpu_s"] - (r.get("data_cpu_s") or 0.0) for r in with_cpu),
         work_steps=tuple(r["work_s"] for r in with_cpu), window_steps=len(records["measure"]),
+        queued_steps=tuple(max(0.0, r["work_s"] - r["own_s"]) for r in with_cpu if "own_s" in r),
         own_work_s=mean(r["own_s"] for r in measured) if all("own_s" in r for r in measured) else None,
         calm_alone=(calm["work_s"], calm.get("compute_cpu_s", calm.get("cpu_s"))) if calm else None,
         rank=d["rank"], step_s=mean(span_of(r) for r in measured),

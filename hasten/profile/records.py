@@ -133,5 +133,6 @@ class RankSummary:
     span_steps: tuple[float, ...] = ()
     own_cpu_steps: tuple[float, ...] = ()  # ... and the same less receiving batches
     work_steps: tuple[float, ...] = ()
+    queued_steps: tuple[float, ...] = ()  # ... and the loop thread's run-queue wait in its work (where read)
     window_steps: int = 0  # every step of the measured window, left out or not (the window's /proc totals)
     own_work_s: float | None = None  # the steps' work less the loop thread's run-queue waits (None: not measured)

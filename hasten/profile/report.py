@@ -29,9 +29,12 @@ def _why(a: Analysis) -> str:
     """The headline's reason: which kind of input-bound, how near the line, where the rest went."""
     cpu = a.cpu or {}
     if a.verdict == "input-bound" and a.input_kind == "cpu":
+        held = cpu.get("data_cpu_held_s") or 0.0
+        how = (f"their {cpu['data_cpu_per_step_s'] * 1e3:.0f} ms of CPU held its loop thread off its core "
+               f"{held * 1e3:.0f} ms" if held and held >= cpu["data_cpu_delay_s"] else
+               f"their {cpu['data_cpu_per_step_s'] * 1e3:.0f} ms of CPU run on the step's own cores")
         return (f"its data path competes with the step for the cores: the loader's workers' CPU costs the step "
-                f"{cpu['data_cpu_share']:.0%} ({cpu['data_cpu_delay_s'] * 1e3:.0f} ms a step: their "
-                f"{cpu['data_cpu_per_step_s'] * 1e3:.0f} ms of CPU run on the step's own cores, it keeps "
+                f"{cpu['data_cpu_share']:.0%} ({cpu['data_cpu_delay_s'] * 1e3:.0f} ms a step: {how}, it keeps "
                 f"{cpu['step_cores']:.1f} of {cpu['available']:.2f} cores busy), and the step waits for data "
                 f"{a.data_wait_fraction:.0%} of the time: data {a.data_share:.0%} in all "
                 f"(95% interval {_interval(a)})")
@@ -154,7 +157,8 @@ def format_report(a: Analysis) -> str:
         lines.append(f"  note: {note}")
     if a.cost.get("per_verified_fix_s"):
         c = a.cost
-        runs = f" ({c['verify_runs']} runs)" if c.get("verify_runs") else ""
+        n = c.get("verify_runs")
+        runs = f" ({n} run{'' if n == 1 else 's'})" if n else ""
         lines.append(f"  cost: profile run {c['profile_run_s']:.0f} s, verification {c['verify_runs_s']:.0f} s{runs}: "
                      f"{c['per_verified_fix_s']:.0f} s per verified fix ({c['fixes_verified']} verified)")
     elif a.cost.get("profile_run_s"):

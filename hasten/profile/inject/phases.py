@@ -176,7 +176,7 @@ def _workers_share(st: State, recs: list[dict]) -> tuple[float, float, float]:
     """What the training loader's workers' CPU on the step's cores adds to the data share so far, with its
     interval, as the verdict will weigh it (:func:`hasten.profile.contention.workers_delay`, from the
     window's totals so far): a run whose numbers cannot tell yet goes on measuring."""
-    from hasten.profile.attribution import idle_seen_per_step
+    from hasten.profile.attribution import idle_seen_per_step, others_per_step
     from hasten.profile.contention import workers_delay
     q = _in_flight(st)
     batches = _training_batches(st) - st.worker_cpu.get("batches0", 0)
@@ -197,7 +197,9 @@ def _workers_share(st: State, recs: list[dict]) -> tuple[float, float, float]:
                       [r["cpu_s"] for r in steps], [r["span_s"] for r in steps],
                       [r["cpu_s"] - (r.get("data_cpu_s") or 0.0) for r in steps], [r["work_s"] for r in steps],
                       min(window["cores"], max(0.05, window["free"])), _torch_threads(),
-                      idle_seen_per_step(window, len(st.records["measure"])))
+                      idle_seen_per_step(window, len(st.records["measure"])),
+                      queued=[max(0.0, r["work_s"] - r["own_s"]) for r in steps if "own_s" in r] or None,
+                      others=others_per_step(window, len(st.records["measure"])))
     if not d:
         return 0.0, 0.0, 0.0
     most = 1.0 - wait / step

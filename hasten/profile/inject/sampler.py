@@ -31,10 +31,22 @@ from hasten.profile.inject.user_code import is_compute, is_users, named, where
 _JITTER = random.Random()
 
 
+def in_hooks(frame) -> bool:
+    """Whether hasten's own hook code is running: the innermost frames are hasten's, and one of them is the
+    profile's (a hook's call into ``hasten/cpu_time.py`` reading ``/proc`` is the hook's time, not a line of the
+    loop's; ``hasten/echo`` called from the loop is the loop's)."""
+    f = frame
+    while f is not None and "/hasten/" in f.f_code.co_filename.replace(os.sep, "/"):
+        if "/hasten/profile/" in f.f_code.co_filename.replace(os.sep, "/"):
+            return True
+        f = f.f_back
+    return False
+
+
 def attribute(st: State, frame) -> None:
     """Count a sample outside compute inside a measured step: in the loader, making the batch, or other
     (``hasten`` when hasten's own hook code is running: its time is no line of the user's)."""
-    if "/hasten/profile/" in frame.f_code.co_filename.replace(os.sep, "/"):
+    if in_hooks(frame):
         st.outside_counts["hasten"] = st.outside_counts.get("hasten", 0) + 1
         return
     kind, user, inside, compute = "other", None, False, False
