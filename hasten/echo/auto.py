@@ -8,7 +8,7 @@ while training and follows it. Pass it wherever an echo factor is accepted.
 The rule, once per window of ``interval`` fresh items (``observe`` has it in full):
 
     R = (emitted / fresh) x (1 + wait / downstream)    a window in which the echo stage waits
-    R^ = the mean over the last 8 windows at this e,   (a window without waiting counts as e;
+    R^ = the mean over the last 16 windows at this e,  (a window without waiting counts as e;
          without the largest                           one burst moves nothing)
     e = min(e_max, cap, R^) when R^ leaves e x (1 +- hysteresis); 1 while R^ < off_below
 
@@ -196,7 +196,7 @@ class AutoEcho(EffectiveExamples):
           then busy the whole window, one fresh item takes (wait + downstream) / fresh and
           one emitted item downstream / emitted, so R = (emitted / fresh) x (1 + wait /
           downstream). A window that does not wait reads R <= e, and counts as e.
-        - R^ is the mean of the last eight windows' readings at the current e without the
+        - R^ is the mean of the last 16 windows' readings at the current e without the
           largest (``hasten.echo.factor_rule``), from two windows on; e moves to R^ only
           when R^ is more than ``hysteresis`` away from it, at most doubling per window
           after the first move. At e = 1, echoing turns on only when R^ >= ``off_below``.
@@ -266,7 +266,8 @@ class AutoEcho(EffectiveExamples):
 
     @property
     def ratio_estimate(self) -> float | None:
-        """R^ (``hasten.echo.factor_rule``): None before two windows at one e."""
+        """R^ (``hasten.echo.factor_rule``; the one reading at this e before a second, which
+        alone moves nothing), None before any."""
         return self.rule.estimate
 
     @property

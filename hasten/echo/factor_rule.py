@@ -24,15 +24,19 @@ is left out so that one burst, however long, cannot move e alone (a leave-one-ou
 as a trimmed mean is robust to one outlier; Tukey, 1962). Then:
 
 - e = 1 (off) turns on only when R^ >= ``off_below``: a burst over two windows reads as
-  their smaller one, a burst among eight as under an eighth of its wait.
-- e moves to R^ when R^ leaves e x (1 +- ``hysteresis``). At e = R the loop still waits on
+  their smaller one, a burst among sixteen windows as a sixteenth of its wait.
+- e moves up to R^ when R^ > e x (1 + ``hysteresis``). At e = R the loop still waits on
   bursts; their share must pass the band over the pooled windows, not in one window, so e
-  does not climb above R on them.
+  does not climb above R on them. It moves down only when the mean without the smallest
+  reading is below e x (1 - ``hysteresis``) (a window right after a rise, whose items a
+  growing shuffle buffer holds back, reads low): robust to one bad reading either way.
 - A copy above R only adds steps, and the readings cannot see below e, so it is probed:
   after ``patience`` windows in a row without waiting, e steps down by ``probe`` and the
   pool starts again at the new e. If R^ there brings e back up, the copy was paying and the
-  next probe waits twice as long (up to ``MAX_PATIENCE`` windows); two quiet windows at the
-  probed e say it bought nothing: probes continue every two windows.
+  next probe waits twice as long (up to ``MAX_PATIENCE`` windows). If as many quiet windows
+  follow, the copy bought nothing and e steps down again, the next time after half as
+  many (down to 2). Not after one quiet window: after a probe below R the buffer the
+  surplus filled drains first, and the loop waits only then.
 
 Changes the training math: no (it decides e; see ``hasten.echo.auto`` for what e changes).
 """
@@ -42,9 +46,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
-# Windows pooled in R^ (at one e): 8 windows of AutoEcho's default 4 batches are 32 steps,
-# several times what a loader's read-ahead and shuffle buffer hold.
-HORIZON = 8
+# Windows pooled in R^ (at one e): 16 windows of the recipes' 4 batches are 64 steps, many
+# times what a loader's read-ahead and shuffle buffer hold. (With 8, a modelled stall of 7
+# windows at R = 1, tests/test_echo_auto_bursts.py, turned echoing on for two windows.)
+HORIZON = 16
 # Windows without waiting before a probe one step lower, at most (doubled after each probe
 # that found the copy paying, from 2).
 MAX_PATIENCE = 16
@@ -65,10 +70,10 @@ class FactorRule:
         self.probes = 0
 
     def pooled(self) -> tuple[float, float] | None:
-        """The mean of the readings without the largest (R^) and without the smallest; None
-        before two readings."""
+        """The mean of the readings without the largest (R^) and without the smallest: one
+        reading alone before a second; None before any."""
         if len(self.readings) < 2:
-            return None
+            return (self.readings[0],) * 2 if self.readings else None
         total, rest = sum(self.readings), len(self.readings) - 1
         return (total - max(self.readings)) / rest, (total - min(self.readings)) / rest
 
@@ -81,6 +86,8 @@ class FactorRule:
         pooled = self.pooled()
         if pooled is not None:
             self.estimate = pooled[0]
+        if len(self.readings) < 2:
+            pooled = None  # one window decides nothing
         if factor <= 1.0:
             # Off: on only when the pooled evidence says the shortfall is sustained.
             return pooled[0] if pooled is not None and pooled[0] >= self.off_below else None
