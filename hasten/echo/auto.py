@@ -252,7 +252,9 @@ class AutoEcho(EffectiveExamples):
         # (The ranks' agreed estimate against the factor they share: every rank decides alike.)
         target = self.rule.decide(self.factor, estimate)
         if target is None:
-            return self.factor
+            if self.factor <= self.cap:
+                return self.factor
+            target = self.cap  # the cap came down below e: e follows it now
         if target < self.off_below:
             new = 1.0
         else:
