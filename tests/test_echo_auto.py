@@ -309,7 +309,8 @@ def test_autoecho_behind_a_shuffle_buffer_settles_at_r_not_above_it(ratio, buffe
     # e_max whose fill read as R = 541). Issue 44: on the real source e averaged 2.15-2.48 at
     # R = 2 (e = R x 1.1, and burst waits read as a higher R). Now e = R^ (the pooled
     # recent windows at e, hasten.echo.factor_rule) with a 5% band and probes that measure whether the top copy
-    # pays: over the second half e averages at most R and at least 0.95 R, stays within 10% above R, and sits more than 5% above R on few steps;
+    # pays: over the second half e averages at most R and at least 0.95 R, stays within 10%
+    # above R, and sits more than 5% above R on few steps;
     # steps of +-15% jitter included.
     auto, factors = _modelled_pipeline(ratio, buffer, jitter=jitter)
     late = factors[len(factors) // 2:]

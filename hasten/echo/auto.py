@@ -59,7 +59,8 @@ def rule_digest() -> str:
     from pathlib import Path
 
     here = Path(__file__).parent
-    text = b"".join((here / name).read_bytes() for name in ("auto.py", "effective.py", "factor_rule.py", "ranks.py", "repeat_value.py"))
+    names = ("auto.py", "effective.py", "factor_rule.py", "ranks.py", "repeat_value.py")
+    text = b"".join((here / name).read_bytes() for name in names)
     return hashlib.sha256(text).hexdigest()[:16]
 
 
