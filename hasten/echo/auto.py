@@ -8,13 +8,16 @@ while training and follows it. Pass it wherever an echo factor is accepted.
 The rule, once per window of ``interval`` fresh items (``observe`` has it in full):
 
     R = (emitted / fresh) x (1 + wait / downstream)    a window in which the echo stage waits
-    R^ = median of the last 3 such windows             (one burst of waiting moves nothing)
+    R^ = the mean over the last 16 windows at this e,  (a window without waiting counts as e;
+         without the largest                           one burst moves nothing)
     e = min(e_max, cap, R^) when R^ leaves e x (1 +- hysteresis); 1 while R^ < off_below
 
-Below R a copy removes waiting; above R it only adds steps. Whether the top copy pays is
-measured, not assumed: after a few windows without waiting (R <= e), e steps down by
-``probe``; if the loop then waits, the copy was paying and e returns to the measured R
-(and the next probe waits twice as long); if not, e keeps stepping down. The cap comes
+Below R a copy removes waiting; above R it only adds steps. Behind a prefetch buffer only a
+sustained shortfall of the upstream costs time, so R^ pools the run's windows rather than
+reading one (``hasten.echo.factor_rule``, where the reasoning and its sources are). Whether
+the top copy pays is measured, not assumed: after a few windows without waiting, e steps
+down by ``probe``; if R^ then brings it back up, the copy was paying (and the next probe
+waits twice as long); if not, e keeps stepping down. The cap comes
 down while the loss on repeats falls below the loss on fresh items (``observe_loss``: the
 repeats are being memorised). What a repeat is worth is measured from the run's gradients
 (``report_repeat_gradients``, ``hasten.echo.repeat_value.RepeatValueEstimate``). The
@@ -31,12 +34,11 @@ on effective examples); e depends on timing, so runs are not bit-reproducible.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
-from collections import deque
 from contextlib import contextmanager
 
 from hasten.echo.effective import EffectiveExamples
+from hasten.echo.factor_rule import FactorRule
 from hasten.echo.ranks import agree, own_group
 from hasten.echo.repeat_value import RepeatLossSums, RepeatValueEstimate
 from hasten.timing import Stopwatch
@@ -48,21 +50,17 @@ from hasten.timing import Stopwatch
 REPEAT_VALUE = 0.57
 LATER_REPEAT_VALUE = 0.80
 REPEAT_DECAY = math.inf
-# Waiting windows whose median is R^: one window that waits on a late shard is outvoted.
-RECENT = 3
-# Windows without waiting before a probe one step lower, at most (doubled after each probe
-# that found the copy paying, from 2).
-MAX_PATIENCE = 16
 
 
 def rule_digest() -> str:
-    """A digest of the source of AutoEcho's rule (this module and the three it is built from):
+    """A digest of the source of AutoEcho's rule (this module and the four it is built from):
     run journals key AutoEcho's runs on it; a changed rule reruns them, not the others."""
     import hashlib
     from pathlib import Path
 
     here = Path(__file__).parent
-    text = b"".join((here / name).read_bytes() for name in ("auto.py", "effective.py", "ranks.py", "repeat_value.py"))
+    names = ("auto.py", "effective.py", "factor_rule.py", "ranks.py", "repeat_value.py")
+    text = b"".join((here / name).read_bytes() for name in names)
     return hashlib.sha256(text).hexdigest()[:16]
 
 
@@ -141,7 +139,7 @@ class AutoEcho(EffectiveExamples):
         self._pending_dots = [0.0, 0.0, 0]  # reports since the last window (report_repeat_gradients)
         self.value_history: list[float] = []  # the first repeat's value after each block that moved it
         self.repeat_losses = RepeatLossSums(self.observe_loss)  # observe_repeat_losses sums here
-        self._measured = False  # whether a waiting window has set e (the first one sets it directly)
+        self._measured = False  # whether e has left 1 (the first move goes straight to R^)
         self._group = None  # AutoEcho's own process group (setup_distributed)
         self._lock = threading.Lock()  # record_step may run on another thread than observe
         self.repeat_tolerance = repeat_tolerance
@@ -155,12 +153,7 @@ class AutoEcho(EffectiveExamples):
         self.off_below = off_below
         self.sync = sync
         self.factor = 1.0
-        self.ratio_estimate: float | None = None  # R^
-        self._recent: deque[float] = deque(maxlen=RECENT)  # the last waiting windows' R
-        self._slack = 0  # windows without waiting in a row
-        self._patience = 2  # windows without waiting before the next probe
-        self._probing = False  # e was lowered by a probe whose verdict is pending
-        self.probes = 0  # probes taken
+        self.rule = FactorRule(probe=probe, hysteresis=hysteresis, off_below=off_below)
         self.windows = 0
         self._paused_s = 0.0  # time inside paused() since the last window
         self.paused_s = 0.0  # all time inside paused()
@@ -203,16 +196,16 @@ class AutoEcho(EffectiveExamples):
         - Input-bound when wait / (wait + downstream) > ``idle_threshold``: the upstream is
           then busy the whole window, one fresh item takes (wait + downstream) / fresh and
           one emitted item downstream / emitted, so R = (emitted / fresh) x (1 + wait /
-          downstream). R^ is the median of the last three such windows (the first one
-          alone sets e directly); e moves to R^ only when R^ is more than ``hysteresis``
-          away from it, and at most doubles per window.
-        - A window without waiting says R <= e (the upstream kept up with e copies per
-          fresh item): waiting windows' R above e x (1 + hysteresis) are dropped from R^.
-          After ``patience`` such windows in a row (2 at first), a probe: e steps down by
-          ``probe``. A probe followed by waiting found the copy paying: e returns to the
-          R measured then and ``patience`` doubles (up to 16), so a settled e is probed
-          rarely; a probe followed by no waiting found it useless: ``patience`` goes back
-          to 2 and e keeps stepping down until the loop waits.
+          downstream). A window that does not wait reads R <= e, and counts as e.
+        - R^ is the mean of the last 16 windows' readings at the current e without the
+          largest (``hasten.echo.factor_rule``), from two windows on; e moves to R^ only
+          when R^ is more than ``hysteresis`` away from it, at most doubling per window
+          after the first move. At e = 1, echoing turns on only when R^ >= ``off_below``.
+        - After ``patience`` windows in a row without waiting (2 at first), a probe: e
+          steps down by ``probe`` and the pooled windows start again. A probe that R^
+          brings back up found the copy paying: ``patience`` doubles (up to 16), so a
+          settled e is probed rarely; two quiet windows after a probe found it useless:
+          ``patience`` goes back to 2 and e keeps stepping down until the loop waits.
         - e = 1 while R^ is below ``off_below``; e never exceeds ``e_max`` or the cap of
           ``observe_loss``.
         """
@@ -258,60 +251,32 @@ class AutoEcho(EffectiveExamples):
             self.value_history.append(self.repeat_value)
         self.history.append((self.factor, estimate))
         # (The ranks' agreed estimate against the factor they share: every rank decides alike.)
-        target = self._waited(estimate) if not math.isnan(estimate) else self._slack_window()
+        target = self.rule.decide(self.factor, estimate)
         if target is None:
-            return self.factor
+            if self.factor <= self.cap:
+                return self.factor
+            target = self.cap  # the cap came down below e: e follows it now
         if target < self.off_below:
             new = 1.0
         else:
             step_limit = 2 * self.factor if self._measured else self.e_max  # one outlier cannot reach e_max
             new = max(1.0, min(self.e_max, self.cap, step_limit, target))
-        self._measured = self._measured or not math.isnan(estimate)
+        self._measured = self._measured or new > 1.0
+        if new != self.factor:
+            self.rule.moved()
         self.factor = new
         return new
 
-    def _waited(self, estimate: float) -> float | None:
-        """A window that waited measured R; the e to move to, or None to hold."""
-        self._slack = 0
-        self._recent.append(estimate)
-        if self._probing:
-            # The copy the probe removed was paying (the loop waits without it): back to R,
-            # and the next probe waits twice as long.
-            self._probing = False
-            self._patience = min(2 * self._patience, MAX_PATIENCE)
-            self._recent.clear()
-            self._recent.append(estimate)
-        if not self._measured:
-            self.ratio_estimate = estimate  # the first measurement, not guesses, sets R
-            return estimate
-        self.ratio_estimate = statistics.median(self._recent)
-        if abs(self.ratio_estimate - self.factor) <= self.hysteresis * self.factor:
-            return None  # within the band: the upstream's jitter, not a new R
-        return self.ratio_estimate
+    @property
+    def ratio_estimate(self) -> float | None:
+        """R^ (``hasten.echo.factor_rule``; the one reading at this e before a second, which
+        alone moves nothing), None before any."""
+        return self.rule.estimate
 
-    def _slack_window(self) -> float | None:
-        """A window without waiting: R <= e. The e of a probe, or None to hold."""
-        self._slack += 1
-        ceiling = self.factor * (1 + self.hysteresis)
-        kept = [r for r in self._recent if r <= ceiling]  # waits this window contradicts
-        self._recent.clear()
-        self._recent.extend(kept)
-        if self._probing:
-            self._probing = False  # the probe's copy bought nothing: keep stepping down
-            self._patience = 2
-        if self.factor <= 1.0 and self.ratio_estimate is not None and self.ratio_estimate < self.off_below:
-            return None
-        if self._slack < self._patience:
-            return None
-        self._slack = 0
-        if self.factor <= 1.0:
-            # Off and not waiting: R is below 1 (no estimate yet, or an old one above off_below).
-            self.ratio_estimate = min(self.ratio_estimate or 1.0, 1.0)
-            return None
-        self._probing = True
-        self.probes += 1
-        self.ratio_estimate = self.factor * (1 - self.probe)
-        return self.ratio_estimate
+    @property
+    def probes(self) -> int:
+        """Probes taken: steps down of e that tested whether its top copy paid."""
+        return self.rule.probes
 
     def observe_loss(self, fresh_loss: float, repeat_loss: float, steps: int = 1) -> float:
         """Take the mean training loss on first copies and on repeats over ``steps``

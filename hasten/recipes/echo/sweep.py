@@ -258,6 +258,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "autoecho_cap": auto.cap if auto is not None else None,
         "effective_examples": auto.effective_examples if auto is not None else None,
         "repeat_value_measured": auto.value_history if auto is not None else None,
+        # AutoEcho's windows: (e in force, the window's R or None where it did not wait).
+        "autoecho_windows": [[e, None if math.isnan(r) else r] for e, r in auto.history] if auto is not None else None,
         **({} if upstream is None else {"upstream_decoded": upstream.arrived, "upstream_skipped": upstream.skipped[:20],
                                          "upstream_skipped_count": len(upstream.skipped)}),
         **({} if stage is None else {"upstream_skipped": stage.skipped[:20],
