@@ -86,7 +86,7 @@ def _portable(text: str, checkout_dir: Path, scratch: Path) -> str:
 def _env(case: Case, checkout_dir: Path, scratch: Path) -> dict:
     # `hasten profile -- python SCRIPT` finds python on PATH: this interpreter's first (the environment of
     # _real_script_env.py when the benchmark runs from it)
-    env = {**os.environ, "PATH": os.pathsep.join((str(Path(PY).parent), os.environ.get("PATH", "")))}
+    env = {**os.environ, "PATH": os.pathsep.join((str(Path(PY).parent), os.environ.get("PATH", ""))), **dict(case.env)}
     extra = [str(checkout_dir)] if case.pythonpath else []
     if case.stubs:  # stand-ins for an online service the script logs to (real_script_cases.STUBS)
         extra.append(str(scratch / "stubs"))
@@ -517,7 +517,7 @@ def main() -> int:
     result["cases"] = [{"case": c.name, "repo": c.source.name, "commit": c.source.commit, "licence": c.source.licence,
                         "script": c.script, "args": list(c.args), "variant": c.variant, "cwd": c.cwd,
                         "pythonpath": c.pythonpath, "taskset": c.taskset, "data": c.data, "data_fn": c.data_fn,
-                        "stubs": list(c.stubs), "needs": c.needs, "busy": c.busy, "skipped": skip_reason(c)}
+                        "stubs": list(c.stubs), "env": dict(c.env), "needs": c.needs, "busy": c.busy, "skipped": skip_reason(c)}
                        for c in CASES]
     result["summary"] = judge(result["runs"])
     result["runs_brief"] = [brief(r) for r in result["runs"]]
