@@ -29,7 +29,8 @@ shard or stops.
 the disk. The loader reads ``prefetch`` shards ahead of its decode workers
 (``hasten.stream.epoch_plan.plan_records``). When the cache holds the whole split
 (the default cap, disk permitting), each shard is streamed into its cache file part
-by part (``write_to``: at most ``connections`` parts in memory) and then read as a
+by part, each part chunk by chunk as it arrives (``write_to``: at most ``connections``
+chunks of 1 MiB in memory) and then read as a
 local shard is: its tar headers scanned, each image read by the decode worker that
 decodes it, in epoch 1 as in epoch 2. With a smaller cap a shard could be evicted
 while its images wait, so it is read whole (``store[i]``) and memory is bounded by
@@ -67,6 +68,7 @@ from hasten.stream.store_errors import INDEX, ShortBody, one_line, refused, tran
 from hasten.stream.store_url import StoreURL, parse_store_url
 
 PART_BYTES = 8 << 20  # AWS's guidance for ranged GETs: 8-16 MB
+CHUNK_BYTES = 1 << 20  # a body written to the cache file in chunks of at least this (the last one less)
 CONNECTIONS = 8
 # hasten is installed from its source folder (it is not on the package index); the client alone also does.
 EXTRA = "pip install obstore boto3 (or, in hasten's source folder, pip install -e '.[remote]')"
@@ -184,8 +186,8 @@ class RemoteShards:
 
     def write_to(self, i: int, fd: int) -> None:
         """Shard i written into the open file ``fd``, each part at its offset as it arrives
-        (``ShardCache.shard_file``): a part is in memory only from its arrival to its write,
-        so at most ``connections`` parts at once, and nothing is joined or copied here.
+        (``ShardCache.shard_file``): a chunk of a part is in memory only from its arrival to
+        its write, so at most ``connections`` chunks at once, and nothing is joined or copied here.
         Raises ``StoreError`` as ``store[i]`` does, ``OSError`` when the file cannot be written."""
         name, size = self.names[i], self.sizes[i]
         os.ftruncate(fd, 0)
@@ -212,21 +214,48 @@ class RemoteShards:
             raise StoreError(f"shard {name} of {self.url}: {written} bytes written, the index says {size}")
 
     def _part_to_file(self, name: str, start: int, end: int, fd: int) -> None:
-        """One part fetched and written at its offset through ``fd``, which it closes."""
-        try:
-            body = self._part(name, start, end)
+        """One part written at its offset through ``fd``, which it closes, chunk by chunk as
+        it arrives (``_stream_to``; a retry writes the part over again)."""
+        import obstore
+
+        def get():
             with self._lock:
-                self._held += len(body)
-                self.peak_bytes = max(self.peak_bytes, self._held)
-            try:
-                view, done = memoryview(body), 0
-                while done < len(view):
-                    done += os.pwrite(fd, view[done:], start + done)
-            finally:
-                with self._lock:
-                    self._held -= len(body)
+                self.requests += 1
+            result = obstore.get(self._client, name, options={"range": (start, end)})
+            self._stream_to(result, fd, start, end - start, f"at byte {start}")
+
+        try:
+            self._call(get, name, f"shard {name}")
         finally:
             os.close(fd)
+
+    def _stream_to(self, result, fd: int, offset: int, length: int, where: str) -> None:
+        """A GET's body, ``length`` bytes, written at ``offset`` of ``fd`` as it arrives, a
+        chunk (``CHUNK_BYTES``) in memory at a time; ``ShortBody`` if it is not ``length`` bytes.
+
+        Not ``get_range``'s whole body: obstore gathers it into one fresh buffer per part, and
+        the page faults of that buffer (8 MiB, a new mapping each time) plus its copy cost the
+        reader more CPU per GB than the chunks' writes into the page cache
+        (``benchmarks/remote_cpu.py``)."""
+        done = 0
+        for chunk in result.stream(min_chunk_size=min(length, CHUNK_BYTES) or 1):
+            view = memoryview(chunk)
+            if done + len(view) > length:
+                raise ShortBody(f"more than the {length} bytes asked for {where}")
+            with self._lock:
+                self._held += len(view)
+                self.peak_bytes = max(self.peak_bytes, self._held)
+            try:
+                at = 0
+                while at < len(view):
+                    at += os.pwrite(fd, view[at:], offset + done + at)
+            finally:
+                with self._lock:
+                    self._held -= len(view)
+                    self.bytes_read += len(view)
+            done += len(view)
+        if done != length:
+            raise ShortBody(f"{done} of {length} bytes {where}")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
