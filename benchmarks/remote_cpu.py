@@ -10,7 +10,8 @@ seconds (robust to other jobs on the machine), per GB of shard bytes, of:
   apart (``os.times``);
 - the store: the server process (``hasten.cpu_time.pid_cpu_s``);
 - the kernel's own threads (parent 2: writeback, ``ksoftirqd``, ...), machine-wide: other
-  jobs' share is in it too, so it is an upper bound.
+  jobs' share is in it too, so it is an upper bound (a thread that ends within a reading is
+  missed). Softirq time spent on a process's own time slice is in that process's system time.
 
 Routes, each the whole set once:
 
@@ -59,13 +60,19 @@ from remote_clients import free_port, server
 CHUNK = 1 << 20
 
 
-def kernel_threads_cpu_s() -> float:
-    """User + system seconds of the kernel's threads (children of kthreadd, pid 2)."""
-    total = 0.0
+def kernel_threads_cpu_s() -> dict[int, float]:
+    """User + system seconds of each of the kernel's threads (children of kthreadd, pid 2)."""
+    out = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (fields := pid_stat(int(name))) is not None and fields[PPID] == b"2":
-            total += pid_cpu_s(int(name)) or 0.0
-    return total
+            out[int(name)] = pid_cpu_s(int(name)) or 0.0
+    return out
+
+
+def spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two readings of ``kernel_threads_cpu_s``: of the threads alive at the
+    second (workers come and go; one that ended between them is missed)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 def routes(reader, work: Path, image_bytes: int) -> dict:
@@ -200,7 +207,7 @@ def main() -> None:
                         table[step](i)
                     t1, s1, k1 = os.times(), pid_cpu_s(pid), kernel_threads_cpu_s()
                     samples[step].append({"user_s": t1.user - t0.user, "system_s": t1.system - t0.system,
-                                          "store_s": s1 - s0, "kernel_threads_s": k1 - k0})
+                                          "store_s": s1 - s0, "kernel_threads_s": spent(k0, k1)})
             reader.close()
     gb = args.objects * size / 1e9
     results = {name: {key: mean_ci([r[key] / gb for r in runs]) for key in runs[0]} for name, runs in samples.items()}
