@@ -31,7 +31,11 @@ threads):
 
 Every batch is copied into a staging buffer by the consumer (as ``.to(device)``
 reads it), whichever pipeline made it. Also: the CPU of each stage of hasten's path
-(``stage_breakdown``) and the loading process's own CPU per image.
+(``stage_breakdown``), the loading process's own CPU per image, and the decode's floor
+(``decode_floor``: the entropy decoding of the rows down to the crop box's last, which
+any libjpeg-turbo decode of the crop spends, DALI's too) with the ratio over DALI it
+bounds. ``--folder DIR`` measures an image folder of one's own (real photographs)
+instead of the generated set.
 
 Throughput is images per CPU-second (user + system time of the process and its
 workers): images per second per busy core, which a shared machine distorts much
@@ -44,7 +48,7 @@ the wall time of epoch 1 (every shard from slow storage) against epoch 2 (from
 the cache), over the first ``--cache-shards`` shards.
 
     python benchmarks/imagenet_pipeline.py [--images 20000] [--classes 100] [--workers 2] [--repeats 3]
-        [--measure-images 4096] [--image-sizes 224,128] [--cache-shards 4] [--smoke]
+        [--measure-images 4096] [--image-sizes 224,128] [--cache-shards 4] [--folder DIR] [--smoke]
 
 Writes ``benchmarks/results/imagenet_pipeline.json`` (``--out``); ``--smoke``: a
 tiny set and one repeat, written under the cache directory unless ``--out`` is given.
@@ -53,6 +57,7 @@ tiny set and one repeat, written under the cache directory unless ``--out`` is g
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import multiprocessing as mp
 import os
@@ -157,6 +162,21 @@ def make_dataset(cache: Path, images: int, classes: int, test_per_class: int, se
             bar.update(n)
     print(f"generated {len(items)} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     pack(folder, shards, shard_bytes=64 << 20, seed=seed)
+    return folder, shards
+
+
+def packed_folder(cache: Path, folder: Path, seed: int) -> tuple[Path, Path]:
+    """(``folder``, its shards): a given image folder packed once, in a cache directory named
+    for the folder's path and the names and sizes of its files."""
+    if not (folder / "train").is_dir():
+        raise SystemExit(f"--folder {folder}: expected train/<class>/ (and test/<class>/) folders of JPEGs")
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    key = hashlib.sha256(str(folder.resolve()).encode() + b"".join(
+        f"{p.relative_to(folder)}:{p.stat().st_size}\n".encode() for p in files)).hexdigest()[:12]
+    shards = cache / "imagenet-like" / f"folder-{folder.name}-{key}" / "shards"
+    if not (shards / "index.json").is_file():
+        shutil.rmtree(shards, ignore_errors=True)
+        pack(folder, shards, shard_bytes=64 << 20, seed=seed)
     return folder, shards
 
 
@@ -275,14 +295,41 @@ def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int 
         for (o, a), fn in zip(originals, saved):
             setattr(o, a, fn)
     n = len(records)
+    floor = decode_floor(records, size, seed) if turbojpeg.available() else None
     per = {"loading process: scan the shard's tar headers": t_scan / parsed,
            "loading process: pack records for a worker": t_pack / n}
     per.update({f"worker: {k}": v / n for k, v in spent.items()})
     per["worker: other (unpack, header, crop box, generator, bookkeeping)"] = (t_total - sum(spent.values())) / n
     return {"images": n, "image_size": size, "ms_per_image": {k: round(v * 1e3, 4) for k, v in per.items()},
             "total_ms_per_image": round(sum(per.values()) * 1e3, 4),
+            "decode_floor_ms_per_image": floor and round(floor * 1e3, 4),
             "decoder": "libturbojpeg partial decode" if turbojpeg.available() else
             ("simplejpeg" if backends.simplejpeg is not None else "pillow")}
+
+
+def decode_floor(records, size: int, seed: int) -> float:
+    """CPU seconds per image that any libjpeg-turbo decode of the crop spends, whatever its
+    scale and resize: the entropy decoding of every row down to the box's last, all columns
+    (a baseline JPEG's scan is one Huffman-coded stream, read in order: rows above the box
+    are decoded to be skipped, columns beside it to reach the next row), with the per-image
+    set-up (header, tables). Measured as the decode of the box's last row alone at 1/8 scale
+    (an IDCT of the DC coefficient only), for the boxes ``decode_chunk`` draws."""
+    from hasten.decode import turbojpeg
+    from hasten.decode.header import read_header
+    from hasten.stream.fused_crop import ExampleRngs, random_resized_box
+    from hasten.stream.tar_members import with_bytes
+
+    rngs, jobs = ExampleRngs(), []
+    for r in records:
+        data = with_bytes(r).data
+        header = read_header(data, r.name)
+        box = random_resized_box(header.height, header.width, rngs(seed, 0, r.key))
+        last = min(turbojpeg.scaled(header.height, 1, 8) - 1, (box.top + box.height - 1) // 8)
+        jobs.append((data, last))
+    t = time.process_time()
+    for data, last in jobs:
+        turbojpeg.decode_region(data, (last, 0, 1, 1), (1, 8))
+    return (time.process_time() - t) / max(1, len(jobs))
 
 
 def _memory_mb(pid: int) -> tuple[float, float]:
@@ -379,6 +426,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "(2 requests in flight: the default ShardLoader prefetch)")
     ap.add_argument("--cache-dir", default=None, help="where the data set is made (default $HASTEN_CACHE "
                     "or ~/.cache/hasten)")
+    ap.add_argument("--folder", default=None, help="an image folder (train/<class>/*.jpg and test/<class>/) to "
+                    "measure instead of the generated set, such as real photographs; packed once into the cache")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-side", type=int, default=256, help="also measure a copy packed with hasten data pack "
                     "--max-side (FFCV's max_resolution; 0: skip)")
@@ -396,10 +445,13 @@ def main(argv: list[str] | None = None) -> dict:
     cache = Path(args.cache_dir or os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
     out_path = Path(args.out) if args.out else (cache / "imagenet_pipeline_smoke.json" if args.smoke
                                                  else RESULTS / "imagenet_pipeline.json")
-    folder, shard_dir = make_dataset(cache, args.images, args.classes, args.test_per_class, args.seed,
-                                     procs=min(2, usable_cores()))
+    if args.folder:
+        folder, shard_dir = packed_folder(cache, Path(args.folder).expanduser(), args.seed)
+    else:
+        folder, shard_dir = make_dataset(cache, args.images, args.classes, args.test_per_class, args.seed,
+                                         procs=min(2, usable_cores()))
     if args.smoke:  # several small shards, so that the cache test has some to read
-        small = cache / "imagenet-like" / "smoke-shards"
+        small = shard_dir.parent / "smoke-shards"
         if not (small / "index.json").is_file():
             shutil.rmtree(small, ignore_errors=True)
             pack(folder, small, shard_bytes=400_000, seed=args.seed)
@@ -524,6 +576,13 @@ def main(argv: list[str] | None = None) -> dict:
             if f"torchvision DataLoader {size}" in rows},
         "over_simplejpeg_full_decode": floor,
         "stages": stages,
+        # What no cut after the entropy decode can pass: DALI's CPU ms per image over the floor's.
+        "decode_floor_bound": {str(size): {"floor_ms": st["decode_floor_ms_per_image"],
+                                           "dali_ms": 1e3 / rows[f"DALI CPU {size}"]["images_per_s_per_core"]["mean"],
+                                           "max_over_dali": 1e3 / rows[f"DALI CPU {size}"]["images_per_s_per_core"]
+                                           ["mean"] / st["decode_floor_ms_per_image"]}
+                               for size, st in ((int(z), st) for z, st in stages.items())
+                               if f"DALI CPU {size}" in rows and st["decode_floor_ms_per_image"]},
         "rss_mb": memory,
         "rss_flat": {"epoch2_over_epoch1_peak": peaks[-1] / peaks[0], "train_set_mb": round(data_mb, 1)},
         "cache": cache_test,
@@ -561,6 +620,10 @@ def main(argv: list[str] | None = None) -> dict:
     for size, st in stages.items():
         print(f"stages at {size} ({st['decoder']}), CPU ms per image: " +
               ", ".join(f"{k} {v:.3f}" for k, v in st["ms_per_image"].items()))
+    for size, b in result["decode_floor_bound"].items():
+        print(f"at {size}: the entropy decode down to the box's last row, {b['floor_ms']:.3f} ms per image, of "
+              f"DALI's {b['dali_ms']:.3f}: at most {b['max_over_dali']:.2f}x DALI while every row above the box "
+              "is decoded")
     for m in memory:
         print(f"epoch {m['epoch']}: {m['images']} images, RSS peak {m['rss_mb_peak']:.0f} MB (mean "
               f"{m['rss_mb_mean']:.0f}), with workers (PSS) {m['pss_mb_with_workers_peak']:.0f} MB; "

@@ -33,7 +33,7 @@ servers and the relay run on the same cores as the reader: on a 2-core machine w
 use is taken from decoding). Configurations run in a fresh shuffled
 order each repeat (``hasten.timing.interleaved``).
 
-    python benchmarks/remote_shards.py [--images 4000] [--rates 0.1,1,10] [--rtt-ms 20] [--workers 2]
+    python benchmarks/remote_shards.py [--images 4000] [--rates 0.1,1,10] [--rtt-ms 20] [--workers 2] [--shard-mib 64]
         [--repeats 3] [--epochs 3] [--readers hasten,hasten-s3,webdataset,litdata] [--smoke]
 
 Needs root, iproute2, ``pip install -e '.[remote,test]'`` and the peers (pyproject's
@@ -355,6 +355,9 @@ def main() -> None:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=3, help="epoch 1 over the link, then from the cache")
+    ap.add_argument("--shard-mib", type=int, default=64, help="MiB per shard (64: hasten data pack's default). A "
+                    "reader decodes a shard once it has arrived whole: the first shard's arrival and the last one's "
+                    "decode are not overlapped, about a shard's link time and decode time per epoch")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="96 images, 0.1 and 1 Gbit/s, one repeat: checks it runs")
@@ -390,7 +393,14 @@ def main() -> None:
     from imagenet_pipeline import make_dataset
 
     cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
-    _, shard_dir = make_dataset(cache, args.images, args.classes, 2, args.seed, procs=min(2, usable_cores()))
+    folder, shard_dir = make_dataset(cache, args.images, args.classes, 2, args.seed, procs=min(2, usable_cores()))
+    if args.shard_mib != 64:  # the same images in smaller shards, packed once beside the default ones
+        from hasten.stream.pack import pack
+
+        resized = shard_dir.parent / f"shards-{args.shard_mib}mib"
+        if not (resized / "index.json").is_file():
+            pack(folder, resized, shard_bytes=args.shard_mib << 20, seed=args.seed)
+        shard_dir = resized
     litdata_dir = None
     if "litdata" in readers:
         from remote_peers import convert_litdata
@@ -460,7 +470,8 @@ def main() -> None:
             pass
     write_json(out, {"command": " ".join(sys.argv), "images": args.images, "workers": args.workers,
                      "image_size": args.image_size, "batch": args.batch, "epochs": args.epochs, "repeats": args.repeats,
-                     "rates_gbit": rates, "rtt_ms": args.rtt_ms, "goals": goals(summary, args.epochs),
+                     "rates_gbit": rates, "rtt_ms": args.rtt_ms, "shards": len(index["splits"]["train"]["shards"]),
+                     "shard_mib": args.shard_mib, "goals": goals(summary, args.epochs),
                      "readers": readers, "link": link, "versions": versions, "summary": summary, "runs": runs,
                      "conditions": cond.as_dict()})
     partial.unlink(missing_ok=True)

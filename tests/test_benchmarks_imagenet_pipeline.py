@@ -29,3 +29,47 @@ def test_smoke_run_writes_every_promised_field(tmp_path):
     assert r["stages"]["224"]["total_ms_per_image"] >= sum(stages.values()) - 1e-3
     assert "load_average_before" in r["conditions"]
     assert "speedup per core over the Pillow DataLoader at 224" in proc.stdout
+
+
+def _benchmark_module():
+    import importlib.util
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("imagenet_pipeline_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_folder_of_ones_own_is_packed_once_and_again_when_it_changes(photo_folder, tmp_path):
+    import shutil
+
+    from hasten.stream.shard_store import open_shards
+
+    bench = _benchmark_module()
+    folder = shutil.copytree(photo_folder, tmp_path / "photos")
+    got, shards = bench.packed_folder(tmp_path / "cache", folder, seed=0)
+    assert got == folder and open_shards(shards, "train").total == 54
+    index = (shards / "index.json").stat().st_mtime_ns
+    assert bench.packed_folder(tmp_path / "cache", folder, seed=0)[1] == shards  # packed once ...
+    assert (shards / "index.json").stat().st_mtime_ns == index
+    (folder / "train" / "ant" / "ant00.jpg").unlink()
+    changed = bench.packed_folder(tmp_path / "cache", folder, seed=0)[1]
+    assert changed != shards and open_shards(changed, "train").total == 53  # ... and again when it changes
+    with pytest.raises(SystemExit, match="train/<class>/"):
+        bench.packed_folder(tmp_path / "cache", tmp_path / "cache", seed=0)
+
+
+def test_the_stage_breakdown_reports_the_decode_floor(photo_folder, tmp_path):
+    """The floor's decodes (the last row of each box the loader draws, at 1/8) run for every
+    image of the breakdown: a box whose last row is outside the scaled image would raise."""
+    from hasten.decode import turbojpeg
+
+    if not turbojpeg.available():
+        pytest.skip("no libturbojpeg 3")
+    from hasten.stream.shard_store import open_shards
+
+    bench = _benchmark_module()
+    shards = open_shards(bench.packed_folder(tmp_path / "cache", photo_folder, seed=0)[1], "train")
+    stages = bench.stage_breakdown(shards, 64, images=54)
+    assert stages["images"] == 54 and stages["decode_floor_ms_per_image"] > 0

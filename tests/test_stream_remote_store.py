@@ -207,6 +207,24 @@ def test_a_shard_is_streamed_into_its_cache_file_and_read_where_it_lies(remote, 
     assert cache.misses == len(store) and store.retries >= 2
 
 
+def test_a_part_reaches_its_cache_file_in_chunks_never_whole_in_memory(remote, packed, tmp_path, monkeypatch):
+    """Each part is written chunk by chunk as it arrives: with one part per shard and chunks
+    far smaller, the bytes held at once stay under a shard, and a body cut short is retried."""
+    import hasten.stream.remote_store as remote_store
+
+    url, proxy, _ = remote
+    monkeypatch.setattr(remote_store, "CHUNK_BYTES", 1024)
+    store = RemoteShards(url, "train", retry=FAST, part_bytes=1 << 20, connections=1)
+    local = open_shards(packed, "train")
+    proxy.inject("truncate", store.names[0], times=1)
+    for i in range(len(store)):
+        with open(tmp_path / f"{i}.tar", "wb+") as f:
+            store.write_to(i, f.fileno())
+        assert (tmp_path / f"{i}.tar").read_bytes() == local[i]
+    assert 0 < store.peak_bytes < min(store.sizes)
+    assert store.requests - (1 if url.startswith("s3") else 2) == len(store) + 1 and store.retries == 1
+
+
 def test_with_a_cap_below_the_split_shards_are_read_whole_and_still_once(remote, tmp_path):
     """A cache that may evict could remove a file whose images wait to be decoded: shards
     are then read whole (records carry their bytes), each example still once per epoch."""

@@ -29,14 +29,14 @@ shard or stops.
 the disk. The loader reads ``prefetch`` shards ahead of its decode workers
 (``hasten.stream.epoch_plan.plan_records``). When the cache holds the whole split
 (the default cap, disk permitting), each shard is streamed into its cache file part
-by part (``write_to``: at most ``connections`` parts in memory) and then read as a
+by part, chunk by chunk (``write_to``: a chunk per GET in flight in memory) and then read as a
 local shard is: its tar headers scanned, each image read by the decode worker that
 decodes it, in epoch 1 as in epoch 2. With a smaller cap a shard could be evicted
 while its images wait, so it is read whole (``store[i]``) and memory is bounded by
 ``prefetch`` shards.
 
-The client is obstore (the Rust ``object_store`` crate), an optional dependency
-(``pip install obstore boto3``, or the ``remote`` extra), imported when a URL is opened; chosen over
+The client is obstore (the Rust ``object_store`` crate, made in ``hasten.stream.store_client``), an
+optional dependency (``pip install obstore boto3``, or the ``remote`` extra), imported when a URL is opened; chosen over
 fsspec with s3fs by measurement (``benchmarks/remote_clients.py``, docs/remote.md).
 Credentials come from each store's standard places (environment variables,
 ``~/.aws`` through boto3, the cloud's metadata service), are never part of the
@@ -58,57 +58,17 @@ import re
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
 
 from hasten.errors import DataError, StoreError
 from hasten.stream.retry import Outage, RetriesExhausted, RetryPolicy, call as call_with_retries
-from hasten.stream.store_errors import INDEX, ShortBody, one_line, refused, transient, unavailable
+from hasten.stream.store_client import store_client
+from hasten.stream.store_errors import INDEX, ShortBody, refused, transient, unavailable
 from hasten.stream.store_url import StoreURL, parse_store_url
 
 PART_BYTES = 8 << 20  # AWS's guidance for ranged GETs: 8-16 MB
+CHUNK_BYTES = 1 << 20  # a body written to the cache file in chunks of at least this (the last one less)
 CONNECTIONS = 8
-# hasten is installed from its source folder (it is not on the package index); the client alone also does.
-EXTRA = "pip install obstore boto3 (or, in hasten's source folder, pip install -e '.[remote]')"
-
-
-def _client(url: StoreURL, timeout_s: float):
-    try:
-        import obstore.store
-    except ImportError:
-        raise DataError(f"reading shards from {url.scheme}:// needs the client library obstore: {EXTRA}") from None
-    options = {"timeout": timedelta(seconds=timeout_s), "connect_timeout": timedelta(seconds=min(timeout_s, 10)),
-               # The endpoint is the user's choice (a local S3-compatible server is often plain http).
-               "allow_http": True}
-    kwargs = {}
-    anonymous = _true(os.environ.get("AWS_SKIP_SIGNATURE"))
-    if url.kind == "s3" and not os.environ.get("AWS_ACCESS_KEY_ID") and not anonymous:
-        provider = _boto3_credentials()
-        if provider is not None:  # profiles in ~/.aws, SSO, ...: the AWS SDK's own chain
-            kwargs["credential_provider"] = provider
-    try:
-        # Retries are ours (``retry``): one bound, one count, and faults the library does not retry.
-        return obstore.store.from_url(url.text.rstrip("/"), client_options=options, retry_config={"max_retries": 0},
-                                      **kwargs)
-    except Exception as e:  # noqa: BLE001 - the library's configuration errors, as one line
-        raise DataError(f"cannot open {url}: {one_line(e)}") from None
-
-
-def _true(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes")
-
-
-def _boto3_credentials():
-    """obstore's provider over boto3's credential chain when boto3 is installed and finds credentials."""
-    try:
-        import boto3
-        from obstore.auth.boto3 import Boto3CredentialProvider
-    except ImportError:
-        return None
-    session = boto3.Session()
-    if session.get_credentials() is None:
-        return None
-    return Boto3CredentialProvider(session)
 
 
 class RemoteShards:
@@ -139,7 +99,7 @@ class RemoteShards:
         self._lock = threading.Lock()
         self._held = 0
         self._outage = Outage(f"store {self.url}", self.policy)
-        self._client = _client(self.url, self.timeout_s)
+        self._client = store_client(self.url, self.timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="hasten-get")
         self.index_bytes = self._index()
         self._parse_index(self.index_bytes, split)
@@ -147,7 +107,7 @@ class RemoteShards:
         # answers 200 with the whole file): then each shard is one GET of the whole object,
         # with the time limit of its parts together.
         self.ranges = self.url.kind != "http" or self._answers_ranges()
-        self._whole_client = None if self.ranges else _client(
+        self._whole_client = None if self.ranges else store_client(
             self.url, self.timeout_s * max(1, -(-max(self.sizes, default=0) // self.part_bytes)))
 
     # --- the store interface -------------------------------------------------
@@ -184,8 +144,8 @@ class RemoteShards:
 
     def write_to(self, i: int, fd: int) -> None:
         """Shard i written into the open file ``fd``, each part at its offset as it arrives
-        (``ShardCache.shard_file``): a part is in memory only from its arrival to its write,
-        so at most ``connections`` parts at once, and nothing is joined or copied here.
+        (``ShardCache.shard_file``): a chunk of a part is in memory only from its arrival to
+        its write, so at most ``connections`` chunks at once, and nothing is joined or copied here.
         Raises ``StoreError`` as ``store[i]`` does, ``OSError`` when the file cannot be written."""
         name, size = self.names[i], self.sizes[i]
         os.ftruncate(fd, 0)
@@ -212,21 +172,51 @@ class RemoteShards:
             raise StoreError(f"shard {name} of {self.url}: {written} bytes written, the index says {size}")
 
     def _part_to_file(self, name: str, start: int, end: int, fd: int) -> None:
-        """One part fetched and written at its offset through ``fd``, which it closes."""
-        try:
-            body = self._part(name, start, end)
+        """One part written at its offset through ``fd`` (which it closes) as it arrives."""
+        import obstore
+
+        def get():
             with self._lock:
-                self._held += len(body)
-                self.peak_bytes = max(self.peak_bytes, self._held)
-            try:
-                view, done = memoryview(body), 0
-                while done < len(view):
-                    done += os.pwrite(fd, view[done:], start + done)
-            finally:
-                with self._lock:
-                    self._held -= len(body)
+                self.requests += 1
+            result = obstore.get(self._client, name, options={"range": (start, end)})
+            self._stream(result, end - start, f"at byte {start}", self._writer(fd, start))
+
+        try:
+            self._call(get, name, f"shard {name}")
         finally:
             os.close(fd)
+
+    def _stream(self, result, length: int, where: str, write) -> None:
+        """A GET's body, ``length`` bytes, handed to ``write(chunk, at)`` chunk by chunk (at least
+        ``CHUNK_BYTES``) as it arrives; ``ShortBody`` if it is not ``length`` bytes. Not
+        ``get_range``'s body: obstore gathers that into a fresh buffer per part, whose page faults
+        and copy cost the reader more CPU per GB than the writes (``benchmarks/remote_cpu.py``)."""
+        done = 0
+        for chunk in result.stream(min_chunk_size=min(length, CHUNK_BYTES) or 1):
+            view = memoryview(chunk)
+            if done + len(view) > length:
+                raise ShortBody(f"more than the {length} bytes {where}")
+            write(view, done)
+            done += len(view)
+            with self._lock:
+                self.bytes_read += len(view)
+        if done != length:
+            raise ShortBody(f"{done} of {length} bytes {where}")
+
+    def _writer(self, fd: int, offset: int):
+        """``write(chunk, at)`` for ``_stream``: the chunk at ``offset + at`` of ``fd``, held until written."""
+        def write(view, at):
+            with self._lock:
+                self._held += len(view)
+                self.peak_bytes = max(self.peak_bytes, self._held)
+            try:
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(fd, view[done:], offset + at + done)
+            finally:
+                with self._lock:
+                    self._held -= len(view)
+        return write
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -256,30 +246,17 @@ class RemoteShards:
     def _whole(self, name: str, size: int, fd: int | None):
         """A shard as one GET of the whole object (a server without Range support), checked
         against the index's size: its bytes, or (``fd`` given) written into the file ``fd``
-        chunk by chunk as they arrive, a chunk in memory at a time (a retry starts the file over)."""
+        as it arrives (``_stream``; a retry starts the file over)."""
         import obstore
 
         def get():
             with self._lock:
                 self.requests += 1
-            chunks, done = [], 0
+            result, chunks = obstore.get(self._whole_client, name), []
             if fd is not None:
                 os.ftruncate(fd, 0)
-            for chunk in obstore.get(self._whole_client, name).stream(min_chunk_size=min(size, 1 << 20) or 1):
-                view = memoryview(chunk)
-                if done + len(view) > size:
-                    raise ShortBody(f"more than the {size} bytes the index gives")
-                if fd is None:
-                    chunks.append(view)
-                else:
-                    at = 0
-                    while at < len(view):
-                        at += os.pwrite(fd, view[at:], done + at)
-                done += len(view)
-                with self._lock:
-                    self.bytes_read += len(view)
-            if done != size:
-                raise ShortBody(f"{done} of {size} bytes")
+            self._stream(result, size, "the index gives",
+                         self._writer(fd, 0) if fd is not None else lambda view, _: chunks.append(view))
             return b"".join(chunks) if fd is None else None
 
         with self._lock:
