@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from hasten.profile.inject import batch_fn
-from hasten.profile.inject.batch_source import batch_function, rewrite_rows
+from hasten.profile.inject.batch_source import batch_function
+from hasten.profile.inject.rows_at_once import rewrite_rows
 from hasten.profile.launcher import ProfileConfig, profile
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
