@@ -1,6 +1,6 @@
 """The fixes of a loop without a DataLoader, applied by a verification run to the script's batch function.
 
-The report prints them as code changes (:func:`hasten.profile.verdict._input_fixes`); a
+The report prints them as code changes (:func:`hasten.profile.input_fixes.input_fixes`); a
 verification run (``HASTEN_PROFILE_APPLY=batch_fn=...``) applies each to the function that
 makes the batch, so that the #1 fix of such a loop is measured, not only predicted (issue
 32, item 5). The function is the one called on the lines that make the batch, in the frame
