@@ -14,6 +14,7 @@ def verify_rounds(monkeypatch, rounds: int) -> None:
     ``hasten.profile.verify.RERUNS``: for a test of what a fix's re-run applies or finds, not of
     the verification's statistics (those are tests/test_profile_verify.py's and the launcher's
     workers-fix test's). A round is a run of the command per fix and one of the baseline, seconds
-    each; 2 rounds still give a verified speed-up with an interval, 1 gives the re-runs alone."""
+    each; 2 rounds still give a verified speed-up with an interval, which may move the fix in the
+    ranking as 3 would."""
     from hasten.profile import verify
     monkeypatch.setattr(verify, "RERUNS", rounds)

@@ -87,6 +87,7 @@ def test_an_echoed_batch_function_hands_out_each_batch_e_times_per_arguments():
     assert got == [1, 1, 1, 2, 2, 2, 3] and made == ["train", "train", "val"]
 
 
+@pytest.mark.slow
 def test_verify_applies_the_rows_and_workers_fixes_to_the_scripts_get_batch(tmp_path, monkeypatch):
     verify_rounds(monkeypatch, 2)  # each fix still verified with an interval, in a round of runs fewer
     tokens, counts = tmp_path / "tokens.bin", tmp_path / "counts"

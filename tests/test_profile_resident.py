@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from hasten.profile.inject import resident
@@ -40,6 +41,7 @@ def test_after_the_warm_up_batches_are_gathered_from_the_warm_ups_batches_withou
     assert it.drawn == 3  # the loader was never asked again
 
 
+@pytest.mark.slow
 def test_verify_measures_the_device_resident_loader(monkeypatch):
     verify_rounds(monkeypatch, 2)  # x5 by construction: 2 rounds verify it
     # 16 items x 2 ms of storage latency a batch against an 8 ms step: gathered from memory, the sleeps are gone
