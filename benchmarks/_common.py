@@ -14,7 +14,8 @@
   digits (a timing on a shared machine has no fifth); ``load_results`` puts them together
   again, so a benchmark resumes from them (tests/test_results_budget.py keeps each file small).
 - ``memory_bytes``: the PSS and RSS of processes (a loader and its workers: with
-  ``hasten.cpu_time.descendants``), from /proc.
+  ``hasten.cpu_time.descendants``), from /proc;
+- ``ProcessRng``: a baseline dataset's random generator, one per DataLoader worker.
 
 The scripts run as ``python benchmarks/<name>.py``, which puts this folder on sys.path:
 ``from _common import ...``.
@@ -36,7 +37,7 @@ from hasten.stats import (describe, mean, mean_ci, paired, paired_differences, p
 __all__ = ["BENCHMARKS", "RESULTS", "DEFAULT_DATA", "add_data_argument", "require_data", "plus_minus",
            "MeasuredConditions", "hardware_label", "describe", "mean", "mean_ci", "paired", "paired_differences",
            "paired_ratios", "sample_std", "t_quantile", "SIGNIFICANT_DIGITS", "rounded", "runs_path",
-           "write_results", "load_results", "memory_bytes"]
+           "write_results", "load_results", "memory_bytes", "ProcessRng"]
 
 BENCHMARKS = Path(__file__).resolve().parent
 RESULTS = BENCHMARKS / "results"
@@ -157,3 +158,19 @@ def memory_bytes(pids: list[int]) -> tuple[int, int]:
         except OSError:
             pass  # gone meanwhile
     return pss, rss
+
+
+class ProcessRng:
+    """A numpy generator per process, made on first use and seeded with torch's seed: a dataset's
+    DataLoader workers are forked copies of it, and torch seeds each worker apart, so each worker
+    draws its own crops (one generator made in the parent would give every worker the same)."""
+
+    def __init__(self) -> None:
+        self._rng, self._pid = None, None
+
+    def __call__(self):
+        if self._pid != os.getpid():
+            import numpy as np
+            import torch
+            self._rng, self._pid = np.random.default_rng(torch.initial_seed()), os.getpid()
+        return self._rng

@@ -87,8 +87,8 @@ from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import (RESULTS, MeasuredConditions, hardware_label, mean_ci, memory_bytes, paired_ratios,  # noqa: E402
-                     plus_minus)
+from _common import (RESULTS, MeasuredConditions, ProcessRng, hardware_label, mean_ci, memory_bytes,  # noqa: E402
+                     paired_ratios, plus_minus)
 
 from pipeline_peers import (WARMUP_BATCHES, dali_cpu_iter, dali_unavailable_reason, measure,  # noqa: E402
                             torchvision_sample, torchvision_unavailable_reason, torchvision_versions)
@@ -189,16 +189,10 @@ class PillowRRC(torch.utils.data.Dataset):
 
     def __init__(self, files: list[tuple[str, int]], size: int):
         self.files, self.size = files, size
-        self._rng, self._pid = None, None
+        self.rng = ProcessRng()
 
     def __len__(self):
         return len(self.files)
-
-    def rng(self) -> np.random.Generator:
-        # One generator per worker process, seeded from torch's per-worker seed.
-        if self._pid != os.getpid():
-            self._rng, self._pid = np.random.default_rng(torch.initial_seed()), os.getpid()
-        return self._rng
 
     def __getitem__(self, i):
         path, label = self.files[i]

@@ -23,7 +23,7 @@ Set-up (a CPU-sized version of Shallue et al. 2018 / Goyal et al. 2017):
   label smoothing 0.1, weight decay 5e-4 (not on BN parameters or biases), seeds
   ``--seeds`` (initialisation, order and flips). Test accuracy is evaluated every
   epoch (every second epoch in the first half), so every run has a curve.
-- the gradient noise scale (hasten.optim.NoiseScale) is probed in every run about
+- the gradient noise scale (hasten.optim.noise_scale.NoiseScale) is probed in every run about
   every ``--probe-images`` training images: ``--probe-micro`` micro-batches of
   ``--probe-batch`` random training images, their mean squared gradient norm and the
   squared norm of their mean (B_small and B_big of McCandlish et al.), BN running

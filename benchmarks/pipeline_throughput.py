@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import time
 
 import numpy as np
@@ -44,8 +43,8 @@ from hasten.stream.sources import open_source
 from hasten.rundir import write_json
 from hasten.timing import interleaved
 
-from _common import (RESULTS, MeasuredConditions, add_data_argument, describe, hardware_label, plus_minus,
-                     require_data)
+from _common import (RESULTS, MeasuredConditions, ProcessRng, add_data_argument, describe, hardware_label,
+                     plus_minus, require_data)
 
 
 class PillowDataset(torch.utils.data.Dataset):
@@ -53,17 +52,10 @@ class PillowDataset(torch.utils.data.Dataset):
 
     def __init__(self, records):
         self.records = records
-        self._rng, self._pid = None, None
+        self.rng = ProcessRng()
 
     def __len__(self):
         return len(self.records)
-
-    def rng(self) -> np.random.Generator:
-        # One generator per process, made on first use: DataLoader workers are forked
-        # copies of this object, and torch gives each worker its own initial seed.
-        if self._pid != os.getpid():
-            self._rng, self._pid = np.random.default_rng(torch.initial_seed()), os.getpid()
-        return self._rng
 
     def __getitem__(self, i):
         _, data, label = self.records[i]

@@ -24,7 +24,6 @@ webdataset==1.0.2 litdata==0.2.76`` and their small dependencies: pyproject's
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
@@ -33,22 +32,23 @@ from PIL import Image
 
 from hasten.stream.fused_crop import random_resized_box
 
+from _common import ProcessRng
+
 
 class PillowCrop:
     """JPEG bytes -> uint8 (S, S, 3) random-resized crop with flip; one generator per process."""
 
     def __init__(self, size: int):
-        self.size, self._rng, self._pid = size, None, None
+        self.size, self.rng = size, ProcessRng()
 
     def __call__(self, data) -> torch.Tensor:
-        if self._pid != os.getpid():  # a forked worker seeds its own (torch seeds each worker apart)
-            self._rng, self._pid = np.random.default_rng(torch.initial_seed()), os.getpid()
+        rng = self.rng()
         img = data if isinstance(data, Image.Image) else Image.open(io.BytesIO(data))
         img = img.convert("RGB")
-        b = random_resized_box(img.height, img.width, self._rng)
+        b = random_resized_box(img.height, img.width, rng)
         img = img.resize((self.size, self.size), Image.BILINEAR, box=(b.left, b.top, b.left + b.width,
                                                                       b.top + b.height))
-        if self._rng.random() < 0.5:
+        if rng.random() < 0.5:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy())
 

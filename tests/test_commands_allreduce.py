@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from cli_helpers import exit_status
 from hasten.cli import main
 from hasten.commands.allreduce import parse_size
 
@@ -30,14 +31,6 @@ def test_allreduce_command_writes_table_json_and_plot(tmp_path, capsys):
     assert "busbw GB/s" in table and "ring" in table and "64K" in table
 
 
-def _exit_code(argv):
-    """main's return value, or argparse's exit status for an option it rejected."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--sizes", "12Q"], "cannot read '12Q'"),
     (["--sizes", "6"], "multiples of 4"),
@@ -48,7 +41,7 @@ def _exit_code(argv):
      "local-size must divide"),
 ])
 def test_bad_input_is_one_line_error(argv, message, capsys):
-    assert _exit_code(["allreduce", *argv]) == 2
+    assert exit_status(["allreduce", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.splitlines()) == 1
 

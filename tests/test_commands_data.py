@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from cli_helpers import exit_status
 from hasten.cli import main
 from hasten.stream.shard_store import open_shards
 
@@ -56,10 +57,7 @@ def test_pack_max_side_prints_what_it_resized(photo_folder, tmp_path, capsys):
 ])
 def test_bad_max_side_and_quality_are_one_line_errors(photo_folder, tmp_path, capsys, flags, says):
     out = tmp_path / "o"
-    try:
-        code = main(["data", "pack", str(photo_folder), str(out), *flags])
-    except SystemExit as exc:  # argparse: checked where the value is read
-        code = exc.code
+    code = exit_status(["data", "pack", str(photo_folder), str(out), *flags])  # argparse checks as it reads
     assert code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hasten data") and says in lines[0]

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from cli_helpers import exit_status
 from hasten.cli import main
 
 
@@ -39,14 +40,6 @@ def test_cli_single_run_writes_json(colours, tmp_path, capsys, one_thread):
     assert "speedup" in out and "step time" in out
 
 
-def _exit_code(argv):
-    """main's return value, or argparse's exit status for an option it rejected."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 @pytest.mark.parametrize("argv,match", [
     (["--echo", "0.5"], ">= 1"), (["--echo", "fast"], "'auto' or a finite number"),
     (["--variant", "sideways"], "'example-before', 'example-after', 'batch'"), (["--target", "1.5"], "--target"),
@@ -54,7 +47,7 @@ def _exit_code(argv):
     (["--repeats", "0"], "--repeats: must be an integer >= 1"),
 ])
 def test_cli_bad_options_one_line_exit_2(colours, argv, match, capsys):
-    assert _exit_code(["echo", "--data", str(colours), *argv]) == 2
+    assert exit_status(["echo", "--data", str(colours), *argv]) == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err and len(err.splitlines()) == 1
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cli_helpers import exit_status
 from hasten.cli import main
 from hasten.data import load_dataset
 from hasten.recipes.speedrun import build_recipe, flops_per_run
@@ -53,29 +54,21 @@ def test_cli_writes_run_directory_and_json(tmp_path, capsys):
     assert "preset: tiny" in printed and "val_acc" in printed
 
 
-def _exit_code(argv):
-    """main's return value, or argparse's exit status for an option it rejected."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
-
-
 def test_cli_rejects_bad_input_with_one_line(tmp_path, capsys):
-    assert _exit_code(["speedrun", "--runs", "0", "--data", str(tmp_path)]) == 2
+    assert exit_status(["speedrun", "--runs", "0", "--data", str(tmp_path)]) == 2
     assert "--runs" in capsys.readouterr().err
-    assert _exit_code(["speedrun", "--data", str(tmp_path / "missing"), "--device", "cpu"]) == 2
+    assert exit_status(["speedrun", "--data", str(tmp_path / "missing"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "missing" in err and "Traceback" not in err
     data = _image_folder(tmp_path / "small")
     assert main(["speedrun", "--data", str(data), "--preset", "tiny", "--device", "cpu"]) == 2
     assert "--batch-size" in capsys.readouterr().err
-    assert _exit_code(["speedrun", "--data", str(data), "--epochs", "-1", "--device", "cpu"]) == 2
+    assert exit_status(["speedrun", "--data", str(data), "--epochs", "-1", "--device", "cpu"]) == 2
     assert "--epochs" in capsys.readouterr().err
 
 
 def test_a_url_is_one_line_saying_what_speedrun_reads_and_what_streams_a_url(capsys):
-    assert _exit_code(["speedrun", "--data", "http://127.0.0.1:8000/shards/", "--device", "cpu"]) == 2
+    assert exit_status(["speedrun", "--data", "http://127.0.0.1:8000/shards/", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "does not exist" not in err
     assert "reads a local image folder, archive or CIFAR-10 binary" in err

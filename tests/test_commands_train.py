@@ -7,17 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_helpers import exit_status
 from hasten.checkpoint import save_checkpoint
 from hasten.cli import main
 from hasten.recipes.train import TrainConfig
 
 
 def _cli(*args):
-    """The exit status: main's return value, or argparse's for an option it rejected."""
-    try:
-        return main(["train", *args])
-    except SystemExit as exc:
-        return exc.code
+    return exit_status(["train", *args])
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from hasten.profile.inject.batch_source import line_shape, rows_at_once
+from hasten.profile.inject.batch_shape import line_shape
+from hasten.profile.inject.rows_at_once import rows_at_once
 from hasten.profile.verdict import analyse
 
 # nanoGPT train.py @ 3adf61e, get_batch(), and ng-video-lecture's bigram.py get_batch(), as written

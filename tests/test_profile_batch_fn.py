@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from hasten.profile.inject import batch_fn
-from hasten.profile.inject.batch_source import batch_function, rewrite_rows
+from hasten.profile.inject.batch_source import batch_function
+from hasten.profile.inject.rows_at_once import rewrite_rows
 from hasten.profile.launcher import ProfileConfig, profile
+from profile_helpers import verify_rounds
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
 
@@ -85,7 +87,9 @@ def test_an_echoed_batch_function_hands_out_each_batch_e_times_per_arguments():
     assert got == [1, 1, 1, 2, 2, 2, 3] and made == ["train", "train", "val"]
 
 
-def test_verify_applies_the_rows_and_workers_fixes_to_the_scripts_get_batch(tmp_path):
+@pytest.mark.slow
+def test_verify_applies_the_rows_and_workers_fixes_to_the_scripts_get_batch(tmp_path, monkeypatch):
+    verify_rounds(monkeypatch, 2)  # each fix still verified with an interval, in a round of runs fewer
     tokens, counts = tmp_path / "tokens.bin", tmp_path / "counts"
     counts.mkdir()
     np.memmap(tokens, dtype=np.uint16, mode="w+", shape=(20_000,))[:] = np.arange(20_000) % 256

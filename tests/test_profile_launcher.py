@@ -59,6 +59,7 @@ def test_on_a_cpu_without_bf16_the_autocast_probe_is_dropped_before_it_runs(monk
     assert a.verdict in ("compute-bound", "balanced") and a.step_alone_s > 0
 
 
+@pytest.mark.slow
 def test_verify_measures_the_workers_fix_close_to_its_prediction():
     a = profile(_config("input_bound.py", "--item-sleep", "0.005", "--batch", "16", "--step-sleep", "0.02",
                         verify=True), log=lambda m: None)

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from hasten.profile.inject.batch_source import IN_MEMORY_ROWS, function_shape
+from hasten.profile.inject.batch_shape import IN_MEMORY_ROWS, function_shape
 from hasten.profile.ranking import rerank
 from hasten.profile.records import Recommendation
 from hasten.profile.verdict import analyse

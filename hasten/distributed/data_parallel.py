@@ -192,7 +192,7 @@ def wrap_ddp(model: torch.nn.Module, hook: str = "ring", compress: str | None = 
     compress: None or "bf16" (cast gradient buckets to bfloat16 on the wire).
     grid: (rows, columns) or "RxC" for the torus (None: the most square grid).
     timeout_s: per send/recv for hasten's hooks (None: the process group's).
-    noise_scale: a ``hasten.optim.NoiseScale`` to measure the gradient noise scale into, from
+    noise_scale: a ``hasten.optim.noise_scale.NoiseScale`` to measure the gradient noise scale into, from
         each rank's gradient before the all-reduce and the averaged one after it (the wrapped
         DDP gets a ``noise_scale`` attribute, a ``NoiseScaleHook``: call its ``update()`` on
         every rank after each backward); ``noise_scale_batch``: the global batch.

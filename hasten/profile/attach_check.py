@@ -38,6 +38,7 @@ from urllib.parse import unquote, urlparse
 
 from hasten.cpu_time import PPID, SESSION, pid_stat
 from hasten.profile.attach import ENV_DIR, PTH_NAME
+from hasten.profile.outcome import read_json_files
 
 _PYTHON_NAME = re.compile(r"python[0-9.]*[a-z]?")
 PT_INTERP = 3  # the ELF program header of a dynamically linked executable's loader
@@ -64,13 +65,7 @@ class AttachCheck:
 
     def attached(self) -> list[dict]:
         """Each report-in: pid, how it attached (``pth`` or ``sitecustomize``), executable, argv."""
-        out = []
-        for p in sorted(self.report_dir.glob("attached-*.json")):
-            try:
-                out.append(json.loads(p.read_text()))
-            except (OSError, ValueError):
-                pass
-        return out
+        return read_json_files(self.report_dir, "attached-*.json")
 
     def poll(self) -> list[str]:
         """One line for each Python that has been silent for ``grace_s`` and cannot attach (each said once)."""

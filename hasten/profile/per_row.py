@@ -1,6 +1,6 @@
 """The "make the batch's rows at once" fix of a loop without a DataLoader, where its batch is made
 row by row in a Python comprehension (sampled on the lines that make it,
-:func:`hasten.profile.inject.batch_source.line_shape`).
+:func:`hasten.profile.inject.batch_shape.line_shape`).
 
 One operation over every row at once: the statements rewritten where they stack windows of one
 array (nanoGPT's ``get_batch()``, ``torch.stack([data[i:i + w] for i in ix])`` as one index of

@@ -7,7 +7,7 @@ memmap, nanoGPT's ``get_batch()``; a tensor of its module's, ng-video-lecture's
 Where the function draws its values from a random generator each call (pytorch/examples'
 regression: ``torch.randn`` features), a set made once is other data: the fix is worded as
 a fixed set of batches and marked as changing the math. What the function does is read from
-its source when its calls are timed (:func:`hasten.profile.inject.batch_source.function_shape`).
+its source when its calls are timed (:func:`hasten.profile.inject.batch_shape.function_shape`).
 
 No verification run can prepare a script's data for it, so that prediction is the most the
 measurements allow, with a low end from the data share's interval: a fix ``--verify`` can

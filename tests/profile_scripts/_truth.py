@@ -63,8 +63,28 @@ def sleep_module():
     return Device
 
 
+def decode_dataset():
+    """A Dataset class whose items each cost ``work`` seconds of CPU (:func:`burn`), as decoding a JPEG
+    does: ``decode_dataset()(work)``, 100,000 items of 32 random features and a label of two classes."""
+    import torch
+
+    class Decode(torch.utils.data.Dataset):
+        def __init__(self, work: float) -> None:
+            self.work = work
+
+        def __len__(self):
+            return 100000
+
+        def __getitem__(self, i):
+            burn(self.work)
+            return torch.randn(32), i % 2
+
+    return Decode
+
+
 def burn(seconds: float) -> None:
-    """Busy CPU for ``seconds`` of this process's CPU time (decoding, tokenizing)."""
+    """Busy CPU for ``seconds`` of this process's CPU time (decoding, tokenizing): CPU seconds, which a
+    loaded machine stretches in wall time but not in amount."""
     end = time.process_time() + seconds
     while time.process_time() < end:
         pass

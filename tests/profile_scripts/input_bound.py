@@ -13,15 +13,9 @@ import sys
 import time
 
 import torch
-from _truth import Truth
+from _truth import Truth, burn
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-
-
-def burn(seconds):
-    end = time.process_time() + seconds  # CPU seconds: wall time stretches with load, this does not
-    while time.process_time() < end:
-        pass
 
 
 class SlowDataset(Dataset):

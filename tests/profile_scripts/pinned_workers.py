@@ -13,21 +13,9 @@ import argparse
 import os
 
 import torch
-from _truth import Truth, burn
+from _truth import Truth, burn, decode_dataset
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-
-class Decode(Dataset):
-    def __init__(self, work):
-        self.work = work
-
-    def __len__(self):
-        return 100000
-
-    def __getitem__(self, i):
-        burn(self.work)
-        return torch.randn(32), i % 2
+from torch.utils.data import DataLoader
 
 
 class Busy(nn.Module):
@@ -52,7 +40,7 @@ def main():
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, for this process and its workers
     torch.set_num_threads(1)
     truth = Truth()
-    loader = DataLoader(Decode(args.item_work), batch_size=args.batch, num_workers=args.workers,
+    loader = DataLoader(decode_dataset()(args.item_work), batch_size=args.batch, num_workers=args.workers,
                         persistent_workers=args.workers > 0)
     model = nn.Sequential(nn.Linear(32, 32), Busy(args.step_work), nn.Linear(32, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -6,21 +6,9 @@
 import argparse
 
 import torch
-from _truth import Truth, burn, sleep_module
+from _truth import Truth, decode_dataset, sleep_module
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-
-class Decode(Dataset):
-    def __init__(self, work):
-        self.work = work
-
-    def __len__(self):
-        return 100000
-
-    def __getitem__(self, i):
-        burn(self.work)
-        return torch.randn(32), i % 2
+from torch.utils.data import DataLoader
 
 
 def main():
@@ -32,7 +20,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     truth = Truth()
-    loader = DataLoader(Decode(args.item_work), batch_size=args.batch, num_workers=args.workers,
+    loader = DataLoader(decode_dataset()(args.item_work), batch_size=args.batch, num_workers=args.workers,
                         persistent_workers=args.workers > 0)
     model = nn.Sequential(nn.Linear(32, 32), sleep_module()(args.device_sleep), nn.Linear(32, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

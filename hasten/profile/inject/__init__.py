@@ -29,6 +29,9 @@ of the user's unmodified command (every torchrun worker included):
   batches kept in memory;
 - :mod:`~hasten.profile.inject.sampler`: where the main thread is, and the status file;
 - :mod:`~hasten.profile.inject.batch_source`: the lines that make the batch (no DataLoader);
+- :mod:`~hasten.profile.inject.batch_shape`: what those lines do, for the input fixes to fit them;
+- :mod:`~hasten.profile.inject.rows_at_once`: the rows fix, a batch made row by row rewritten as one index;
+- :mod:`~hasten.profile.inject.source_tree`: the user's script read as a syntax tree;
 - :mod:`~hasten.profile.inject.cpu_window`: the cores other processes left over the window;
 - :mod:`~hasten.profile.inject.messages`: one-line messages, error lines, the status file,
   hasten's own failure;

@@ -1,6 +1,6 @@
 """The fixes of a loop without a DataLoader, applied by a verification run to the script's batch function.
 
-The report prints them as code changes (:func:`hasten.profile.verdict._input_fixes`); a
+The report prints them as code changes (:func:`hasten.profile.input_fixes.input_fixes`); a
 verification run (``HASTEN_PROFILE_APPLY=batch_fn=...``) applies each to the function that
 makes the batch, so that the #1 fix of such a loop is measured, not only predicted (issue
 32, item 5). The function is the one called on the lines that make the batch, in the frame
@@ -12,7 +12,7 @@ and the fix is applied at the model's first training forward, in the warm-up:
   distinct arguments (``'train'`` and ``'val'``);
 - ``batch_fn=echo:E``: each batch handed out ``E`` times, a fresh copy each time;
 - ``batch_fn=rows``: the function's per-row comprehensions rewritten as one index of every
-  row (:func:`batch_source.rewrite_rows`);
+  row (:func:`rows_at_once.rewrite_rows`);
 - ``batch_fn=pool:N``: its first ``N`` results made once and handed out in turn (:func:`pooled`).
 
 In a profiling run (no fix applied), the function's calls are timed instead (:func:`time_calls`).
@@ -28,7 +28,7 @@ verification runs.
 
 from __future__ import annotations
 
-from hasten.profile.inject import batch_source, messages
+from hasten.profile.inject import batch_shape, batch_source, messages, rows_at_once
 from hasten.profile.inject.batches import fresh_copy
 from hasten.profile.inject.state import State
 
@@ -50,7 +50,7 @@ def install(st: State, frame) -> None:
     if found is None:
         st.apply_error = "no function of the script's own makes the batch on the lines that assign the model's input"
     elif kind == "rows":
-        if not batch_source.rewrite_rows(found[2]):
+        if not rows_at_once.rewrite_rows(found[2]):
             st.apply_error = f"{found[1]}() has no per-row comprehension of windows to rewrite"
     elif kind == "workers":
         found[0][found[1]] = in_workers(found[2], n)
@@ -75,7 +75,7 @@ def time_calls(st: State, frame) -> None:
         return
     ns, name, fn = found
     st.batch_fn_code = fn.__code__
-    st.batch_fn_shape = batch_source.function_shape(fn)
+    st.batch_fn_shape = batch_shape.function_shape(fn)
     ns[name] = timed(st, fn)
 
 

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from hasten.profile.inject import batch_source, messages
+from hasten.profile.inject import batch_shape, messages
 from hasten.profile.inject.state import State
 from hasten.profile.inject.user_code import is_compute, is_users, named, where
 
@@ -79,7 +79,7 @@ def attribute(st: State, frame) -> None:
     if at not in st.line_info:
         code = linecache.getline(user.f_code.co_filename, user.f_lineno).strip()
         try:  # what the line does, for the fixes to fit it (a comprehension's frame: the function around it)
-            shape = batch_source.line_shape(user) if kind == "batch" else {}
+            shape = batch_shape.line_shape(user) if kind == "batch" else {}
         except Exception:  # an unreadable source is no reason to stop sampling
             shape = {}
         st.line_info[at] = {"function": named(user).f_code.co_name, "code": code[:80], **shape}

@@ -94,7 +94,7 @@ class State:
         self.line_samples: dict[str, dict[str, int]] = {}  # kind -> {"file.py:line": samples}
         self.line_info: dict[str, dict] = {}  # "file.py:line" -> {"function", "code"}
         self.batch_lines: dict | None = None  # code object -> lines that make the batch (batch_source)
-        self.batch_fn_shape: dict = {}  # what it does with its data (batch_source.function_shape)
+        self.batch_fn_shape: dict = {}  # what it does with its data (batch_shape.function_shape)
         self.batch_fn_code = None  # the code of the script's batch function, whose calls are timed (batch_fn)
         self.cpu_window: dict = {}  # the measured window's cores: allowed, ours, other processes', free
         self.bf16: dict = {}  # native bf16 as torch and the CPU say, and the timed products (autocast_check)
