@@ -11,7 +11,10 @@ parallel fill the link). A web server that ignores Range headers (``python -m
 http.server`` answers 200 and the whole file), found by asking for one byte of the
 index, has each shard read in one whole GET instead (``ranges`` false), streamed
 into the cache file as it arrives. Every body is checked against the length asked
-for, and the shard against the size in the index, before anything uses it.
+for, and the shard against the size and the SHA-256 in the index, before anything uses it:
+the hash is taken in order as the parts arrive (from the page cache for parts written
+into a cache file), so no shard is read twice for it; a mismatch is read once more, then
+stops the run in one line (the store's copy is not the packed one).
 
 Faults: a connection reset or refused, a timeout, a 5xx answer, throttling (503
 SlowDown, 429) and a body cut short are retried with backoff
@@ -35,12 +38,8 @@ decodes it, in epoch 1 as in epoch 2. With a smaller cap a shard could be evicte
 while its images wait, so it is read whole (``store[i]``) and memory is bounded by
 ``prefetch`` shards.
 
-The client is obstore (the Rust ``object_store`` crate), an optional dependency
-(``pip install obstore boto3``, or the ``remote`` extra), imported when a URL is opened; chosen over
-fsspec with s3fs by measurement (``benchmarks/remote_clients.py``, docs/remote.md).
-Credentials come from each store's standard places (environment variables,
-``~/.aws`` through boto3, the cloud's metadata service), are never part of the
-URL, and no message carries them.
+The client is obstore (``hasten.stream.store_client``: why, and where the credentials
+come from; never from the URL, and no message carries them).
 
 Based on: Kumar et al., "Scale MLPerf-0.6 models on Google TPU-v3 Pods" (2019) and
 the WebDataset practice of streaming tar shards from object storage; AWS's S3
@@ -58,58 +57,16 @@ import re
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
 
 from hasten.errors import DataError, StoreError
 from hasten.stream.retry import Outage, RetriesExhausted, RetryPolicy, call as call_with_retries
-from hasten.stream.store_errors import INDEX, ShortBody, one_line, refused, transient, unavailable
+from hasten.stream.store_client import client as _client
+from hasten.stream.store_errors import INDEX, ShortBody, refused, transient, unavailable
 from hasten.stream.store_url import StoreURL, parse_store_url
 
 PART_BYTES = 8 << 20  # AWS's guidance for ranged GETs: 8-16 MB
 CONNECTIONS = 8
-# hasten is installed from its source folder (it is not on the package index); the client alone also does.
-EXTRA = "pip install obstore boto3 (or, in hasten's source folder, pip install -e '.[remote]')"
-
-
-def _client(url: StoreURL, timeout_s: float):
-    try:
-        import obstore.store
-    except ImportError:
-        raise DataError(f"reading shards from {url.scheme}:// needs the client library obstore: {EXTRA}") from None
-    options = {"timeout": timedelta(seconds=timeout_s), "connect_timeout": timedelta(seconds=min(timeout_s, 10)),
-               # The endpoint is the user's choice (a local S3-compatible server is often plain http).
-               "allow_http": True}
-    kwargs = {}
-    anonymous = _true(os.environ.get("AWS_SKIP_SIGNATURE"))
-    if url.kind == "s3" and not os.environ.get("AWS_ACCESS_KEY_ID") and not anonymous:
-        provider = _boto3_credentials()
-        if provider is not None:  # profiles in ~/.aws, SSO, ...: the AWS SDK's own chain
-            kwargs["credential_provider"] = provider
-    try:
-        # Retries are ours (``retry``): one bound, one count, and faults the library does not retry.
-        return obstore.store.from_url(url.text.rstrip("/"), client_options=options, retry_config={"max_retries": 0},
-                                      **kwargs)
-    except Exception as e:  # noqa: BLE001 - the library's configuration errors, as one line
-        raise DataError(f"cannot open {url}: {one_line(e)}") from None
-
-
-def _true(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes")
-
-
-def _boto3_credentials():
-    """obstore's provider over boto3's credential chain when boto3 is installed and finds credentials."""
-    try:
-        import boto3
-        from obstore.auth.boto3 import Boto3CredentialProvider
-    except ImportError:
-        return None
-    session = boto3.Session()
-    if session.get_credentials() is None:
-        return None
-    return Boto3CredentialProvider(session)
-
 
 class RemoteShards:
     """The shards of ``split`` under ``url`` (module docstring).
@@ -119,7 +76,8 @@ class RemoteShards:
     store; ``timeout_s``: one GET's limit (a stalled connection is a failed try).
     Counters: ``requests`` (GETs made), ``bytes_read`` (body bytes received),
     ``retried`` ((name, reason) of each retry, the most recent 1000), ``retries``
-    (their number), ``peak_bytes`` (most shard bytes held at once by reads in progress);
+    (their number), ``checksum_mismatches`` (shards read whose SHA-256 was not the index's),
+    ``peak_bytes`` (most shard bytes held at once by reads in progress);
     ``ranges``: whether shards are read in ranged parts (false: one whole GET each).
     """
 
@@ -134,7 +92,7 @@ class RemoteShards:
         self.split = split
         self.policy = retry or RetryPolicy()
         self.part_bytes, self.connections, self.timeout_s = part_bytes, connections, float(timeout_s)
-        self.requests = self.retries = self.peak_bytes = self.bytes_read = 0
+        self.requests = self.retries = self.peak_bytes = self.bytes_read = self.checksum_mismatches = 0
         self.retried: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._held = 0
@@ -160,9 +118,36 @@ class RemoteShards:
         return sum(self.examples)
 
     def __getitem__(self, i: int) -> bytes:
+        return self._checked(i, self._read)
+
+    def write_to(self, i: int, fd: int) -> None:
+        """Shard i written into the open file ``fd``, each part at its offset as it arrives
+        (``ShardCache.shard_file``): a part is in memory only from its arrival to its write,
+        so at most ``connections`` parts at once, and nothing is joined or copied here.
+        ``fd`` is open for reading too (each part is hashed from it). Raises ``StoreError`` as
+        ``store[i]`` does, ``OSError`` when the file cannot be written."""
+        self._checked(i, lambda i: self._write(i, fd))
+
+    def _checked(self, i: int, read):
+        """``read(i)`` -> (result, SHA-256 of the shard's bytes, or None when the index gives
+        none), the digest checked against the index's: a mismatch is read once more (a body
+        damaged on the way), then one ``StoreError`` line (the store's copy is not the packed one)."""
+        name, want, seen = self.names[i], self.checksums[i], []
+        for _ in range(2):
+            result, got = read(i)
+            if want is None or got == want:
+                return result
+            seen.append(got)
+            with self._lock:
+                self.checksum_mismatches += 1
+        raise StoreError(f"shard {name} of {self.url}: its SHA-256 is not the one index.json gives after 2 reads "
+                         f"(read {', '.join(g[:12] for g in seen)}; the index says {want[:12]}): the store's copy "
+                         f"differs from the packed shard; upload the packed shards and index.json again")
+
+    def _read(self, i: int) -> tuple[bytes, str | None]:
         name, size = self.names[i], self.sizes[i]
         if not self.ranges:
-            return self._pool.submit(self._whole, name, size, None).result()
+            return self._pool.submit(self._whole, name, size, None, self.checksums[i] is not None).result()
         with self._lock:
             self._held += size
             self.peak_bytes = max(self.peak_bytes, self._held)
@@ -170,8 +155,16 @@ class RemoteShards:
             starts = list(range(0, size, self.part_bytes)) or [0]
             parts = [self._pool.submit(self._part, name, start, min(start + self.part_bytes, size))
                      for start in starts]
+            # Hashed in order as the parts arrive, while the later ones are still on their way.
+            digest = hashlib.sha256() if self.checksums[i] is not None else None
             try:
-                data = b"".join(memoryview(p.result()) for p in parts)
+                bodies = []
+                for p in parts:
+                    bodies.append(memoryview(p.result()))
+                    if digest is not None:
+                        digest.update(bodies[-1])
+                data = b"".join(bodies)
+                del bodies
             finally:
                 for p in parts:
                     p.cancel()
@@ -180,18 +173,13 @@ class RemoteShards:
                 self._held -= size
         if len(data) != size:  # (each part was checked; this holds by construction)
             raise StoreError(f"shard {name} of {self.url}: {len(data)} bytes read, the index says {size}")
-        return data
+        return data, None if digest is None else digest.hexdigest()
 
-    def write_to(self, i: int, fd: int) -> None:
-        """Shard i written into the open file ``fd``, each part at its offset as it arrives
-        (``ShardCache.shard_file``): a part is in memory only from its arrival to its write,
-        so at most ``connections`` parts at once, and nothing is joined or copied here.
-        Raises ``StoreError`` as ``store[i]`` does, ``OSError`` when the file cannot be written."""
+    def _write(self, i: int, fd: int) -> tuple[None, str | None]:
         name, size = self.names[i], self.sizes[i]
         os.ftruncate(fd, 0)
         if not self.ranges:
-            self._pool.submit(self._whole, name, size, fd).result()
-            return
+            return self._pool.submit(self._whole, name, size, fd, self.checksums[i] is not None).result()
         # Each part writes through its own duplicate of fd and closes it: when one part fails, the
         # error is raised at once, and parts still running (retrying) write into the file (which
         # the caller discards) through a descriptor that no other file can have reused.
@@ -200,9 +188,14 @@ class RemoteShards:
             part_fd = os.dup(fd)
             parts.append((self._pool.submit(self._part_to_file, name, start, min(start + self.part_bytes, size),
                                             part_fd), part_fd))
+        # Each part hashed in order once it is written, from the page cache (its body is gone
+        # by then: holding bodies that arrive early would lift the bound on memory).
+        digest = hashlib.sha256() if self.checksums[i] is not None else None
         try:
             for p, _ in parts:
-                p.result()
+                start = p.result()
+                if digest is not None:
+                    digest.update(os.pread(fd, min(self.part_bytes, size - start), start))
         finally:
             for p, part_fd in parts:
                 if p.cancel():  # never ran: its descriptor was never handed over
@@ -210,9 +203,10 @@ class RemoteShards:
         written = os.fstat(fd).st_size
         if written != size:  # (each part was checked; this holds by construction)
             raise StoreError(f"shard {name} of {self.url}: {written} bytes written, the index says {size}")
+        return None, None if digest is None else digest.hexdigest()
 
-    def _part_to_file(self, name: str, start: int, end: int, fd: int) -> None:
-        """One part fetched and written at its offset through ``fd``, which it closes."""
+    def _part_to_file(self, name: str, start: int, end: int, fd: int) -> int:
+        """One part fetched and written at its offset through ``fd``, which it closes; its offset."""
         try:
             body = self._part(name, start, end)
             with self._lock:
@@ -227,6 +221,7 @@ class RemoteShards:
                     self._held -= len(body)
         finally:
             os.close(fd)
+        return start
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -253,22 +248,26 @@ class RemoteShards:
 
         return self._call(get, name, f"shard {name}")
 
-    def _whole(self, name: str, size: int, fd: int | None):
+    def _whole(self, name: str, size: int, fd: int | None, hashed: bool):
         """A shard as one GET of the whole object (a server without Range support), checked
-        against the index's size: its bytes, or (``fd`` given) written into the file ``fd``
-        chunk by chunk as they arrive, a chunk in memory at a time (a retry starts the file over)."""
+        against the index's size: (its bytes, or None when ``fd`` is given and it was written into
+        the file ``fd`` chunk by chunk as they arrive, a chunk in memory at a time (a retry starts
+        the file over); with ``hashed`` its SHA-256, taken as the chunks arrive, else None)."""
         import obstore
 
         def get():
             with self._lock:
                 self.requests += 1
             chunks, done = [], 0
+            digest = hashlib.sha256() if hashed else None
             if fd is not None:
                 os.ftruncate(fd, 0)
             for chunk in obstore.get(self._whole_client, name).stream(min_chunk_size=min(size, 1 << 20) or 1):
                 view = memoryview(chunk)
                 if done + len(view) > size:
                     raise ShortBody(f"more than the {size} bytes the index gives")
+                if digest is not None:
+                    digest.update(view)
                 if fd is None:
                     chunks.append(view)
                 else:
@@ -280,7 +279,7 @@ class RemoteShards:
                     self.bytes_read += len(view)
             if done != size:
                 raise ShortBody(f"{done} of {size} bytes")
-            return b"".join(chunks) if fd is None else None
+            return b"".join(chunks) if fd is None else None, None if digest is None else digest.hexdigest()
 
         with self._lock:
             self._held += size if fd is None else 0

@@ -155,14 +155,14 @@ class ShardCache:
             return path
         tmp = self._tmp(file)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError:
             return None
         try:
             try:
                 # Looked up on the class: one forwarded by a wrapper (SlowStorage) would skip the wrapper.
                 if hasattr(type(self.store), "write_to"):
-                    self.store.write_to(i, fd)  # part by part, as they arrive
+                    self.store.write_to(i, fd)  # part by part, as they arrive (read back to be hashed)
                 else:
                     _write_all(fd, self.store[i])
                 written = os.fstat(fd).st_size
