@@ -592,7 +592,8 @@ def main() -> None:
                                                                               "cache_bytes", "out", "master_port",
                                                                               "summarize")},
                 "data": {"images": args.images, "shards": len(shards), "split_bytes": split_bytes,
-                         "mean_shard_bytes": split_bytes / len(shards), "cache_cap_bytes_per_node": cap},
+                         "mean_shard_bytes": split_bytes / len(shards), "max_shard_bytes": max(s["bytes"] for s in shards),
+                         "cache_cap_bytes_per_node": cap},
                 "store": "RangeHTTPServer (threaded http.server with Range support), "
                          + ("own namespace" if not args.loopback else "loopback"),
                 "nodes": ("2 network namespaces, tc htb at %g Gbit/s each, torchrun 2 ranks each (gloo)"
