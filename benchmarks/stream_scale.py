@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, MeasuredConditions, hardware_label, write_results
+from _common import RESULTS, MeasuredConditions, hardware_label, load_results, write_results
 
 PREFIX = "hss"  # this benchmark's namespaces (the tests and other benchmarks use others)
 HTTP_PORT = 8000
@@ -296,6 +296,42 @@ def memory(runs: list[dict]) -> list[dict]:
     return out
 
 
+def lru_model(sizes: list[int], counts: list[int], *, epochs: int, seed: int, cap: int, world: int = 4,
+              per_node: int = 2) -> dict[int, dict]:
+    """Per epoch and node, the hit rate of a least-recently-used cache of ``cap`` bytes per node
+    whose ranks read their shards in the plan's order (``hasten.stream.epoch_plan``), in step with
+    each other: what the measured rates should be near. Left out: the shuffle buffer's reordering,
+    reads ahead, and the kill (the restarted node rereads the shards of its checkpoint's position)."""
+    from collections import OrderedDict
+
+    from hasten.stream.epoch_plan import epoch_plan
+
+    nodes = world // per_node
+    caches, held, out = [OrderedDict() for _ in range(nodes)], [0] * nodes, {}
+    for epoch in range(epochs):
+        for node in range(nodes):
+            reads = []
+            for rank in range(node * per_node, (node + 1) * per_node):
+                plan = epoch_plan(counts, epoch=epoch, seed=seed, rank=rank, world_size=world)
+                for s in plan.shard_order.tolist():
+                    first, last = int(plan.shard_start[s]), int(plan.shard_start[s]) + counts[s]
+                    if first < plan.stop and last > plan.start:  # holds some of this rank's examples
+                        reads.append(((max(first, plan.start) - plan.start) / len(plan), rank, s))
+            hits = 0
+            cache = caches[node]
+            for _, _, s in sorted(reads):  # the ranks in step: by the fraction of their range done
+                if s in cache:
+                    hits += 1
+                    cache.move_to_end(s)
+                    continue
+                cache[s] = sizes[s]
+                held[node] += sizes[s]
+                while held[node] > cap:
+                    held[node] -= cache.popitem(last=False)[1]
+            out.setdefault(epoch, {})[f"node{node}"] = hits / len(reads)
+    return out
+
+
 FLAT = 0.05  # memory flat: a rank's peak in any epoch at most 5% above its lowest epoch peak
 
 
@@ -474,7 +510,7 @@ def load_runs(work: Path) -> list[dict]:
     return runs
 
 
-def summarize(work: Path, state: dict, examples: int, cap: int, split_bytes: int) -> dict:
+def summarize(work: Path, state: dict, examples: int, cap: int, split_bytes: int, model: dict | None = None) -> dict:
     runs = load_runs(work)
     cuts = {a["attempt"]: b["resumed_from"] for a, b in zip(state["attempts"], state["attempts"][1:])}
     counted = tally(examples, runs, cuts)
@@ -483,8 +519,10 @@ def summarize(work: Path, state: dict, examples: int, cap: int, split_bytes: int
     for epoch, c in counted.items():
         row = {"epoch": epoch + 1, **c, "complete": c["kept"] == examples and not c["duplicates"]}
         row["nodes"] = caches.get(epoch, {})
-        for n in row["nodes"].values():
+        for name, n in row["nodes"].items():
             n["cache_dir_peak_over_cap"] = n["cache_dir_peak_bytes"] / cap if n["cache_dir_peak_bytes"] >= 0 else None
+            if model is not None and epoch in model:
+                n["lru_model_hit_rate"] = model[epoch][name]
         epochs.append(row)
     mem = memory(runs)
     raw = [{"attempt": r["attempt"], "rank": r["rank"], **rec} for r in runs for rec, _ in r["batches"]]
@@ -501,7 +539,8 @@ def print_table(summary: dict) -> None:
         cells = []
         for node in ("node0", "node1"):
             n = e["nodes"].get(node)
-            cells.append("" if n is None else f"{n['hit_rate'] or 0:>10.2f} {n['evictions']:>6} "
+            model = f" ({n['lru_model_hit_rate']:.2f})" if n is not None and "lru_model_hit_rate" in n else ""
+            cells.append("" if n is None else f"{n['hit_rate'] or 0:>10.2f}{model} {n['evictions']:>6} "
                                               f"{n['bytes_read'] / 1e6:>7.1f} {n['cache_dir_peak_over_cap'] or 0:>7.2f}")
         print(f"{e['epoch']:>5} {e['kept']:>9} {e['duplicates']:>4} {e['missing']:>5} {e['repeats']:>8}  "
               f"{cells[0]}  {cells[1]}")
@@ -556,7 +595,7 @@ def main() -> None:
                          "same number of batches, as the collective of each step needs")
     if not 0 < args.cache_fraction < 1:
         raise SystemExit("--cache-fraction must be in (0, 1): a cache smaller than the data")
-    if not args.loopback:
+    if not args.loopback and not args.summarize:
         from hasten.harness.netns import probe
 
         reason = probe(args.netns_prefix)
@@ -585,8 +624,11 @@ def main() -> None:
 
     total_batches = args.epochs * args.images // 4 // args.batch
 
+    model = lru_model([s["bytes"] for s in shards], [s["examples"] for s in shards], epochs=args.epochs,
+                      seed=args.seed, cap=cap)
+
     def results(cond) -> dict:
-        s = summarize(work, state, args.images, cap, split_bytes)
+        s = summarize(work, state, args.images, cap, split_bytes, model)
         return {"command": " ".join(["python", "benchmarks/stream_scale.py", *sys.argv[1:]]),
                 "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "url", "work", "attempt",
                                                                               "cache_bytes", "out", "master_port",
@@ -604,9 +646,10 @@ def main() -> None:
                 "conditions": cond.as_dict() if cond is not None else None, "runs": s["raw"]}
 
     logs = work / "logs"
-    if args.summarize:  # (no conditions: those of the run are not known from here)
-        write_results(out, results(None))
-        print_table(summarize(work, state, args.images, cap, split_bytes))
+    if args.summarize:  # the conditions of the run, when it wrote them, else none
+        before = load_results(out) or {}
+        write_results(out, {**results(None), "conditions": before.get("conditions")})
+        print_table(summarize(work, state, args.images, cap, split_bytes, model))
         print(f"wrote {out} from the records in {work}")
         return
     with MeasuredConditions("cpu", seconds=0.2 if args.smoke else 1.0) as cond:
@@ -643,7 +686,7 @@ def main() -> None:
     print(f"{d['images']} images in {d['shards']} shards ({d['split_bytes'] / 1e6:.0f} MB), each node's cache "
           f"{cap / 1e6:.0f} MB ({args.cache_fraction:.0%}); {result['nodes']}; "
           f"{hardware_label(result['conditions']['environment'])}")
-    print_table(summarize(work, state, args.images, cap, split_bytes))
+    print_table(summarize(work, state, args.images, cap, split_bytes, model))
     print(f"every example exactly once per epoch (up to the checkpoint resumed from): "
           f"{'yes' if result['complete'] else 'NO'}; memory flat: {'yes' if result['memory_flat'] else 'NO'}")
     print(cond.summary())
