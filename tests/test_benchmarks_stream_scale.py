@@ -108,3 +108,14 @@ def test_smoke_run_on_loopback_counts_every_example_once_through_a_lost_node(tmp
     assert r["epochs"][1]["repeats"] >= 0 and r["epochs"][1]["delivered"] == 2048 + r["epochs"][1]["repeats"]
     assert sum(r["epochs"][1]["nodes"][n]["evictions"] for n in ("node0", "node1")) > 0  # the caps were felt
     assert {(m["attempt"], m["rank"]) for m in r["memory"]} == {(a, k) for a in (1, 2) for k in range(4)}
+
+
+def test_the_lru_model_hits_nothing_without_a_cache_and_more_with_a_larger_one():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(90, 110, 200).tolist()
+    sizes = [c * 2560 for c in counts]
+    rates = {cap: ss.lru_model(sizes, counts, epochs=3, seed=0, cap=cap) for cap in (0, sum(sizes) // 3, sum(sizes))}
+    assert all(r == 0 for e in rates[0].values() for r in e.values())
+    for epoch in (1, 2):
+        for node in ("node0", "node1"):
+            assert 0 < rates[sum(sizes) // 3][epoch][node] < rates[sum(sizes)][epoch][node] <= 1
