@@ -74,15 +74,16 @@ def test_node_cache_charges_each_batchs_counter_changes_to_its_epoch_and_node():
     assert got[0]["node1"]["bytes_read"] == 100 and got[0]["node1"]["cache_dir_peak_bytes"] == 0
 
 
-def rss_run(mb_at):
-    return run(1, 0, *[(rec(e, p, rss=int(mb_at(e * 10 + p) * 1e6)), [0]) for e in range(2) for p in range(10)])
+def rss_run(mb_at, epochs=3):
+    return run(1, 0, *[(rec(e, p, rss=int(mb_at(e * 10 + p) * 1e6)), [0]) for e in range(epochs) for p in range(10)])
 
 
-def test_memory_is_flat_when_each_epochs_peak_stays_and_the_slope_says_by_how_much():
-    steady = ss.memory([rss_run(lambda b: 100.0)])[0]
-    assert ss.flat(steady) and abs(steady["slope_mb_per_100_batches"]) < 1e-9
-    growing = ss.memory([rss_run(lambda b: 100.0 + b)])[0]  # 1 MB a batch: 10% an epoch
-    assert not ss.flat(growing) and growing["slope_mb_per_100_batches"] == pytest.approx(100.0)
+def test_memory_is_flat_when_the_last_epochs_peak_holds_the_seconds_and_the_slope_says_by_how_much():
+    warm_then_steady = ss.memory([rss_run(lambda b: 100.0 if b >= 10 else 50.0 + 5 * b)])[0]
+    assert ss.flat(warm_then_steady) and abs(warm_then_steady["slope_mb_per_100_batches"]) < 1e-9
+    growing = ss.memory([rss_run(lambda b: 100.0 + 3 * b)])[0]  # 3 MB a batch: 30 MB an epoch
+    assert ss.flat(growing) is False and growing["slope_mb_per_100_batches"] == pytest.approx(300.0)
+    assert ss.flat(ss.memory([rss_run(lambda b: 100.0 + b, epochs=2)])[0]) is None  # too short to judge
 
 
 @pytest.mark.slow
