@@ -29,12 +29,13 @@ node's hit rate, evictions and bytes fetched, the cache directory's largest size
 cap, and each rank's resident set over the batches (flat: the slope over a run's later half).
 
     python benchmarks/stream_scale.py [--images 102400] [--shards 1000] [--cache-fraction 0.4]
-        [--epochs 3] [--kill-epoch 2] [--workers 0] [--smoke] [--loopback]
+        [--epochs 3] [--kill-epoch 2] [--workers 0] [--smoke] [--loopback] [--summarize]
 
 ``--loopback`` runs the nodes without namespaces (all on 127.0.0.1; no root needed: the smoke
 test). Needs root and iproute2 otherwise. The data and the run's state are kept in
 ``$HASTEN_CACHE/stream_scale/``: a stopped run started again with the same command resumes
-(from its newest checkpoint, as the killed node does). Writes ``benchmarks/results/stream_scale.json``
+(from its newest checkpoint, as the killed node does); ``--summarize`` writes the results of the
+records so far without running anything. Writes ``benchmarks/results/stream_scale.json``
 and its raw per-batch records ``stream_scale.runs.jsonl.gz`` (``--out``).
 """
 
