@@ -88,7 +88,7 @@ def cpu_of(pids: list[int]) -> float:
 def make_loader(reader: str, source: str, cache: str, names: list[str], args):
     common = dict(batch=args.batch, workers=args.workers, size=args.image_size, seed=args.seed)
     if reader in ("hasten", "hasten-s3"):
-        from hasten.stream.remote_store import open_remote_shards
+        from hasten.stream.remote_cache import open_remote_shards
         from hasten.stream.shard_loader import ShardLoader
         from hasten.stream.shard_store import open_shards
 

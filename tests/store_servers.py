@@ -11,8 +11,9 @@ again on the same port.
 server, one request per connection (it answers ``Connection: close``), unless a
 queued fault matches the request's path: ``reset`` (the connection is reset before
 any answer), ``500``, ``503`` (S3's SlowDown), ``429``, ``truncate`` (the server's
-answer cut to half its body, the connection then closed) or ``stall`` (no answer
-until the proxy closes: the reader's timeout). While the server is down the proxy
+answer cut to half its body, the connection then closed), ``corrupt`` (the answer
+whole, one byte of its body changed) or ``stall`` (no answer until the proxy closes:
+the reader's timeout). While the server is down the proxy
 resets each connection. Every request is logged with what was done to it, so
 tests count events, never time.
 """
@@ -37,7 +38,7 @@ ANSWERS = {
             b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"),
     "429": (b"429 Too Many Requests", b"too many requests (injected)"),
 }
-FAULTS = ("reset", "truncate", "stall", *ANSWERS)
+FAULTS = ("reset", "truncate", "corrupt", "stall", *ANSWERS)
 REGION = "us-east-1"
 
 
@@ -268,6 +269,9 @@ class FaultProxy:
             if kind == "truncate":
                 split = answer.index(b"\r\n\r\n") + 4
                 answer = answer[:split + (len(answer) - split) // 2]
+            if kind == "corrupt":
+                at = answer.index(b"\r\n\r\n") + 4 + (len(answer) - answer.index(b"\r\n\r\n") - 4) // 2
+                answer = answer[:at] + bytes([answer[at] ^ 0xFF]) + answer[at + 1:]
             self._record(method, path, kind or "forwarded")
             client.sendall(answer)
             client.close()

@@ -30,7 +30,7 @@ def namespaces():
 
 READER = """
 import json, socket, sys, time
-from hasten.stream.remote_store import open_remote_shards
+from hasten.stream.remote_cache import open_remote_shards
 from hasten.stream.retry import RetryPolicy
 from hasten.stream.shard_loader import ShardLoader
 

@@ -11,7 +11,8 @@ import pytest
 from store_servers import FaultProxy, plain_http, range_http
 
 from hasten.stream.pack import pack
-from hasten.stream.remote_store import RemoteShards, open_remote_shards, remote_cache_dir
+from hasten.stream.remote_cache import open_remote_shards, remote_cache_dir
+from hasten.stream.remote_store import RemoteShards
 from hasten.stream.retry import RetryPolicy
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.shard_store import open_shards

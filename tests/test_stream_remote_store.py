@@ -12,7 +12,8 @@ from store_servers import FaultProxy, moto_s3, range_http, s3_env, upload
 from hasten.errors import StoreError
 from hasten.stream.pack import pack
 from hasten.stream.epoch_plan import epoch_plan, plan_records
-from hasten.stream.remote_store import RemoteShards, open_remote_shards
+from hasten.stream.remote_cache import open_remote_shards
+from hasten.stream.remote_store import RemoteShards
 from hasten.stream.retry import RetryPolicy
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.shard_store import open_shards

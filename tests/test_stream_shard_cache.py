@@ -69,6 +69,26 @@ def test_size_cap_evicts_the_least_recently_used(packed, tmp_path):
     assert len(list((tmp_path / "c").glob("*.tar"))) == 2
 
 
+def test_ranks_sharing_a_directory_keep_it_under_one_cap_least_recently_used_by_any_first(packed, tmp_path):
+    shards = open_shards(packed, "train")
+    sizes = shards.sizes
+    cap = sizes[3] + sizes[4] + sizes[5]
+    rank0, rank1 = (ShardCache(Counting(shards), tmp_path / "host", max_bytes=cap) for _ in range(2))
+    cache_file = rank0._file
+
+    def held():
+        return {p.name for p in (tmp_path / "host").glob("*.tar")}
+
+    rank0[0], rank0[1], rank0[2]
+    rank1[0]  # rank 1 uses rank 0's copy of shard 0: now the most recent use of the three
+    rank1[3]
+    rank1[4]
+    assert sum((tmp_path / "host" / f).stat().st_size for f in held()) <= cap
+    assert cache_file(0) in held() and cache_file(1) not in held()  # 1 and 2 were used least recently
+    rank1[5]
+    assert held() == {cache_file(3), cache_file(4), cache_file(5)}
+
+
 def test_a_shard_larger_than_the_cap_is_passed_through(packed, tmp_path):
     shards = open_shards(packed, "train")
     cache = ShardCache(shards, tmp_path / "c", max_bytes=100)

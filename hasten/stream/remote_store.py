@@ -11,7 +11,10 @@ parallel fill the link). A web server that ignores Range headers (``python -m
 http.server`` answers 200 and the whole file), found by asking for one byte of the
 index, has each shard read in one whole GET instead (``ranges`` false), streamed
 into the cache file as it arrives. Every body is checked against the length asked
-for, and the shard against the size in the index, before anything uses it.
+for, and the shard against the size and the SHA-256 in the index, before anything uses it:
+the hash is taken in order as the parts arrive (from the page cache for parts written
+into a cache file), so no shard is read twice for it; a mismatch is read once more, then
+stops the run in one line (the store's copy is not the packed one).
 
 Faults: a connection reset or refused, a timeout, a 5xx answer, throttling (503
 SlowDown, 429) and a body cut short are retried with backoff
@@ -23,7 +26,7 @@ the store and the last error; a refused answer one ``StoreError`` line naming th
 cause and the fix: nothing is skipped, so a run either gets every example of every
 shard or stops.
 
-``open_remote_shards`` (what ``open_shards(URL)`` returns) puts the local
+``hasten.stream.remote_cache.open_remote_shards`` (what ``open_shards(URL)`` returns) puts the local
 ``ShardCache`` in front, in ``$HASTEN_CACHE/remote/<the index>/<split>``
 (``remote_cache_dir``), which the ranks of one host share: epoch 1 reads from the store, later epochs from
 the disk. The loader reads ``prefetch`` shards ahead of its decode workers
@@ -35,12 +38,8 @@ decodes it, in epoch 1 as in epoch 2. With a smaller cap a shard could be evicte
 while its images wait, so it is read whole (``store[i]``) and memory is bounded by
 ``prefetch`` shards.
 
-The client is obstore (the Rust ``object_store`` crate, made in ``hasten.stream.store_client``), an
-optional dependency (``pip install obstore boto3``, or the ``remote`` extra), imported when a URL is opened; chosen over
-fsspec with s3fs by measurement (``benchmarks/remote_clients.py``, docs/remote.md).
-Credentials come from each store's standard places (environment variables,
-``~/.aws`` through boto3, the cloud's metadata service), are never part of the
-URL, and no message carries them.
+The client is obstore (``hasten.stream.store_client``: why, and where the credentials
+come from; never from the URL, and no message carries them).
 
 Based on: Kumar et al., "Scale MLPerf-0.6 models on Google TPU-v3 Pods" (2019) and
 the WebDataset practice of streaming tar shards from object storage; AWS's S3
@@ -54,11 +53,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from hasten.errors import DataError, StoreError
 from hasten.stream.retry import Outage, RetriesExhausted, RetryPolicy, call as call_with_retries
@@ -79,7 +75,8 @@ class RemoteShards:
     store; ``timeout_s``: one GET's limit (a stalled connection is a failed try).
     Counters: ``requests`` (GETs made), ``bytes_read`` (body bytes received),
     ``retried`` ((name, reason) of each retry, the most recent 1000), ``retries``
-    (their number), ``peak_bytes`` (most shard bytes held at once by reads in progress);
+    (their number), ``checksum_mismatches`` (shards read whose SHA-256 was not the index's),
+    ``peak_bytes`` (most shard bytes held at once by reads in progress);
     ``ranges``: whether shards are read in ranged parts (false: one whole GET each).
     """
 
@@ -94,7 +91,7 @@ class RemoteShards:
         self.split = split
         self.policy = retry or RetryPolicy()
         self.part_bytes, self.connections, self.timeout_s = part_bytes, connections, float(timeout_s)
-        self.requests = self.retries = self.peak_bytes = self.bytes_read = 0
+        self.requests = self.retries = self.peak_bytes = self.bytes_read = self.checksum_mismatches = 0
         self.retried: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._held = 0
@@ -120,9 +117,36 @@ class RemoteShards:
         return sum(self.examples)
 
     def __getitem__(self, i: int) -> bytes:
+        return self._checked(i, self._read)
+
+    def write_to(self, i: int, fd: int) -> None:
+        """Shard i written into the open file ``fd``, each part at its offset as it arrives
+        (``ShardCache.shard_file``): a chunk of a part is in memory only from its arrival to its
+        write, so at most ``connections`` chunks at once, and nothing is joined or copied here.
+        ``fd`` is open for reading too (each part is hashed from it). Raises ``StoreError`` as
+        ``store[i]`` does, ``OSError`` when the file cannot be written."""
+        self._checked(i, lambda i: self._write(i, fd))
+
+    def _checked(self, i: int, read):
+        """``read(i)`` -> (result, SHA-256 of the shard's bytes, or None when the index gives
+        none), the digest checked against the index's: a mismatch is read once more (a body
+        damaged on the way), then one ``StoreError`` line (the store's copy is not the packed one)."""
+        name, want, seen = self.names[i], self.checksums[i], []
+        for _ in range(2):
+            result, got = read(i)
+            if want is None or got == want:
+                return result
+            seen.append(got)
+            with self._lock:
+                self.checksum_mismatches += 1
+        raise StoreError(f"shard {name} of {self.url}: its SHA-256 is not the one index.json gives after 2 reads "
+                         f"(read {', '.join(g[:12] for g in seen)}; the index says {want[:12]}): the store's copy "
+                         f"differs from the packed shard; upload the packed shards and index.json again")
+
+    def _read(self, i: int) -> tuple[bytes, str | None]:
         name, size = self.names[i], self.sizes[i]
         if not self.ranges:
-            return self._pool.submit(self._whole, name, size, None).result()
+            return self._pool.submit(self._whole, name, size, None, self.checksums[i] is not None).result()
         with self._lock:
             self._held += size
             self.peak_bytes = max(self.peak_bytes, self._held)
@@ -130,8 +154,16 @@ class RemoteShards:
             starts = list(range(0, size, self.part_bytes)) or [0]
             parts = [self._pool.submit(self._part, name, start, min(start + self.part_bytes, size))
                      for start in starts]
+            # Hashed in order as the parts arrive, while the later ones are still on their way.
+            digest = hashlib.sha256() if self.checksums[i] is not None else None
             try:
-                data = b"".join(memoryview(p.result()) for p in parts)
+                bodies = []
+                for p in parts:
+                    bodies.append(memoryview(p.result()))
+                    if digest is not None:
+                        digest.update(bodies[-1])
+                data = b"".join(bodies)
+                del bodies
             finally:
                 for p in parts:
                     p.cancel()
@@ -140,18 +172,14 @@ class RemoteShards:
                 self._held -= size
         if len(data) != size:  # (each part was checked; this holds by construction)
             raise StoreError(f"shard {name} of {self.url}: {len(data)} bytes read, the index says {size}")
-        return data
+        return data, None if digest is None else digest.hexdigest()
 
-    def write_to(self, i: int, fd: int) -> None:
-        """Shard i written into the open file ``fd``, each part at its offset as it arrives
-        (``ShardCache.shard_file``): a chunk of a part is in memory only from its arrival to
-        its write, so at most ``connections`` chunks at once, and nothing is joined or copied here.
-        Raises ``StoreError`` as ``store[i]`` does, ``OSError`` when the file cannot be written."""
+    def _write(self, i: int, fd: int) -> tuple[None, str | None]:
+        """``write_to``'s work: the file written, and its SHA-256 where the index gives one."""
         name, size = self.names[i], self.sizes[i]
         os.ftruncate(fd, 0)
         if not self.ranges:
-            self._pool.submit(self._whole, name, size, fd).result()
-            return
+            return self._pool.submit(self._whole, name, size, fd, self.checksums[i] is not None).result()
         # Each part writes through its own duplicate of fd and closes it: when one part fails, the
         # error is raised at once, and parts still running (retrying) write into the file (which
         # the caller discards) through a descriptor that no other file can have reused.
@@ -160,9 +188,14 @@ class RemoteShards:
             part_fd = os.dup(fd)
             parts.append((self._pool.submit(self._part_to_file, name, start, min(start + self.part_bytes, size),
                                             part_fd), part_fd))
+        # Each part hashed in order once it is written, from the page cache (its body is gone
+        # by then: holding bodies that arrive early would lift the bound on memory).
+        digest = hashlib.sha256() if self.checksums[i] is not None else None
         try:
             for p, _ in parts:
-                p.result()
+                start = p.result()
+                if digest is not None:
+                    digest.update(os.pread(fd, min(self.part_bytes, size - start), start))
         finally:
             for p, part_fd in parts:
                 if p.cancel():  # never ran: its descriptor was never handed over
@@ -170,9 +203,10 @@ class RemoteShards:
         written = os.fstat(fd).st_size
         if written != size:  # (each part was checked; this holds by construction)
             raise StoreError(f"shard {name} of {self.url}: {written} bytes written, the index says {size}")
+        return None, None if digest is None else digest.hexdigest()
 
-    def _part_to_file(self, name: str, start: int, end: int, fd: int) -> None:
-        """One part written at its offset through ``fd`` (which it closes) as it arrives."""
+    def _part_to_file(self, name: str, start: int, end: int, fd: int) -> int:
+        """One part written at its offset through ``fd`` (which it closes) as it arrives; its offset."""
         import obstore
 
         def get():
@@ -185,6 +219,7 @@ class RemoteShards:
             self._call(get, name, f"shard {name}")
         finally:
             os.close(fd)
+        return start
 
     def _stream(self, result, length: int, where: str, write) -> None:
         """A GET's body, ``length`` bytes, handed to ``write(chunk, at)`` chunk by chunk (at least
@@ -243,21 +278,28 @@ class RemoteShards:
 
         return self._call(get, name, f"shard {name}")
 
-    def _whole(self, name: str, size: int, fd: int | None):
+    def _whole(self, name: str, size: int, fd: int | None, hashed: bool):
         """A shard as one GET of the whole object (a server without Range support), checked
-        against the index's size: its bytes, or (``fd`` given) written into the file ``fd``
-        as it arrives (``_stream``; a retry starts the file over)."""
+        against the index's size: (its bytes, or None when ``fd`` is given and it was written into
+        the file ``fd`` chunk by chunk as they arrive, a chunk in memory at a time (a retry starts
+        the file over); with ``hashed`` its SHA-256, taken as the chunks arrive, else None)."""
         import obstore
 
         def get():
             with self._lock:
                 self.requests += 1
             result, chunks = obstore.get(self._whole_client, name), []
+            digest = hashlib.sha256() if hashed else None
             if fd is not None:
                 os.ftruncate(fd, 0)
-            self._stream(result, size, "the index gives",
-                         self._writer(fd, 0) if fd is not None else lambda view, _: chunks.append(view))
-            return b"".join(chunks) if fd is None else None
+            sink = self._writer(fd, 0) if fd is not None else lambda view, _: chunks.append(view)
+
+            def write(view, at):
+                if digest is not None:
+                    digest.update(view)
+                sink(view, at)
+            self._stream(result, size, "the index gives", write)
+            return b"".join(chunks) if fd is None else None, None if digest is None else digest.hexdigest()
 
         with self._lock:
             self._held += size if fd is None else 0
@@ -342,35 +384,3 @@ class RemoteShards:
             if name.startswith("/") or ".." in name.split("/"):
                 raise DataError(f"{where}: shard name {name!r} leaves the directory")
 
-
-def remote_cache_dir(store: RemoteShards) -> Path:
-    """``$HASTEN_CACHE/remote/<name>-<digest>/<split>``. An index that gives every shard's
-    SHA-256 (``hasten data pack`` writes them) names the data whatever serves it: the digest
-    is the index's alone, so the same set at a new address (a server on a new port, a
-    mirror) reads the cache, and a changed set has a new index, so never the old set's
-    shards. An index without checksums names the data only at its URL: the digest is of
-    the URL and the index."""
-    from hasten.data.cache import cache_dir
-
-    checked = bool(store.checksums) and all(store.checksums)
-    key = store.index_bytes if checked else str(store.url).encode() + b"\0" + store.index_bytes
-    digest = hashlib.sha256(key).hexdigest()[:12]
-    name = str(store.source or "shards") if checked else f"{store.url.bucket}/{store.url.prefix}"
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:60]
-    return cache_dir() / "remote" / f"{slug}-{digest}" / store.split
-
-
-def open_remote_shards(url: str | StoreURL, split: str = "train", *, retry: RetryPolicy | None = None,
-                       cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None, **options):
-    """``RemoteShards`` behind a local ``ShardCache`` (module docstring). ``cache_dir``: the
-    cache's directory (default ``remote_cache_dir``); ``cache_bytes``: its cap (default: the
-    whole split, or half the disk's free space when that is less). ``options``: ``RemoteShards``'s."""
-    from hasten.stream.shard_cache import ShardCache
-
-    store = RemoteShards(url, split, retry=retry, **options)
-    directory = Path(cache_dir).expanduser() if cache_dir is not None else remote_cache_dir(store)
-    cache = ShardCache(store, directory, max_bytes=0 if cache_bytes is None else cache_bytes)
-    if cache_bytes is None:
-        # Half the free space at most: checkpoints and other runs need the disk too.
-        cache.max_bytes = min(sum(store.sizes), shutil.disk_usage(directory).free // 2)
-    return cache

@@ -7,7 +7,8 @@ up to ``max_bytes`` in all, evicting the least recently used shard when a new
 one does not fit, and serves later reads from there. Files are written to a
 temporary name and renamed, so a reader (another rank on the same host, or a
 run after a crash) never sees half a shard; a cached file whose size differs
-from the store's index is read from the store again.
+from the store's index is read from the store again. The cap is the directory's: the ranks
+of a host sharing it evict from what it holds, least recently used by any of them first.
 
 It wraps any store with ``store[i] -> bytes`` and ``store.names`` (for example
 ``hasten.stream.shard_store.ShardFiles``, possibly behind ``SlowStorage``) and is one
@@ -60,9 +61,7 @@ class ShardCache:
         self._split_bytes: int | None = None  # the split's bytes (-1: unknown), once asked
         self._lock = threading.Lock()
         # Least recently used first; files left by an earlier run count, oldest first.
-        # The last use is the access time, which every use sets (``_found``).
-        found = [(st.st_atime, p.name, st.st_size) for p in self.directory.glob("*.tar") for st in [p.stat()]]
-        self._files: OrderedDict[str, int] = OrderedDict((n, s) for _, n, s in sorted(found))
+        self._files: OrderedDict[str, int] = self._listed()
         self._bytes = sum(self._files.values())
 
     def __len__(self) -> int:
@@ -96,20 +95,36 @@ class ShardCache:
                 self._files.move_to_end(file)
         return known
 
+    def _listed(self) -> OrderedDict[str, int]:
+        """The directory's shards and sizes, least recently used first. The last use is the
+        access time, which every use sets (``_used``), whichever process sharing the directory made it."""
+        found = []
+        for path in self.directory.glob("*.tar"):
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # evicted by another process meanwhile
+            found.append((st.st_atime_ns, path.name, st.st_size))
+        return OrderedDict((n, s) for _, n, s in sorted(found))
+
+    def _used(self, file: str) -> None:
+        try:
+            # Other processes sharing the directory see the use. The access time only: a scanned
+            # file's modification time is part of its identity (``tar_members.read_member``), and
+            # a new one would make the images its workers still have to read look rewritten. Set
+            # from the clock, not left to the kernel's coarser one, so uses order as they happened.
+            path = self.directory / file
+            os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
+        except OSError:
+            pass
+
     def _found(self, file: str, size: int, known: bool) -> None:
         with self._lock:
             self.hits += 1
             if not known:
                 self._bytes += size - self._files.pop(file, 0)
                 self._files[file] = size
-        try:
-            # Other processes sharing the directory see the use. The access time only: a scanned
-            # file's modification time is part of its identity (``tar_members.read_member``), and
-            # a new one would make the images its workers still have to read look rewritten.
-            path = self.directory / file
-            os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
-        except OSError:
-            pass
+        self._used(file)
 
     def __getitem__(self, i: int) -> bytes:
         file, expected = self._file(i), self._expected(i)
@@ -155,14 +170,14 @@ class ShardCache:
             return path
         tmp = self._tmp(file)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError:
             return None
         try:
             try:
                 # Looked up on the class: one forwarded by a wrapper (SlowStorage) would skip the wrapper.
                 if hasattr(type(self.store), "write_to"):
-                    self.store.write_to(i, fd)  # part by part, as they arrive
+                    self.store.write_to(i, fd)  # part by part, as they arrive (read back to be hashed)
                 else:
                     _write_all(fd, self.store[i])
                 written = os.fstat(fd).st_size
@@ -210,11 +225,14 @@ class ShardCache:
                 os.replace(tmp, dest)
         except OSError:
             os.replace(tmp, dest)  # a file system without hard links
+        self._used(file)
         with self._lock:
-            self._bytes -= self._files.pop(file, 0)
-            self._files[file] = size
-            self._bytes += size
-            while self._bytes > self.max_bytes:
+            # The ranks of a host place and use shards in one directory, and the cap is the
+            # directory's: what it holds now is evicted from, the least recently used by any of
+            # them first (counting only this process's files let it grow to one cap per rank).
+            self._files = self._listed()
+            self._bytes = sum(self._files.values())
+            while self._bytes > self.max_bytes and self._files:
                 old, old_size = self._files.popitem(last=False)
                 self._bytes -= old_size
                 self.evictions += 1

@@ -97,10 +97,10 @@ def open_shards(path: str | os.PathLike | Sequence[str | os.PathLike], split: st
     """The shards of ``split`` at ``path``: a directory with ``index.json`` (what
     ``hasten data pack`` writes), a directory of ``shard-*.tar`` (its ``split``
     sub-folder when there is one), a list of shard paths, or the URL of a directory
-    with an index (``hasten.stream.remote_store.open_remote_shards``; ``retry``: its
+    with an index (``hasten.stream.remote_cache.open_remote_shards``; ``retry``: its
     ``hasten.stream.retry.RetryPolicy``)."""
     if is_url(path):
-        from hasten.stream.remote_store import open_remote_shards
+        from hasten.stream.remote_cache import open_remote_shards
 
         return open_remote_shards(path, split, retry=retry)
     if isinstance(path, (str, os.PathLike)):
