@@ -44,7 +44,7 @@ from hasten.environment import describe_environment
 from hasten.errors import ConfigError
 from hasten.models.speedrun_net import SpeedrunNet
 from hasten.nn.ema import Lookahead, WeightAverage, airbench_decay_schedule, warmup_decay
-from hasten.nn.precision import autocast, cross_entropy
+from hasten.nn.precision import cross_entropy
 from hasten.nn.tta import evaluate
 from hasten.nn.whitening import init_whitening_conv
 from hasten.progress import progress
@@ -53,7 +53,8 @@ from hasten.recipes.speedrun_recipe import (BASELINE_CHANGES, CPU_0_1, LADDER, P
                                             ladder_recipes, precision)
 from hasten.recipes.speedrun_resume import (CHECKPOINT_FORMAT, RESUME_AUTO, JobCheckpoint, ResumePlan,  # noqa: F401
                                             describe_checkpoint, plan_resume, run_identity)
-from hasten.recipes.step import TrainMeter, optimizer_step
+from hasten.recipes.loop import train_loop
+from hasten.recipes.step import TrainMeter
 from hasten.recipes.training_data import load_training_data
 from hasten.rundir import config_digest
 from hasten.timing import Stopwatch, interleaved
@@ -225,6 +226,21 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
                 "time_parts_s": parts_before, "epochs": list(result.epochs),
                 "epochs_to_target": result.epochs_to_target, "time_to_target_s": result.time_to_target_s}
 
+    def loss_fn(logits, y):  # summed, as airbench's lr per 1024 examples expects (make_optimizer)
+        return cross_entropy(logits, y, r.label_smoothing, reduction="sum")
+
+    def after_step(s) -> None:
+        meter.update(s.loss, s.logits, s.y)
+        bar.update()
+        if average is not None and s.number % r.ema_every == 0:
+            if r.averaging == "lookahead":
+                decay = decay_schedule[s.number].item()
+            else:
+                decay = warmup_decay(r.ema_decay, s.number // r.ema_every - 1)
+            average.update(model, decay)
+        if s.number >= total_steps and r.averaging == "lookahead":
+            average.update(model, 1.0)
+
     while step < total_steps:
         # The whitening bias trains only for the first epochs (airbench); its lr
         # drops to 0 then (``lr_lambdas``). Eager, also stop its gradient: that skips
@@ -238,24 +254,8 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
         # steps of the whole job: its rate and time left are the job's.
         bar = progress(total=job_total, initial=job_before + step, unit="step",
                        desc=f"{label}epoch {epoch + 1}/{math.ceil(r.epochs)}")
-        for x, y in train_loader:
-            with autocast(device, use_bf16):
-                logits = step_model(x)
-            loss = cross_entropy(logits, y, r.label_smoothing, reduction="sum")
-            optimizer_step(loss, optimizer, scheduler)
-            step += 1
-            meter.update(loss, logits, y)
-            bar.update()
-            if average is not None and step % r.ema_every == 0:
-                if r.averaging == "lookahead":
-                    decay = decay_schedule[step].item()
-                else:
-                    decay = warmup_decay(r.ema_decay, step // r.ema_every - 1)
-                average.update(model, decay)
-            if step >= total_steps:
-                if r.averaging == "lookahead":
-                    average.update(model, 1.0)
-                break
+        step = train_loop(step_model, optimizer, train_loader, loss_fn, scheduler=scheduler, device=device,
+                          bf16=use_bf16, step=step, stop_after=total_steps, after_step=after_step)
         bar.close()
         epoch += 1
         clock.stop()
