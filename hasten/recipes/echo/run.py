@@ -42,7 +42,7 @@ from hasten.echo.repeat_value import gradient_dots, observe_repeat_losses
 from hasten.errors import ConfigError, DataError
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
-from hasten.recipes.step import optimizer_step
+from hasten.recipes.loop import train_loop
 from hasten.stream.echo_stage import EchoStage
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.slow_storage import SlowStorage
@@ -265,65 +265,68 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
     mean, std = _mean_std_on(dev)
     waiting, stepping = Stopwatch(dev), Stopwatch(dev)  # the run's clock is their sum
     steps = 0
-    accuracy = 0.0
     reached = False
     factors = []
     untimed_s = 0.0  # step time of the first untimed_steps steps
     channels_last = memory_format == torch.channels_last
-    for epoch in count():
-        loader.set_epoch(epoch)
-        it = iter(loader)
-        epoch_start = steps
-        try:
-            while True:
-                waiting.start()
-                batch = next(it, None)
-                waiting.stop()
-                if batch is None:
-                    if steps == epoch_start:  # else the next epoch would be as empty, forever
-                        raise DataError(f"{cfg.data}: an epoch gave no training batch: {sum(store.examples)} training "
-                                        f"image(s), {len(loader.skipped)} of them unreadable, batches of "
-                                        f"{cfg.batch_size}")
-                    break
-                stepping.start()
-                x, y, copies = batch
-                x = normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last)
-                y = y.to(dev)
-                if measure and auto.value_due():
-                    with autocast(dev, bf16):  # at the step's weights, before its update
-                        dots = gradient_dots(model, lambda out, t: cross_entropy(
-                            out, t, label_smoothing=cfg.label_smoothing), x, y, copies, generator=value_rng)
-                    if dots is not None:
-                        auto.report_repeat_gradients(*dots)
-                with autocast(dev, bf16):
-                    logits = model(x)
-                if measure:
-                    losses = cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none")
-                    optimizer_step(losses.mean(), opt)
-                    observe_repeat_losses(auto, losses, copies)  # repeats memorised: the cap on e comes down
-                else:
-                    optimizer_step(cross_entropy(logits, y, label_smoothing=cfg.label_smoothing), opt)
-                stepped = stepping.stop()
-                if steps < untimed_steps:
-                    untimed_s += stepped
-                steps += 1
-                factors.append(auto.factor if auto is not None else cfg.echo)
-                if steps % cfg.eval_every == 0:
-                    # Neither the storage nor AutoEcho's measurement runs on during an evaluation.
-                    with storage.paused(), (auto.paused() if auto is not None else nullcontext()):
-                        accuracy = evaluate(model, eval_set.batches(cfg.eval_images))
-                    if log is not None:
-                        log(step=steps, fresh=loader.counters.fresh_examples, accuracy=accuracy,
-                            wall_s=waiting.elapsed + stepping.elapsed, echo=factors[-1])
-                    if accuracy >= cfg.target:
-                        reached = True
+
+    def inputs():
+        """The stage's batches on the device, epoch after epoch; fetching one is waiting."""
+        for epoch in count():
+            loader.set_epoch(epoch)
+            it = iter(loader)
+            epoch_start = steps
+            try:
+                while True:
+                    waiting.start()
+                    batch = next(it, None)
+                    waiting.stop()
+                    if batch is None:
+                        if steps == epoch_start:  # else the next epoch would be as empty, forever
+                            raise DataError(f"{cfg.data}: an epoch gave no training batch: {sum(store.examples)} "
+                                            f"training image(s), {len(loader.skipped)} of them unreadable, batches "
+                                            f"of {cfg.batch_size}")
                         break
-                if loader.counters.fresh_examples >= cfg.max_fresh:
-                    break
-        finally:
-            it.close()
-        if reached or loader.counters.fresh_examples >= cfg.max_fresh:
-            break
+                    stepping.start()
+                    x, y, copies = batch
+                    yield normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last), y.to(dev), copies
+            finally:
+                it.close()
+
+    def loss_fn(logits, y):  # per example when AutoEcho reads what repeats are worth
+        return cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none" if measure else "mean")
+
+    def repeat_value(s) -> None:
+        if auto.value_due():
+            with autocast(dev, bf16):  # at the step's weights, before its update
+                dots = gradient_dots(model, lambda out, t: cross_entropy(
+                    out, t, label_smoothing=cfg.label_smoothing), s.x, s.y, s.extra[0], generator=value_rng)
+            if dots is not None:
+                auto.report_repeat_gradients(*dots)
+
+    def after_step(s) -> bool:
+        nonlocal steps, untimed_s, reached
+        if measure:
+            observe_repeat_losses(auto, s.loss, s.extra[0])  # repeats memorised: the cap on e comes down
+        stepped = stepping.stop()
+        if s.number <= untimed_steps:
+            untimed_s += stepped
+        steps = s.number
+        factors.append(auto.factor if auto is not None else cfg.echo)
+        if steps % cfg.eval_every == 0:
+            # Neither the storage nor AutoEcho's measurement runs on during an evaluation.
+            with storage.paused(), (auto.paused() if auto is not None else nullcontext()):
+                accuracy = evaluate(model, eval_set.batches(cfg.eval_images))
+            if log is not None:
+                log(step=steps, fresh=loader.counters.fresh_examples, accuracy=accuracy,
+                    wall_s=waiting.elapsed + stepping.elapsed, echo=factors[-1])
+            if accuracy >= cfg.target:
+                reached = True
+                return True
+        return loader.counters.fresh_examples >= cfg.max_fresh
+
+    train_loop(model, opt, inputs(), loss_fn, device=dev, bf16=bf16, before_forward=repeat_value if measure else None,
+               after_step=after_step)
     c = loader.counters
     wait_s, step_s = waiting.elapsed, stepping.elapsed
     # The storage's time per batch over step time: the part of R the slow storage adds (decoding adds
