@@ -32,7 +32,7 @@ from hasten.nn.tta import evaluate
 from hasten.recipes.echo.clock import ModelledClocks
 from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import IdentityStore, MemoryData, Source, fresh_keys, pipeline, test_batches
-from hasten.recipes.echo.run import MEAN, STD, SmallNet
+from hasten.recipes.echo.network import MEAN, STD, SmallNet
 from hasten.recipes.echo.shard_source import ShardSource
 from hasten.recipes.loop import train_loop
 from hasten.stream.echo_stage import EchoStage

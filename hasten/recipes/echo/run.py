@@ -42,17 +42,14 @@ from hasten.echo.repeat_value import gradient_dots, observe_repeat_losses
 from hasten.errors import ConfigError, DataError
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
+from hasten.recipes.echo.eval_set import EvalSet
+from hasten.recipes.echo.network import MEAN, STD, SmallNet, fast_formats, mean_std_on  # noqa: F401 (handed on)
 from hasten.recipes.loop import train_loop
 from hasten.stream.echo_stage import EchoStage
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.slow_storage import SlowStorage
 from hasten.stream.sources import open_source
 from hasten.timing import Stopwatch
-
-# Per-channel mean and std (RGB) of the 50,000 decoded CIFAR-10-JPEG training images, measured
-# in 0-255 units; 0..1 here.
-MEAN = tuple(v / 255 for v in (125.27, 122.93, 113.86))
-STD = tuple(v / 255 for v in (62.53, 61.91, 66.46))
 
 
 # ----------------------------------------------------------------------------- Hyperparameters
@@ -132,69 +129,12 @@ def parse_echo(value) -> float | str:
     return float(check_factor(factor))
 
 
-# ----------------------------------------------------------------------------- Network
-class SmallNet(nn.Sequential):
-    """Three conv-BN-ReLU-maxpool stages and a linear head: fast enough to train on a CPU."""
-
-    def __init__(self, width: int = 16, num_classes: int = 10):
-        layers, cin = [], 3
-        for cout in (width, 2 * width, 4 * width):
-            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                       nn.MaxPool2d(2)]
-            cin = cout
-        super().__init__(*layers, nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
-
-
 def make_model(cfg: EchoRunConfig, num_classes: int) -> nn.Module:
     if cfg.width:
         return SmallNet(cfg.width, num_classes)
     from hasten.models.speedrun_net import NetConfig, SpeedrunNet
 
     return SpeedrunNet(NetConfig(num_classes=num_classes))
-
-
-def fast_formats(device: torch.device | str) -> tuple[torch.memory_format, bool]:
-    """(memory format, bf16 autocast) for ``device``: channels_last and bf16 on CUDA,
-    where tensor cores want both; contiguous float32 elsewhere (on a CPU bf16
-    convolutions are slower than float32)."""
-    cuda = torch.device(device).type == "cuda"
-    return (torch.channels_last if cuda else torch.contiguous_format), cuda
-
-
-def _mean_std_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """MEAN and STD as tensors on ``device``, for :func:`hasten.data.normalize.normalize`."""
-    return torch.tensor(MEAN, device=device), torch.tensor(STD, device=device)
-
-
-# ----------------------------------------------------------------------------- Evaluation
-class EvalSet:
-    """Test images decoded once (at the training resolution) and kept in host memory.
-
-    ``store``: the test split as a store of shards (``EvalSet.of(data, ...)`` opens it)."""
-
-    def __init__(self, store, image_size: int, device: torch.device | str):
-        # The whole image at the training size, as the training images before their crop.
-        batches = list(ShardLoader(store, batch_size=1000, image_size=image_size, train=False, crop="whole"))
-        if not batches:
-            raise DataError(f"the test split holds no readable image ({sum(store.examples)} listed)")
-        self.images = torch.cat([x for x, _ in batches])
-        self.labels = torch.cat([y for _, y in batches])
-        self.device = torch.device(device)
-        self.mean, self.std = _mean_std_on(self.device)
-        # A fixed, class-balanced-by-chance subset to detect the target quickly.
-        self.order = torch.from_numpy(np.random.default_rng(12345).permutation(len(self.labels)))
-
-    @classmethod
-    def of(cls, data: str, image_size: int, device: torch.device | str) -> EvalSet:
-        """The test split of ``data`` (a folder, archive, shard directory or URL)."""
-        return cls(open_source(data, "test"), image_size, device)
-
-    def batches(self, n: int | None = None, batch_size: int = 2000):
-        """Normalised (images, labels) on the device: the first ``n`` of the fixed order (None: all)."""
-        idx = self.order[:n] if n else self.order
-        for part in idx.split(batch_size):
-            x = normalize(self.images[part].to(self.device, non_blocking=True), self.mean, self.std)
-            yield x, self.labels[part].to(self.device)
 
 
 # ----------------------------------------------------------------------------- Training
@@ -262,7 +202,7 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         batchnorm_in_float32(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True,
                           weight_decay=cfg.weight_decay)
-    mean, std = _mean_std_on(dev)
+    mean, std = mean_std_on(dev)
     waiting, stepping = Stopwatch(dev), Stopwatch(dev)  # the run's clock is their sum
     steps = 0
     reached = False
