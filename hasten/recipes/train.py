@@ -35,11 +35,11 @@ from dataclasses import asdict
 
 import torch
 
-from hasten.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint, set_rng_state
+from hasten.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint
 from hasten.distributed.data_parallel import init_distributed, seed_everything, shutdown, wrap_ddp
 from hasten.distributed.faults import PeerLostError, peer_failure, stop_on_sigterm, stop_signal
 from hasten.distributed.hooks import HOOKS  # noqa: F401 (the hooks --hook names)
-from hasten.errors import ConfigError, StoreError
+from hasten.errors import StoreError
 from hasten.models.resnet import build_model
 from hasten.nn.ghost_bn import apply_ghost_batchnorm
 from hasten.nn.group_bn import convert_batchnorm
@@ -55,7 +55,7 @@ from hasten.recipes.train_config import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, LO
                                          MATH_FIELDS, OPTIMIZERS, TrainConfig, build_optimizer)
 from hasten.recipes.train_input import device_input, stream_input
 from hasten.recipes.train_resume import (RESUME_AUTO, ResumePlan, default_run_path, load_resume,  # noqa: F401
-                                         plan_resume, run_identity)
+                                         plan_resume, restore, run_identity, same_step_on_every_rank)
 from hasten.recipes.train_stops import Where, lost_peer_message, store_stop_note
 from hasten.timing import Stopwatch
 
@@ -158,28 +158,13 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
     lr = cfg.peak_lr
     optimizer = build_optimizer(cfg, model, lr)
     scheduler = WarmupPolyDecay(optimizer, warmup_steps, total_steps, power=cfg.decay_power)
-    step = 0
-    positioned = False  # the loader itself resumes mid-epoch (else: skip the steps done)
+    # positioned: the loader itself resumes mid-epoch (else: skip the steps done).
+    step, positioned = restore(state, model, optimizer, scheduler, data.position, rank, world)
     # Training seconds of the steps before a resume (the checkpoint keeps them): a resumed run
     # reports the time and rate of all its steps. None: a fresh run, or an older checkpoint.
     earlier_s = state.get("train_time_s") if state is not None else None
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step = state["step"]
-        set_rng_state(state["rng"])
-        saved = state.get("data")
-        if data.position is not None and saved is not None and saved["world_size"] == world:
-            data.position.load_state_dict(saved["ranks"][rank])
-            positioned = True
     if world > 1:
-        # Every rank must start at the same step, or the first collective pairs different steps.
-        steps = torch.tensor([step, -step], device=device)
-        torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MAX)
-        if int(steps[0]) != -int(steps[1]):
-            raise ConfigError(f"the ranks resume from different steps ({-int(steps[1])} to {int(steps[0])}): "
-                              "every rank must see the same run directory (shared storage across nodes)")
+        same_step_on_every_rank(step, device)
     # Group BN after loading: it shares the very same parameters and buffers.
     model = convert_batchnorm(model, group_size=cfg.bn_group)
     if cfg.bf16:

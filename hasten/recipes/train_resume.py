@@ -1,7 +1,8 @@
 """Where a ``hasten train`` run starts: its run directory, derived from the
 configuration alone (``default_run_path``: every rank and every torchrun restart finds
 the same one), and the checkpoint it resumes from (``plan_resume``, ``load_resume``:
-refused when written with other training math).
+refused when written with other training math), and how a run takes it up (``restore``,
+``same_step_on_every_rank``).
 
 Used by ``hasten.recipes.train`` and ``hasten train``. Changes the training math: no.
 """
@@ -12,10 +13,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hasten.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, newest_checkpoint
+import torch
+
+from hasten.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, newest_checkpoint, set_rng_state
 from hasten.errors import ConfigError
 from hasten.recipes.train_config import MATH_FIELDS, TrainConfig
 from hasten.rundir import stable_run_path
+
 
 def run_identity(cfg: TrainConfig) -> dict:
     """What makes two runs the same run: the fields of the training math and the data
@@ -113,3 +117,30 @@ def load_resume(resume: str | os.PathLike, cfg: TrainConfig) -> dict:
         raise ConfigError(f"cannot resume {path} with a different training configuration: "
                           + "; ".join(diff))
     return state
+
+
+def restore(state: dict | None, model, optimizer, scheduler, position, rank: int, world: int) -> tuple[int, bool]:
+    """Load a checkpoint's ``state`` (None: a fresh run) into the run's model, optimizer,
+    schedule, random state and, when it was saved with as many ranks, the loader's
+    ``position``; returns (the step to continue from, whether the loader resumed at its
+    own position: else the run skips the steps done of the epoch)."""
+    if state is None:
+        return 0, False
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    saved = state.get("data")
+    if position is not None and saved is not None and saved["world_size"] == world:
+        position.load_state_dict(saved["ranks"][rank])
+        return state["step"], True
+    return state["step"], False
+
+
+def same_step_on_every_rank(step: int, device) -> None:
+    """Every rank must start at the same step, or the first collective pairs different steps."""
+    steps = torch.tensor([step, -step], device=device)
+    torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MAX)
+    if int(steps[0]) != -int(steps[1]):
+        raise ConfigError(f"the ranks resume from different steps ({-int(steps[1])} to {int(steps[0])}): "
+                          "every rank must see the same run directory (shared storage across nodes)")
