@@ -1,4 +1,4 @@
-"""Large-batch data-parallel training, one file from top to bottom.
+"""Large-batch data-parallel training: the run, from the data to the report.
 
 The recipe of Goyal et al. (arXiv:1706.02677), You et al. (arXiv:1708.03888) and
 Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
@@ -6,7 +6,8 @@ Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
 - global batch B split evenly over W ranks (gloo on CPU, NCCL on CUDA), gradients
   averaged by DDP with one of hasten's all-reduce hooks (``hasten.distributed``);
 - SGD with the linear scaling rule, or LARS (``hasten.optim.Lars``), biases and
-  batch-norm parameters excluded from adaptation and weight decay;
+  batch-norm parameters excluded from adaptation and weight decay (the configuration
+  and the optimizer: ``hasten.recipes.train_config``);
 - linear warm-up then polynomial (power 2) decay, label smoothing;
 - batch norm per replica, over groups of k replicas (``GroupBatchNorm``) or over
   virtual batches inside a replica (``GhostBatchNorm2d``);
@@ -15,13 +16,18 @@ Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
   URL, an image folder or an archive (``ShardLoader``, for data larger than memory),
   sharded by rank, in an order that depends only on (seed, epoch), so a run can resume
   at any step;
+- the steps of ``hasten.recipes.loop.train_loop``, the loop every hasten recipe runs,
+  with the gradient noise scale measured on request (``--noise-scale``,
+  ``hasten.recipes.noise_probe``);
 - atomic checkpoints every N steps in a run directory derived from the
   configuration (``run_path``); ``resume`` restores model, optimizer, scheduler,
   step, random state and data position, and :func:`plan_resume` finds the newest
-  complete checkpoint of the same run (``--resume auto``, and every torchrun restart);
+  complete checkpoint of the same run (``--resume auto``, and every torchrun restart;
+  ``hasten.recipes.train_resume``);
 - a lost peer rank (killed, or hung past the collective timeout) or torchrun's
   SIGTERM stops every surviving rank with one line naming the step and the
-  checkpoint to resume from (``PeerLostError``, ``hasten.distributed.faults``).
+  checkpoint to resume from (``PeerLostError``, ``hasten.distributed.faults``; the
+  lines: ``hasten.recipes.train_stops``).
 
 Changes the training math: yes (it is a training recipe).
 """
