@@ -34,7 +34,7 @@ from hasten.rundir import write_json
 
 from _common import RESULTS, MeasuredConditions, hardware_label, mean, paired_ratios
 
-PROBE_EVERY = 10  # as hasten.recipes.train.NOISE_PROBE_EVERY
+PROBE_EVERY = 10  # as hasten.recipes.noise_probe.NOISE_PROBE_EVERY
 
 
 def _blocks(rank, world, args):

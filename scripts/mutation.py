@@ -85,6 +85,8 @@ MODULES: dict[str, Target] = {
         f"{SPEEDRUN_TIMING}::test_ema_is_evaluated_on_a_copy_and_leaves_the_live_model_alone")),
     # The whole file but its real-data run (which skips in the scratch copy anyway).
     "recipes.speedrun": Target("hasten/recipes/speedrun.py", SPEEDRUN_TESTS, keyword="not cifar_subset"),
+    "recipes.speedrun_train": Target("hasten/recipes/speedrun_train.py", SPEEDRUN_TESTS, keyword="not cifar_subset"),
+    "recipes.loop": Target("hasten/recipes/loop.py", ("tests/test_recipes_loop.py",)),
     "optim.schedules": Target("hasten/optim/schedules.py", ("tests/test_optim_schedules.py",)),
     "echo.stages": Target("hasten/echo/stages.py", ("tests/test_echo_stages.py",)),
     "echo.auto": Target("hasten/echo/auto.py", ("tests/test_echo_auto.py", "tests/test_echo_auto_rules.py")),

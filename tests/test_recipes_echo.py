@@ -293,19 +293,19 @@ def test_cuda_runs_channels_last_under_bf16_and_the_cpu_stays_float32_nchw():
 def test_step_time_leaves_out_first_use_costs(colours, one_thread, monkeypatch):
     # The first steps of a fresh process pay cuDNN autotuning and allocator growth; a step time
     # that includes them sets a slower step, hence a longer storage delay and a larger R.
-    import hasten.recipes.echo.run as recipe
+    import hasten.recipes.loop as loop
     from hasten.recipes.echo import measure_step_time
 
-    real_step = recipe.optimizer_step
+    real_step = loop.optimizer_step
     calls = []
 
-    def first_calls_slow(loss, opt):
+    def first_calls_slow(loss, opt, scheduler=None, **hooks):
         calls.append(1)
         if len(calls) <= 3:
             time.sleep(1.0)
-        real_step(loss, opt)
+        real_step(loss, opt, scheduler, **hooks)
 
-    monkeypatch.setattr(recipe, "optimizer_step", first_calls_slow)
+    monkeypatch.setattr(loop, "optimizer_step", first_calls_slow)
     eval_set = EvalSet.of(str(colours), 16, "cpu")
     step = measure_step_time(EchoRunConfig(data=str(colours)), steps=6, warmup=3, eval_set=eval_set)
     assert len(calls) == 9

@@ -10,6 +10,7 @@ from speedrun_helpers import SMALL, TINY_DATA, colours_split
 from speedrun_helpers import run_result as _result
 
 import hasten.recipes.speedrun as speedrun
+import hasten.recipes.speedrun_train as speedrun_train
 from hasten.data import ImageDataset, Split, load_dataset
 from hasten.data.device_loader import Augmentation
 from hasten.data.normalize import channel_stats
@@ -176,7 +177,7 @@ def test_progress_lines_count_the_steps_of_every_run(monkeypatch, capsys):
 
 
 def test_building_the_network_is_outside_the_timed_span(monkeypatch):
-    import hasten.recipes.speedrun as recipe
+    import hasten.recipes.speedrun_train as recipe
 
     class SlowToBuild(SpeedrunNet):
         def __init__(self, *args, **kwargs):
@@ -446,8 +447,8 @@ def test_train_run_whitens_from_a_sample_of_every_class(monkeypatch):
     images[torch.arange(n), labels] = 200  # the class is the bright channel
     data = ImageDataset("ordered", ["r", "g", "b"], Split(images, labels), colours_split(30, 1), "memory")
     seen = []
-    original = speedrun.init_whitening_conv
-    monkeypatch.setattr(speedrun, "init_whitening_conv",
+    original = speedrun_train.init_whitening_conv
+    monkeypatch.setattr(speedrun_train, "init_whitening_conv",
                         lambda conv, x: seen.append(x) or original(conv, x))
     speedrun.train_run(SMALL, data, torch.device("cpu"), mean_std=([100.0] * 3, [90.0] * 3), max_steps=1)
     (whitened,) = seen

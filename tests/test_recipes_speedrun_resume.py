@@ -9,6 +9,7 @@ import torch
 from speedrun_helpers import SMALL, TINY_DATA
 
 import hasten.recipes.speedrun as speedrun
+import hasten.recipes.speedrun_train as speedrun_train
 from hasten.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from hasten.data.normalize import channel_stats
 from hasten.errors import ConfigError
@@ -23,13 +24,13 @@ CPU = torch.device("cpu")
 def evaluated(monkeypatch):
     """The weights of every evaluation, in order: the last one of a run is its final evaluation's."""
     seen = []
-    evaluate = speedrun.evaluate
+    evaluate = speedrun_train.evaluate
 
     def recording(model, batches, level="none", **kwargs):
         seen.append({k: v.clone() for k, v in model.state_dict().items()})
         return evaluate(model, batches, level, **kwargs)
 
-    monkeypatch.setattr(speedrun, "evaluate", recording)
+    monkeypatch.setattr(speedrun_train, "evaluate", recording)
     return seen
 
 

@@ -9,7 +9,9 @@ import torch
 from speedrun_helpers import SMALL, TINY_DATA
 from speedrun_helpers import run_result as _result
 
+import hasten.recipes.loop as loop
 import hasten.recipes.speedrun as speedrun
+import hasten.recipes.speedrun_train as speedrun_train
 import hasten.timing
 from hasten.data import ImageDataset
 from hasten.data.normalize import channel_stats
@@ -84,13 +86,14 @@ class _Instrumented:
                     super().update(model, decay)
             return Recorded
 
-        speedrun_loader, speedrun_whiten = speedrun.GpuLoader, speedrun.init_whitening_conv
-        speedrun_step, speedrun_evaluate = speedrun.optimizer_step, speedrun.evaluate
+        speedrun_loader, speedrun_whiten = speedrun_train.GpuLoader, speedrun_train.init_whitening_conv
+        speedrun_step, speedrun_evaluate = loop.optimizer_step, speedrun_train.evaluate
+        monkeypatch.setattr(loop, "optimizer_step", step)
         for name, value in [("SpeedrunNet", Net), ("GpuLoader", loader), ("init_whitening_conv", whiten),
-                            ("optimizer_step", step), ("evaluate", evaluate),
-                            ("Lookahead", recording(speedrun.Lookahead)),
-                            ("WeightAverage", recording(speedrun.WeightAverage))]:
-            monkeypatch.setattr(speedrun, name, value)
+                            ("evaluate", evaluate),
+                            ("Lookahead", recording(speedrun_train.Lookahead)),
+                            ("WeightAverage", recording(speedrun_train.WeightAverage))]:
+            monkeypatch.setattr(speedrun_train, name, value)
 
     def data(self, dataset: ImageDataset):
         """``dataset`` whose copies to the device cost COPY each."""
@@ -258,13 +261,13 @@ def test_flops_per_run_matches_a_hand_count(whiten, tta, compile):
 def _bias_per_step(monkeypatch, recipe):
     """Train ``recipe`` on TINY_DATA; the whitening bias after every step."""
     biases = []
-    real_step = speedrun.optimizer_step
+    real_step = loop.optimizer_step
 
-    def step(loss, optimizer, scheduler):
-        real_step(loss, optimizer, scheduler)
+    def step(loss, optimizer, scheduler, **hooks):
+        real_step(loss, optimizer, scheduler, **hooks)
         biases.append(optimizer.param_groups[speedrun.WHITEN_BIAS_GROUP]["params"][0].detach().clone())
 
-    monkeypatch.setattr(speedrun, "optimizer_step", step)
+    monkeypatch.setattr(loop, "optimizer_step", step)
     train_run(recipe, TINY_DATA, torch.device("cpu"), mean_std=channel_stats(TINY_DATA.train.images))
     return biases
 

@@ -277,28 +277,28 @@ def test_plan_resume_of_a_finished_run_gives_its_report_instead_of_a_state(tmp_p
 
 def test_lost_peer_message_names_step_checkpoint_and_what_to_do(tmp_path, monkeypatch):
     from hasten.distributed.faults import Terminated
-    from hasten.recipes.train import _lost_peer_message
+    from hasten.recipes.train_stops import lost_peer_message
 
     cfg, run = TrainConfig(checkpoint_every=100), tmp_path / "run"
     gloo = RuntimeError("[/x/gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:4: Connection reset by peer. "
                         "This is typically caused by a remote worker hanging. GLHF!")
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
-    assert _lost_peer_message(gloo, 4, 417, cfg, run) == (
+    assert lost_peer_message(gloo, 4, 417, cfg, run) == (
         f"lost contact with a peer rank at step 417 (torch.distributed: Connection reset by peer); no checkpoint "
         f"in {run} yet (saved every 100 steps; --checkpoint-every N); rerun with --resume auto")
     _saved(run, cfg, 400)
-    assert _lost_peer_message(gloo, 4, 417, cfg, run) == (
+    assert lost_peer_message(gloo, 4, 417, cfg, run) == (
         f"lost contact with a peer rank at step 417 (torch.distributed: Connection reset by peer); newest "
         f"checkpoint: {run / 'checkpoint.pt'} (step 400); rerun with --resume auto")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
-    assert _lost_peer_message(Terminated(), 4, 417, cfg, run).startswith(
+    assert lost_peer_message(Terminated(), 4, 417, cfg, run).startswith(
         "stopped by SIGTERM at step 417 (torchrun sends it when another rank fails)")
-    assert _lost_peer_message(Terminated(), 4, 417, cfg, run).endswith(
+    assert lost_peer_message(Terminated(), 4, 417, cfg, run).endswith(
         "torchrun restarts the workers (restart 1 of 3), which resume from it")
-    assert _lost_peer_message(gloo, 1, 417, cfg, run) is None  # one process has no peers
-    assert _lost_peer_message(RuntimeError("shapes cannot be multiplied"), 4, 417, cfg, run) is None
+    assert lost_peer_message(gloo, 1, 417, cfg, run) is None  # one process has no peers
+    assert lost_peer_message(RuntimeError("shapes cannot be multiplied"), 4, 417, cfg, run) is None
 
 
 def test_resume_mid_epoch_restores_the_shard_loaders_own_position(image_folder, tmp_path):

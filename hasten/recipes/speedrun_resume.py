@@ -1,7 +1,7 @@
 """A stopped speedrun job resumed: its checkpoint (``JobCheckpoint``: the runs
 finished and the run in progress at its last epoch end), what it must share with
 the job that resumes it (``run_identity``), and where a job starts (``plan_resume``:
-fresh, ``--resume auto`` or a path). ``hasten.recipes.speedrun.train_run`` continues
+fresh, ``--resume auto`` or a path). ``hasten.recipes.speedrun_train.train_run`` continues
 a run from its state with the same steps on the same batches.
 
 Changes the training math: no (a resumed run ends with the same weights, bit for bit

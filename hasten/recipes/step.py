@@ -2,12 +2,14 @@
 (backward, optimizer, scheduler) and ``TrainMeter`` (the training loss and accuracy
 summed on the device, read only when reported).
 
-Used by ``hasten.recipes.speedrun``, ``hasten.recipes.train`` and
-``hasten.recipes.echo.run``; each works in a plain PyTorch loop too. Changes the
+Used by ``hasten.recipes.loop`` (the loop every recipe runs) and the recipes' meters;
+each works in a plain PyTorch loop too. Changes the
 training math: no.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -16,11 +18,15 @@ __all__ = ["TrainMeter", "optimizer_step"]
 
 
 def optimizer_step(loss: Tensor, optimizer: torch.optim.Optimizer,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
-    """Backpropagate ``loss``, step ``optimizer`` and then ``scheduler``. Gradients
-    are set to None rather than zeroed: no memset, and the first backward writes."""
+                   scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, *,
+                   before_update: Callable[[], object] | None = None) -> None:
+    """Backpropagate ``loss``, call ``before_update`` (gradients present, weights not
+    yet changed), step ``optimizer`` and then ``scheduler``. Gradients are set to None
+    rather than zeroed: no memset, and the first backward writes."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if before_update is not None:
+        before_update()
     optimizer.step()
     if scheduler is not None:
         scheduler.step()

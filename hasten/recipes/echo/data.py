@@ -33,7 +33,7 @@ from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, EchoCounters, echo_batches, echo_examples, shuffle_buffer
 from hasten.errors import ConfigError
 from hasten.recipes.echo.config import RunSpec, SweepConfig
-from hasten.recipes.echo.run import MEAN, STD
+from hasten.recipes.echo.network import MEAN, STD
 from hasten.stream.decode_pool import decode_records, read_records
 from hasten.stream.records import open_records
 from hasten.stream.slow_storage import SlowStorage, concurrent_reads

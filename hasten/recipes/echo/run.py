@@ -42,17 +42,14 @@ from hasten.echo.repeat_value import gradient_dots, observe_repeat_losses
 from hasten.errors import ConfigError, DataError
 from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
-from hasten.recipes.step import optimizer_step
+from hasten.recipes.echo.eval_set import EvalSet
+from hasten.recipes.echo.network import MEAN, STD, SmallNet, fast_formats, mean_std_on  # noqa: F401 (handed on)
+from hasten.recipes.loop import train_loop
 from hasten.stream.echo_stage import EchoStage
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.slow_storage import SlowStorage
 from hasten.stream.sources import open_source
 from hasten.timing import Stopwatch
-
-# Per-channel mean and std (RGB) of the 50,000 decoded CIFAR-10-JPEG training images, measured
-# in 0-255 units; 0..1 here.
-MEAN = tuple(v / 255 for v in (125.27, 122.93, 113.86))
-STD = tuple(v / 255 for v in (62.53, 61.91, 66.46))
 
 
 # ----------------------------------------------------------------------------- Hyperparameters
@@ -132,69 +129,12 @@ def parse_echo(value) -> float | str:
     return float(check_factor(factor))
 
 
-# ----------------------------------------------------------------------------- Network
-class SmallNet(nn.Sequential):
-    """Three conv-BN-ReLU-maxpool stages and a linear head: fast enough to train on a CPU."""
-
-    def __init__(self, width: int = 16, num_classes: int = 10):
-        layers, cin = [], 3
-        for cout in (width, 2 * width, 4 * width):
-            layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                       nn.MaxPool2d(2)]
-            cin = cout
-        super().__init__(*layers, nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
-
-
 def make_model(cfg: EchoRunConfig, num_classes: int) -> nn.Module:
     if cfg.width:
         return SmallNet(cfg.width, num_classes)
     from hasten.models.speedrun_net import NetConfig, SpeedrunNet
 
     return SpeedrunNet(NetConfig(num_classes=num_classes))
-
-
-def fast_formats(device: torch.device | str) -> tuple[torch.memory_format, bool]:
-    """(memory format, bf16 autocast) for ``device``: channels_last and bf16 on CUDA,
-    where tensor cores want both; contiguous float32 elsewhere (on a CPU bf16
-    convolutions are slower than float32)."""
-    cuda = torch.device(device).type == "cuda"
-    return (torch.channels_last if cuda else torch.contiguous_format), cuda
-
-
-def _mean_std_on(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """MEAN and STD as tensors on ``device``, for :func:`hasten.data.normalize.normalize`."""
-    return torch.tensor(MEAN, device=device), torch.tensor(STD, device=device)
-
-
-# ----------------------------------------------------------------------------- Evaluation
-class EvalSet:
-    """Test images decoded once (at the training resolution) and kept in host memory.
-
-    ``store``: the test split as a store of shards (``EvalSet.of(data, ...)`` opens it)."""
-
-    def __init__(self, store, image_size: int, device: torch.device | str):
-        # The whole image at the training size, as the training images before their crop.
-        batches = list(ShardLoader(store, batch_size=1000, image_size=image_size, train=False, crop="whole"))
-        if not batches:
-            raise DataError(f"the test split holds no readable image ({sum(store.examples)} listed)")
-        self.images = torch.cat([x for x, _ in batches])
-        self.labels = torch.cat([y for _, y in batches])
-        self.device = torch.device(device)
-        self.mean, self.std = _mean_std_on(self.device)
-        # A fixed, class-balanced-by-chance subset to detect the target quickly.
-        self.order = torch.from_numpy(np.random.default_rng(12345).permutation(len(self.labels)))
-
-    @classmethod
-    def of(cls, data: str, image_size: int, device: torch.device | str) -> EvalSet:
-        """The test split of ``data`` (a folder, archive, shard directory or URL)."""
-        return cls(open_source(data, "test"), image_size, device)
-
-    def batches(self, n: int | None = None, batch_size: int = 2000):
-        """Normalised (images, labels) on the device: the first ``n`` of the fixed order (None: all)."""
-        idx = self.order[:n] if n else self.order
-        for part in idx.split(batch_size):
-            x = normalize(self.images[part].to(self.device, non_blocking=True), self.mean, self.std)
-            yield x, self.labels[part].to(self.device)
 
 
 # ----------------------------------------------------------------------------- Training
@@ -262,68 +202,71 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         batchnorm_in_float32(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True,
                           weight_decay=cfg.weight_decay)
-    mean, std = _mean_std_on(dev)
+    mean, std = mean_std_on(dev)
     waiting, stepping = Stopwatch(dev), Stopwatch(dev)  # the run's clock is their sum
     steps = 0
-    accuracy = 0.0
     reached = False
     factors = []
     untimed_s = 0.0  # step time of the first untimed_steps steps
     channels_last = memory_format == torch.channels_last
-    for epoch in count():
-        loader.set_epoch(epoch)
-        it = iter(loader)
-        epoch_start = steps
-        try:
-            while True:
-                waiting.start()
-                batch = next(it, None)
-                waiting.stop()
-                if batch is None:
-                    if steps == epoch_start:  # else the next epoch would be as empty, forever
-                        raise DataError(f"{cfg.data}: an epoch gave no training batch: {sum(store.examples)} training "
-                                        f"image(s), {len(loader.skipped)} of them unreadable, batches of "
-                                        f"{cfg.batch_size}")
-                    break
-                stepping.start()
-                x, y, copies = batch
-                x = normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last)
-                y = y.to(dev)
-                if measure and auto.value_due():
-                    with autocast(dev, bf16):  # at the step's weights, before its update
-                        dots = gradient_dots(model, lambda out, t: cross_entropy(
-                            out, t, label_smoothing=cfg.label_smoothing), x, y, copies, generator=value_rng)
-                    if dots is not None:
-                        auto.report_repeat_gradients(*dots)
-                with autocast(dev, bf16):
-                    logits = model(x)
-                if measure:
-                    losses = cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none")
-                    optimizer_step(losses.mean(), opt)
-                    observe_repeat_losses(auto, losses, copies)  # repeats memorised: the cap on e comes down
-                else:
-                    optimizer_step(cross_entropy(logits, y, label_smoothing=cfg.label_smoothing), opt)
-                stepped = stepping.stop()
-                if steps < untimed_steps:
-                    untimed_s += stepped
-                steps += 1
-                factors.append(auto.factor if auto is not None else cfg.echo)
-                if steps % cfg.eval_every == 0:
-                    # Neither the storage nor AutoEcho's measurement runs on during an evaluation.
-                    with storage.paused(), (auto.paused() if auto is not None else nullcontext()):
-                        accuracy = evaluate(model, eval_set.batches(cfg.eval_images))
-                    if log is not None:
-                        log(step=steps, fresh=loader.counters.fresh_examples, accuracy=accuracy,
-                            wall_s=waiting.elapsed + stepping.elapsed, echo=factors[-1])
-                    if accuracy >= cfg.target:
-                        reached = True
+
+    def inputs():
+        """The stage's batches on the device, epoch after epoch; fetching one is waiting."""
+        for epoch in count():
+            loader.set_epoch(epoch)
+            it = iter(loader)
+            epoch_start = steps
+            try:
+                while True:
+                    waiting.start()
+                    batch = next(it, None)
+                    waiting.stop()
+                    if batch is None:
+                        if steps == epoch_start:  # else the next epoch would be as empty, forever
+                            raise DataError(f"{cfg.data}: an epoch gave no training batch: {sum(store.examples)} "
+                                            f"training image(s), {len(loader.skipped)} of them unreadable, batches "
+                                            f"of {cfg.batch_size}")
                         break
-                if loader.counters.fresh_examples >= cfg.max_fresh:
-                    break
-        finally:
-            it.close()
-        if reached or loader.counters.fresh_examples >= cfg.max_fresh:
-            break
+                    stepping.start()
+                    x, y, copies = batch
+                    yield normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last), y.to(dev), copies
+            finally:
+                it.close()
+
+    def loss_fn(logits, y):  # per example when AutoEcho reads what repeats are worth
+        return cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none" if measure else "mean")
+
+    def repeat_value(s) -> None:
+        if auto.value_due():
+            with autocast(dev, bf16):  # at the step's weights, before its update
+                dots = gradient_dots(model, lambda out, t: cross_entropy(
+                    out, t, label_smoothing=cfg.label_smoothing), s.x, s.y, s.extra[0], generator=value_rng)
+            if dots is not None:
+                auto.report_repeat_gradients(*dots)
+
+    def after_step(s) -> bool:
+        nonlocal steps, untimed_s, reached
+        if measure:
+            observe_repeat_losses(auto, s.loss, s.extra[0])  # repeats memorised: the cap on e comes down
+        stepped = stepping.stop()
+        if s.number <= untimed_steps:
+            untimed_s += stepped
+        steps = s.number
+        factors.append(auto.factor if auto is not None else cfg.echo)
+        if steps % cfg.eval_every == 0:
+            # Neither the storage nor AutoEcho's measurement runs on during an evaluation.
+            with storage.paused(), (auto.paused() if auto is not None else nullcontext()):
+                accuracy = evaluate(model, eval_set.batches(cfg.eval_images))
+            if log is not None:
+                log(step=steps, fresh=loader.counters.fresh_examples, accuracy=accuracy,
+                    wall_s=waiting.elapsed + stepping.elapsed, echo=factors[-1])
+            if accuracy >= cfg.target:
+                reached = True
+                return True
+        return loader.counters.fresh_examples >= cfg.max_fresh
+
+    train_loop(model, opt, inputs(), loss_fn, device=dev, bf16=bf16, before_forward=repeat_value if measure else None,
+               after_step=after_step)
     c = loader.counters
     wait_s, step_s = waiting.elapsed, stepping.elapsed
     # The storage's time per batch over step time: the part of R the slow storage adds (decoding adds

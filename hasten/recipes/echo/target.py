@@ -4,7 +4,7 @@ arXiv:1907.05550, section 3: time to a target with the slow stage before the ech
 
 The design (``SweepConfig.at_target`` holds the numbers):
 
-- **Training** is ``hasten.recipes.echo.sweep.train_budget``: host-memory images,
+- **Training** is ``hasten.recipes.echo.budget.train_budget``: host-memory images,
   per-example random crop and flip after the echo stage (the paper's
   "example echoing before augmentation"), SGD with Nesterov momentum, a warm-up and a
   linear decay to 0 over a budget of steps, evaluations on 5,000 fixed test images at
@@ -47,7 +47,10 @@ from hasten.progress import progress
 from hasten.recipes.echo.clock import ModelledClocks
 from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import load_data
-from hasten.recipes.echo.sweep import _brief, _rank, auto_settings, current_step_time, train_budget, tune
+from hasten.recipes.echo.budget import train_budget
+from hasten.recipes.echo.journal import auto_settings
+from hasten.recipes.echo.loader_search import current_step_time
+from hasten.recipes.echo.tune import _brief, _rank, tune
 from hasten.rundir import RunJournal
 from hasten.stats import mean_ci, paired_ratios
 from hasten.timing import interleaved

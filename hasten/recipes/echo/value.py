@@ -38,7 +38,7 @@ import numpy as np
 from hasten.progress import progress
 from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import load_data
-from hasten.recipes.echo.sweep import train_budget
+from hasten.recipes.echo.budget import train_budget
 
 
 
