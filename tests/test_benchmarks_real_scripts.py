@@ -112,6 +112,21 @@ def test_goal_figures():
     assert "MISSED" in bench.goals_text(s)
 
 
+def test_a_compute_fix_is_not_held_to_the_data_free_truth():
+    # an input-bound verdict's #1 may be bf16 autocast (the top fix of every kind is shown): the truth's
+    # data-free ceiling (x2 here) neither bounds it nor is its yardstick; a data fix above it is flagged
+    a = cases.CASES[0].name
+    bf16 = {"fix": "bf16 autocast", "kind": "compute", "predicted": 2.5, "verified": 2.4, "bound": 40.0,
+            "verified_interval": [2.3, 2.5]}
+    old_bf16 = {k: v for k, v in bf16.items() if k != "kind"}   # a run recorded before kinds were kept
+    data = {"fix": "device-resident loader", "kind": "input", "predicted": 2.5, "verified": 1.95, "bound": 3.0,
+            "verified_interval": [1.9, 2.0]}
+    s = bench.judge([_run(a, 0, "input-bound", fix=bf16), _run(a, 1, "input-bound", fix=old_bf16),
+                     _run(a, 2, "input-bound", fix=data)])
+    assert [x["repeat"] for x in s["predictions_above_bound"]] == [2]
+    assert s["verified_to_truth_ceiling_within_15pct"] == "1/1"
+
+
 def test_no_runs_judge_no_goal_as_met():
     s = bench.judge([{"case": cases.CASES[0].name, "repeat": 0, "skipped": "needs x"}])
     assert all(met is None for _, _, met in s["goals"].values())
