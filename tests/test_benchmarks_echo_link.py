@@ -84,7 +84,8 @@ def test_the_rule_digest_follows_the_rules_source(monkeypatch, tmp_path):
 
     before = auto_module.rule_digest()
     assert len(before) == 16 and before == auto_module.rule_digest()
-    for name in ("auto.py", "effective.py", "ranks.py", "repeat_value.py"):
+    assert "factor_rule.py" in auto_module.RULE_FILES
+    for name in auto_module.RULE_FILES:
         (tmp_path / name).write_bytes((Path(auto_module.__file__).parent / name).read_bytes())
     monkeypatch.setattr(auto_module, "__file__", str(tmp_path / "auto.py"))
     assert auto_module.rule_digest() == before

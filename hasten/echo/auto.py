@@ -52,6 +52,9 @@ LATER_REPEAT_VALUE = 0.80
 REPEAT_DECAY = math.inf
 
 
+RULE_FILES = ("auto.py", "effective.py", "factor_rule.py", "ranks.py", "repeat_value.py")
+
+
 def rule_digest() -> str:
     """A digest of the source of AutoEcho's rule (this module and the four it is built from):
     run journals key AutoEcho's runs on it; a changed rule reruns them, not the others."""
@@ -59,8 +62,7 @@ def rule_digest() -> str:
     from pathlib import Path
 
     here = Path(__file__).parent
-    names = ("auto.py", "effective.py", "factor_rule.py", "ranks.py", "repeat_value.py")
-    text = b"".join((here / name).read_bytes() for name in names)
+    text = b"".join((here / name).read_bytes() for name in RULE_FILES)
     return hashlib.sha256(text).hexdigest()[:16]
 
 
