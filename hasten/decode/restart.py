@@ -287,6 +287,20 @@ def decode_region(data: bytes, box: tuple[int, int, int, int], scale: tuple[int,
     that cover ``box``; None when ``data`` has no usable restart layout (no markers, an
     interval that does not divide the MCU row, or not as many intervals as its header says):
     the caller decodes it the usual way. Damaged data raises ``BadImageError`` as there."""
+    part = intervals_under(data, box, scale)
+    if part is None:
+        return None
+    smaller, (y, x) = part
+    top, left, height, width = box
+    out, (_, left_at) = turbojpeg.decode_region(smaller, (top - y, left - x, height, width), scale, name)
+    return out, (top, left_at + x)
+
+
+def intervals_under(data: bytes, box: tuple[int, int, int, int],
+                    scale: tuple[int, int] = (1, 1)) -> tuple[bytes, tuple[int, int]] | None:
+    """(a JPEG of the restart intervals that cover ``box`` and ``turbojpeg.EDGE`` pixels
+    around it, (top, left) of that JPEG in the image at ``scale``); ``data`` itself at
+    (0, 0) when they are all of it; None without a usable restart layout."""
     lay = layout(data)
     if lay is None or lay.interval == 0 or lay.mcu_cols % lay.interval or not data.endswith(_EOI):
         return None
@@ -305,7 +319,7 @@ def decode_region(data: bytes, box: tuple[int, int, int, int], scale: tuple[int,
     if len(starts) != lay.mcu_rows * per_row:
         return None
     if (r0, c0, r1, c1) == (0, 0, lay.mcu_rows - 1, per_row - 1):
-        return turbojpeg.decode_region(data, box, scale, name)
+        return data, (0, 0)
     ends = np.empty_like(starts)
     ends[:-1], ends[-1] = starts[1:] - 2, len(data) - 2
     rows = np.arange(r0, r1 + 1) * per_row
@@ -319,7 +333,4 @@ def decode_region(data: bytes, box: tuple[int, int, int, int], scale: tuple[int,
     head = bytearray(view[:lay.scan])
     struct.pack_into(">HH", head, lay.sof + 5, min(lay.height - r0 * lay.mcu_height, len(rows) * lay.mcu_height),
                      min(lay.width - x0, (c1 - c0 + 1) * lay.interval * lay.mcu_width))
-    y, x = r0 * mh, c0 * lay.interval * mw
-    out, (_, left_at) = turbojpeg.decode_region(bytes(head + body + _EOI), (top - y, left - x, height, width),
-                                                scale, name)
-    return out, (top, left_at + x)
+    return bytes(head + body + _EOI), (r0 * mh, c0 * lay.interval * mw)
