@@ -28,7 +28,7 @@ def _jpeg(h=375, w=500, subsampling="4:2:0", seed=0, mode="RGB", **save):
 
 def _intervals(data):
     lay = restart.layout(data)
-    return lay.interval, len(restart._interval_starts(data, lay.scan)), lay.mcu_rows * lay.mcu_cols
+    return lay.interval, len(restart._search_starts(data, lay.scan)), lay.mcu_rows * lay.mcu_cols
 
 
 @needs_both
@@ -128,9 +128,32 @@ def test_damaged_input_is_refused_and_damaged_output_named():
         restart.add_restart_markers(data, interval_px=0)
     marked = restart.add_restart_markers(data)
     lay = restart.layout(marked)
-    starts = restart._interval_starts(marked, lay.scan)
+    starts = restart._search_starts(marked, lay.scan)
     cut = marked[:starts[40] + 3] + b"\xff\xd9"  # cut inside an interval under the box
     assert restart.decode_region(cut, (0, 0, 200, 300)) is None  # fewer intervals than the header says
     broken = marked[:starts[40] + 3] + b"\xff\xd9" + marked[starts[40] + 5:]  # an EOI inside an interval
     with pytest.raises(BadImageError, match="x.jpg"):
         restart.decode_region(broken, (0, 0, 200, 300), name="x.jpg")
+
+
+@needs_both
+def test_stored_interval_lengths_are_used_only_when_they_match_the_scan():
+    data = restart.add_restart_markers(_jpeg(320, 480))
+    lay = restart.layout(data)
+    assert lay.index > 0
+    assert np.array_equal(restart._interval_starts(data, lay), restart._search_starts(data, lay.scan))
+    full, _ = tj.decode_region(data)
+    box = (100, 150, 60, 90)
+    # Lengths that disagree with the scan (one interval 1 byte longer, the next 1 shorter:
+    # the same total): the markers are not where they say, so the scan is searched instead.
+    wrong = bytearray(data)
+    lengths = np.frombuffer(wrong, "<u2", 2, lay.index).copy()
+    wrong[lay.index:lay.index + 4] = (lengths + np.array([1, -1])).astype("<u2").tobytes()
+    wrong = bytes(wrong)
+    assert np.array_equal(restart._interval_starts(wrong, restart.layout(wrong)), restart._search_starts(wrong, lay.scan))
+    for d in (data, wrong):
+        region, (_, left) = restart.decode_region(d, box)
+        assert np.array_equal(region[:, box[1] - left:box[1] - left + box[3]], full[100:160, 150:240])
+    # Marked again, a marked file gets one index, its own.
+    again = restart.add_restart_markers(data)
+    assert again.count(restart._INDEX_ID) == 1
