@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     configs, work = [], {}
     for s in sizes:
         jobs = boxes(plain, s, args.seed)
-        work[(s, "region decode", "as given")] = (turbojpeg.decode_region, [(d, b, sc) for d, (b, sc) in zip(plain, jobs)])
+        work[(s, "region decode", "as given")] = (turbojpeg.decode_region,
+                                                 [(d, b, sc) for d, (b, sc) in zip(plain, jobs)])
         work[(s, "region decode", "restart markers")] = (restart.decode_region,
                                                         [(d, b, sc) for d, (b, sc) in zip(marked, jobs)])
         # libjpeg-turbo's part of it: the JPEG of the intervals under the box made beforehand.
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append({"size": s, "stage": stage, "files": kind, "cpu_ms_per_image": values, "mean": m, "ci95": half})
         print(f"{s:4d} px  {stage:14s} {kind:18s} {plus_minus(m, half, '.3f')} CPU ms / image  (n={len(values)} "
               f"repeats of {len(plain)} images)")
-    bytes_ = {"as_given": sum(map(len, plain)), "optimised_no_markers": optimised, "restart_markers": sum(map(len, marked))}
+    bytes_ = {"as_given": sum(map(len, plain)), "optimised_no_markers": optimised,
+              "restart_markers": sum(map(len, marked))}
     print(f"bytes: as given {bytes_['as_given'] / 1e6:.2f} MB, optimised tables only {optimised / 1e6:.2f} MB, with "
           f"markers {bytes_['restart_markers'] / 1e6:.2f} MB; adding markers {pack_ms:.2f} CPU ms / image "
           f"({len(keep)} of {args.images} marked)")

@@ -150,7 +150,8 @@ def test_stored_interval_lengths_are_used_only_when_they_match_the_scan():
     lengths = np.frombuffer(wrong, "<u2", 2, lay.index).copy()
     wrong[lay.index:lay.index + 4] = (lengths + np.array([1, -1])).astype("<u2").tobytes()
     wrong = bytes(wrong)
-    assert np.array_equal(restart._interval_starts(wrong, restart.layout(wrong)), restart._search_starts(wrong, lay.scan))
+    found = restart._interval_starts(wrong, restart.layout(wrong))
+    assert np.array_equal(found, restart._search_starts(wrong, lay.scan))
     for d in (data, wrong):
         region, (_, left) = restart.decode_region(d, box)
         assert np.array_equal(region[:, box[1] - left:box[1] - left + box[3]], full[100:160, 150:240])

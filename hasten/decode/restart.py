@@ -14,7 +14,11 @@ Pillow bundles (libjpeg-turbo, ABI 62, called by ``ctypes``): intervals of about
 ``interval_px`` pixels, a whole number of them per MCU row, optimised Huffman tables, the
 other application segments (EXIF, ICC) copied. It refuses (returns None) what it cannot
 carry over exactly (progressive, arithmetic-coded or lossless JPEGs, CMYK, files a strict
-decode refuses) and checks each result: the decoded pixels must equal the input's.
+decode refuses) and checks each result: the decoded pixels must equal the input's. An
+APP9 segment stores the intervals' lengths, so that a decode need not search the scan for
+its markers (they are checked against the markers before use). libjpeg's fatal-error
+handler cannot return to Python: the strict decode before each transcode keeps bad input
+away from it, and were it reached, the process ends with one line on stderr.
 
 ``decode_region`` then decodes a box of such a file through a smaller JPEG made of the
 intervals that cover it (plus ``turbojpeg.EDGE`` pixels, for the chroma upsampling at
@@ -44,7 +48,7 @@ from hasten.decode import turbojpeg
 from hasten.errors import BadImageError
 
 DEFAULT_INTERVAL_PX = 32  # measured: 16 and 32 px decode alike; 32 costs fewer bytes
-# libjpeg's ABI 62 on LP64 (turbojpeg.h's jpeglib.h: sizeof and offsetof, boolean = int).
+# libjpeg's ABI 62 on LP64 (jpeglib.h's sizeof and offsetof, boolean = int); elsewhere: not available().
 _COMPRESS_SIZE, _DECOMPRESS_SIZE, _ERROR_MGR_SIZE = 520, 632, 168
 _C_OPTIMIZE_CODING, _C_RESTART_INTERVAL = 264, 280
 _ERR_OUTPUT_MESSAGE, _ERR_NUM_WARNINGS = 16, 128
