@@ -1,7 +1,10 @@
 """Restart markers at pack time (issue 46): CPU per random crop before and after, and bytes.
 
+Tried as an opt-in of ``hasten data pack`` and not shipped (docs/results/imagenet-pipeline.md);
+this script and ``_restart_markers.py`` beside it keep the measurement reproducible.
+
 For each JPEG of a set: the file as given, and the same file written again by
-``hasten.decode.restart.add_restart_markers`` (restart markers about every 32 px,
+``_restart_markers.add_restart_markers`` (restart markers about every 32 px,
 optimised Huffman tables: the same pixels, checked here crop by crop). For each crop
 size, one random-resized-crop box per image (torchvision's distribution, the DCT scale
 and box as ``hasten.stream.fused_crop`` picks them), measured in one process, one
@@ -9,10 +12,12 @@ thread, as CPU seconds (``time.process_time``) per image:
 
 - ``region decode``: the box's decode, libjpeg-turbo 3's partial decode of the file as
   given (``hasten.decode.turbojpeg``) against the decode of the intervals under the box
-  (``hasten.decode.restart``), and that decode's libjpeg-turbo part alone (``intervals
-  prebuilt``: the smaller JPEG made beforehand; what is left is Python's share);
+  (``_restart_markers.decode_region``), and that decode's libjpeg-turbo part alone
+  (``intervals prebuilt``: the smaller JPEG made beforehand; what is left is Python's share);
 - ``fused crop``: a decode worker's whole work per image (``fused_crop``: header, box,
-  decode, OpenCV resize into a reused slot, flip) on each file.
+  decode, OpenCV resize into a reused slot, flip) on each file; for the marked files with
+  ``hasten.decode.image``'s region decode routed as the opt-in wired it
+  (``image_decode_with_markers``: the intervals under the box, for every crop).
 
 Also the bytes (as given; written again without markers, optimised tables only; with
 markers) and the CPU of adding the markers at pack time. Configurations run in a fresh
@@ -31,15 +36,19 @@ one repeat, nothing written unless ``--out`` is given).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 
+import _restart_markers as restart
+import hasten.decode.image
 from _common import RESULTS, MeasuredConditions, mean_ci, plus_minus, write_results
-from hasten.decode import restart, turbojpeg
+from hasten.decode import turbojpeg
 from hasten.decode.header import read_header
 from hasten.stream.fused_crop import _scaled_box, dct_scale, fused_crop, random_resized_box
 from hasten.timing import interleaved
@@ -71,11 +80,32 @@ def boxes(datas: list[bytes], size: int, seed: int) -> list[tuple[tuple[int, int
     return out
 
 
-def cpu_ms_per_image(fn, items) -> float:
-    start = time.process_time()
-    for item in items:
-        fn(*item)
-    return (time.process_time() - start) / len(items) * 1e3
+def decode_with_markers(data: bytes, box=None, scale: tuple[int, int] = (1, 1), name: str = "<bytes>"):
+    """``turbojpeg.decode_region`` as the opt-in wired it into ``hasten.decode.image``: a file
+    with usable restart markers through the intervals under the box, any other the usual way
+    (the check costs every crop about 5 us)."""
+    got = restart.decode_region(data, box, scale, name)
+    return got if got is not None else turbojpeg.decode_region(data, box, scale, name)
+
+
+@contextlib.contextmanager
+def image_decode_with_markers():
+    """``hasten.decode.image.decode`` (so ``fused_crop``) with ``decode_with_markers`` as its
+    region decode, for the duration."""
+    real = hasten.decode.image.turbojpeg
+    hasten.decode.image.turbojpeg = types.SimpleNamespace(available=real.available, decode_region=decode_with_markers)
+    try:
+        yield
+    finally:
+        hasten.decode.image.turbojpeg = real
+
+
+def cpu_ms_per_image(fn, items, route=contextlib.nullcontext) -> float:
+    with route():
+        start = time.process_time()
+        for item in items:
+            fn(*item)
+        return (time.process_time() - start) / len(items) * 1e3
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -89,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     if not (restart.available() and turbojpeg.available()):
-        raise SystemExit("needs libturbojpeg 3 (the turbojpeg wheel) and a libjpeg of ABI 62 (Pillow's)")
+        raise SystemExit("needs libturbojpeg 3 (the turbojpeg wheel) and a libjpeg of ABI 62 (Pillow's, LP64)")
     if args.smoke:
         args.images, args.repeats = 24, 1
     name, plain = load_set(args.folder, args.images, args.seed)
@@ -113,19 +143,20 @@ def main(argv: list[str] | None = None) -> dict:
         parts = [(restart.intervals_under(d, b, sc), b, sc) for d, (b, sc) in zip(marked, jobs)]
         work[(s, "region decode", "intervals prebuilt")] = (turbojpeg.decode_region, [
             (small, (b[0] - y, b[1] - x, b[2], b[3]), sc) for (small, (y, x)), b, sc in parts])
-        for kind, files in (("as given", plain), ("restart markers", marked)):
-            crop = (lambda s: lambda d, i: fused_crop(d, "x", s, rng=np.random.default_rng([args.seed, i]),
-                                                      out=slots[s]))(s)
-            work[(s, "fused crop", kind)] = (crop, [(d, i) for i, d in enumerate(files)])
+        crop = (lambda s: lambda d, i: fused_crop(d, "x", s, rng=np.random.default_rng([args.seed, i]),
+                                                  out=slots[s]))(s)
+        for kind, files, route in (("as given", plain, contextlib.nullcontext),
+                                   ("restart markers", marked, image_decode_with_markers)):
+            work[(s, "fused crop", kind)] = (crop, [(d, i) for i, d in enumerate(files)], route)
         for i in range(0, len(plain), max(1, len(plain) // 16)):  # the same crops, pixel for pixel
             a = fused_crop(plain[i], "x", s, rng=np.random.default_rng([args.seed, i])).copy()
-            assert np.array_equal(a, fused_crop(marked[i], "x", s, rng=np.random.default_rng([args.seed, i])))
+            with image_decode_with_markers():
+                assert np.array_equal(a, fused_crop(marked[i], "x", s, rng=np.random.default_rng([args.seed, i])))
         configs += list(k for k in work if k[0] == s)
     times: dict = {k: [] for k in configs}
     with MeasuredConditions("cpu", seconds=0.2 if args.smoke else 1.0) as cond:
         for _, key in interleaved(configs, args.repeats, seed=args.seed):
-            fn, items = work[key]
-            times[key].append(cpu_ms_per_image(fn, items))
+            times[key].append(cpu_ms_per_image(*work[key]))
     rows = []
     for (s, stage, kind), values in times.items():
         stats = mean_ci(values)

@@ -6,7 +6,6 @@ import pytest
 
 from cli_helpers import exit_status
 from hasten.cli import main
-from hasten.decode import restart, turbojpeg
 from hasten.stream.shard_store import open_shards
 
 
@@ -45,16 +44,6 @@ def test_pack_max_side_prints_what_it_resized(photo_folder, tmp_path, capsys):
     line, = [x for x in capsys.readouterr().out.splitlines() if x.startswith("max side 128:")]
     assert f"{index['presize']['resized']} of 72 images resized (JPEG quality 80" in line and "MB ->" in line
 
-
-
-@pytest.mark.skipif(not (restart.available() and turbojpeg.available()),
-                    reason="no libjpeg of ABI 62 (Pillow's) or no libturbojpeg 3")
-def test_pack_restart_markers_prints_what_it_marked(photo_folder, tmp_path, capsys):
-    out = tmp_path / "out"
-    assert main(["data", "pack", str(photo_folder), str(out), "--restart-markers"]) == 0
-    index = json.loads((out / "index.json").read_text())
-    line, = [x for x in capsys.readouterr().out.splitlines() if x.startswith("restart markers:")]
-    assert index["restart_markers"]["marked"] == 72 and "72 images marked, 0 kept as they are" in line
 
 @pytest.mark.parametrize("flags, says", [
     (["--max-side", "0"], "argument --max-side: must be an integer >= 32, got '0'"),

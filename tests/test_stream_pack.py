@@ -5,8 +5,6 @@ import numpy as np
 import pytest
 
 from hasten.data.layout import parse_layout
-from hasten.decode import restart, turbojpeg
-from hasten.decode.image import decode
 from hasten.errors import DataError
 from hasten.stream.pack import pack
 from hasten.stream.shard_store import open_shards
@@ -81,29 +79,3 @@ def test_refuses_a_non_empty_output_and_bad_sizes(photo_folder, tmp_path):
         pack(photo_folder, tmp_path / "busy")
     with pytest.raises(ValueError, match="shard_bytes"):
         pack(photo_folder, tmp_path / "new", shard_bytes=10)
-
-
-@pytest.mark.skipif(not (restart.available() and turbojpeg.available()),
-                    reason="no libjpeg of ABI 62 (Pillow's) or no libturbojpeg 3")
-def test_restart_markers_store_the_same_pixels_and_say_so_in_the_index(photo_folder, tmp_path):
-    index = pack(photo_folder, tmp_path / "out", shard_bytes=60_000, seed=5, restart_markers=True)
-    marked = index["restart_markers"]
-    want, _ = _source_examples(photo_folder, "train")
-    got, _ = _packed_examples(tmp_path / "out", "train")
-    order = np.random.default_rng(5).permutation(len(want))
-    for (data, label), k in zip(got, order):
-        original, original_label = want[k]
-        assert label == original_label and data != original
-        assert restart.layout(data).interval > 0
-        assert np.array_equal(decode(data), decode(original))
-    total = sum(e["examples"] for e in index["splits"].values())
-    assert marked["marked"] == total and marked["kept"] == 0
-    assert marked["bytes_out"] == sum(len(d) for d, _ in got) + sum(len(d) for d, _ in _packed_examples(
-        tmp_path / "out", "test")[0])
-
-
-def test_restart_markers_without_a_libjpeg_are_refused_by_name(photo_folder, tmp_path, monkeypatch):
-    monkeypatch.setattr(restart, "_lib", None)
-    with pytest.raises(DataError, match="restart markers need a libjpeg"):
-        pack(photo_folder, tmp_path / "out", restart_markers=True)
-    assert not (tmp_path / "out").exists()

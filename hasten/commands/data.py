@@ -1,6 +1,6 @@
 """``hasten data``: prepare data sets for the streaming pipeline.
 
-    hasten data pack SRC OUTDIR [--shard-size-mb 64] [--seed 0] [--max-side N [--quality 90]] [--restart-markers]
+    hasten data pack SRC OUTDIR [--shard-size-mb 64] [--seed 0] [--max-side N [--quality 90]]
     hasten data jpeg [SRC] OUT [--quality 75]
 
 
@@ -9,9 +9,6 @@ as tar shards in the web-dataset layout plus ``index.json`` (``hasten.stream.pac
 which ``hasten train --loader stream --data OUTDIR`` streams with a bounded amount
 of memory (``hasten.stream.shard_loader``). ``--max-side N`` stores JPEGs larger than N
 re-encoded with their longer side N (``hasten.stream.presize``: changes the data).
-``--restart-markers`` stores JPEGs with restart markers added losslessly (the same
-pixels; ``hasten.decode.restart``): a random crop's decode then skips the Huffman
-decoding outside the box.
 
 ``jpeg`` writes a data set (default: the canonical CIFAR-10, downloaded and
 md5-checked) as JPEG files in the image-folder layout, as a directory or a .tar.xz
@@ -45,9 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "default: bytes unchanged")
     pack.add_argument("--quality", type=t.int_range(1, 100), default=None,
                       help=f"JPEG quality of the re-encoded images with --max-side (default {DEFAULT_QUALITY})")
-    pack.add_argument("--restart-markers", action="store_true",
-                      help="store JPEGs with restart markers added losslessly (same pixels, a few %% more bytes): "
-                           "random crops decode only the intervals under the box")
     jpeg = sub.add_parser("jpeg", help="data set -> JPEG image folder or archive (makes CIFAR-10-JPEG)",
                           description="Write a data set as JPEG files (train/<class>/NNNN.jpg, test/<class>/NNNN.jpg) "
                           "into a new directory or a .tar/.tar.gz/.tar.xz archive. With no SRC: the canonical "
@@ -72,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     quality = DEFAULT_QUALITY if args.quality is None else args.quality
     index = pack(args.src, args.outdir, shard_bytes=max(4096, int(args.shard_size_mb * (1 << 20))), seed=args.seed,
-                 shuffle=not args.no_shuffle, max_side=args.max_side, quality=quality,
-                 restart_markers=args.restart_markers)
+                 shuffle=not args.no_shuffle, max_side=args.max_side, quality=quality)
     for split, entry in index["splits"].items():
         size = sum(s["bytes"] for s in entry["shards"])
         print(f"{split}: {entry['examples']} images in {len(entry['shards'])} shard(s), {size / 1e6:.1f} MB")
@@ -83,10 +76,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"max side {args.max_side}: {sized['resized']} of {total} images resized (JPEG quality {quality}, "
               f"{sized['encoder']}){kept}; image bytes {sized['bytes_in'] / 1e6:.1f} MB -> "
               f"{sized['bytes_out'] / 1e6:.1f} MB")
-    if args.restart_markers:
-        marked = index["restart_markers"]
-        print(f"restart markers: {marked['marked']} images marked, {marked['kept']} kept as they are; image bytes "
-              f"{marked['bytes_in'] / 1e6:.1f} MB -> {marked['bytes_out'] / 1e6:.1f} MB")
     print(f"{len(index['classes'])} classes; index {args.outdir}/index.json")
     return 0
 

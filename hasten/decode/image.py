@@ -5,9 +5,7 @@ One entry for every reader of images in hasten. The header is read once
 and the format and the request pick the decoder:
 
 - a region of a JPEG: libjpeg-turbo 3's partial decode (``hasten.decode.turbojpeg``:
-  only the region's rows and columns, at the scale), where its library loads; of a JPEG
-  packed with restart markers, only the restart intervals under the region
-  (``hasten.decode.restart``);
+  only the region's rows and columns, at the scale), where its library loads;
 - a whole JPEG, or a region where that decoder cannot (no library, a CMYK JPEG):
   simplejpeg at the scale, then cut; where simplejpeg is missing or fails, Pillow
   (``Image.draft`` for the scale), which also names the reason of a bad file;
@@ -31,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hasten.decode import backends, restart, turbojpeg
+from hasten.decode import backends, turbojpeg
 from hasten.decode.header import Header, read_header
 from hasten.errors import BadImageError
 
@@ -74,9 +72,7 @@ def decode(data: bytes, name: str = "<bytes>", *, header: Header | None = None, 
         if region is not None and turbojpeg.available():
             try:
                 box = (region.top, region.left, region.height, region.width)
-                # A file packed with restart markers: only the intervals under the box (None: none).
-                got = restart.decode_region(data, box, scale, name)
-                rows, (_, left) = got if got is not None else turbojpeg.decode_region(data, box, scale, name)
+                rows, (_, left) = turbojpeg.decode_region(data, box, scale, name)
                 return rows[:, region.left - left:]  # the decoded rows start on an iMCU column at or left of the box
             except BadImageError:
                 pass  # decoded whole below, which names the reason (or converts a CMYK JPEG)

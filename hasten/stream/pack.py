@@ -25,13 +25,8 @@ exceeds N is stored re-encoded with its longer side N (``hasten.stream.presize``
 FFCV's ``max_resolution``); smaller images keep their bytes. The index records
 ``max_side`` (null: images as given) and, when set, what was resized.
 
-With ``restart_markers`` (``--restart-markers``) each JPEG is stored written again
-losslessly with restart markers (``hasten.decode.restart``: the same DCT coefficients,
-so the same pixels), which lets a random crop's decode skip the Huffman decoding
-outside the box; the index records how many were marked and the bytes before and after.
-
-Changes the training math: no (``restart_markers`` neither); with ``max_side``: yes
-(smaller stored images, see ``hasten.stream.presize``).
+Changes the training math: no; with ``max_side``: yes (smaller stored images,
+see ``hasten.stream.presize``).
 """
 
 from __future__ import annotations
@@ -51,7 +46,6 @@ from hasten.data.archive import safe_extract, walk_error
 from hasten.data.bad_files import describe_skipped
 from hasten.data.layout import SPLITS, parse_layout
 from hasten.data.sources import resolve_source
-from hasten.decode import restart
 from hasten.decode.header import image_format
 from hasten.errors import DataError
 from hasten.progress import progress
@@ -91,20 +85,16 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def pack(src: str | os.PathLike, outdir: str | os.PathLike, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
          seed: int = 0, shuffle: bool = True, max_side: int | None = None,
-         quality: int = ps.DEFAULT_QUALITY, restart_markers: bool = False) -> dict:
+         quality: int = ps.DEFAULT_QUALITY) -> dict:
     """Pack the image folder or archive ``src`` into shards under ``outdir`` (empty
     or new); returns the index that is also written to ``outdir/index.json``.
     ``max_side``: store JPEGs larger than that re-encoded at ``quality`` with their
-    longer side ``max_side`` (``hasten.stream.presize``). ``restart_markers``: store
-    JPEGs with restart markers added losslessly (``hasten.decode.restart``)."""
+    longer side ``max_side`` (``hasten.stream.presize``)."""
     if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 4 * _BLOCK:
         raise ValueError(f"shard_bytes must be an integer >= {4 * _BLOCK}; got {shard_bytes!r}")
     if max_side is not None:
         ps.check_max_side(max_side)
         ps.check_quality(quality)
-    if restart_markers and not restart.available():
-        raise DataError("restart markers need a libjpeg of ABI 62 (Pillow's bundled one, 64-bit Linux or macOS); "
-                        "none loads here: pack without --restart-markers")
     source = resolve_source(src)
     if source.kind != "image-folder":
         raise DataError(f"{str(source.path)!r} is CIFAR-10 in its binary format, not image files; pack reads "
@@ -124,7 +114,7 @@ def pack(src: str | os.PathLike, outdir: str | os.PathLike, *, shard_bytes: int 
             log.info("extracting %s to read it in shuffled order", source.path)
             root = safe_extract(source.path, unpacked)
         index = _pack_tree(root, out, shard_bytes=shard_bytes, seed=seed, shuffle=shuffle, where=str(source.path),
-                           max_side=max_side, quality=quality, restart_markers=restart_markers)
+                           max_side=max_side, quality=quality)
         index["source"] = source.path.name
         tmp = out / f".{INDEX}.tmp"
         tmp.write_text(json.dumps(index, indent=1) + "\n")
@@ -150,7 +140,7 @@ def _remove_output(out: Path, made: Path | None) -> None:
 
 
 def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: bool, where: str,
-               max_side: int | None, quality: int, restart_markers: bool) -> dict:
+               max_side: int | None, quality: int) -> dict:
     names, dirs = list_files(root)
     layout = parse_layout(names, dirs, source=where)
     if layout.stray:
@@ -164,10 +154,6 @@ def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: b
         sized = {"quality": quality, "encoder": ps.encoder(), "filter": "lanczos", "resized": 0, "bytes_in": 0,
                  "bytes_out": 0, "kept": []}
         index["presize"] = sized
-    if restart_markers:
-        # kept: JPEGs stored as they are (not carried over exactly: progressive, CMYK, damaged), and PNGs.
-        marked = {"interval_px": restart.DEFAULT_INTERVAL_PX, "marked": 0, "bytes_in": 0, "bytes_out": 0, "kept": 0}
-        index["restart_markers"] = marked
     for split in SPLITS:
         files = layout.splits[split]
         order = (np.random.default_rng(seed).permutation(len(files.indices)) if shuffle
@@ -195,12 +181,6 @@ def _pack_tree(root: Path, out: Path, *, shard_bytes: int, seed: int, shuffle: b
                     sized["bytes_out"] += len(data)
                     if result.kept_because:
                         sized["kept"].append([names[i], result.kept_because])
-                if restart_markers:
-                    with_markers = restart.add_restart_markers(data, names[i])
-                    marked["bytes_in"] += len(data)
-                    marked["marked" if with_markers is not None else "kept"] += 1
-                    data = with_markers if with_markers is not None else data
-                    marked["bytes_out"] += len(data)
                 suffix = "png" if image_format(data) == "png" else "jpg"
                 cls = str(label).encode()
                 size = _member_bytes(len(data)) + _member_bytes(len(cls))

@@ -1,4 +1,11 @@
-"""Restart markers added at pack time, and a region decode that entropy-decodes only the crop.
+"""Restart markers added losslessly, and a region decode that entropy-decodes only the crop:
+what ``benchmarks/restart_markers.py`` measures (issue 46). Not part of hasten.
+
+Tried as an opt-in of ``hasten data pack`` and not shipped (docs/results/imagenet-pipeline.md):
+15% less CPU on a synthetic texture's region decode, nothing measurable on photographs, at
+the cost of a check on every crop for every user and of a binding into the private libjpeg
+that Pillow bundles, with its struct offsets written below. Kept here so that the negative
+result can be measured again.
 
 A baseline JPEG's scan is one Huffman-coded stream with each block's DC coefficient coded
 as a difference from the previous block's: to reach a crop box, libjpeg-turbo's partial
@@ -23,11 +30,11 @@ away from it, and were it reached, the process ends with one line on stderr.
 ``decode_region`` then decodes a box of such a file through a smaller JPEG made of the
 intervals that cover it (plus ``turbojpeg.EDGE`` pixels, for the chroma upsampling at
 its edges): the header with the smaller height and width, the intervals copied, their
-markers renumbered. Its pixels are those of a full decode cut to the box (tested).
-Measured (docs/results/imagenet-pipeline.md): libjpeg-turbo's part of a region decode
-is a quarter to a third less (the Huffman decoding outside the box is gone, the per-image
-set-up and the box's own decoding are not); with this module's Python, 15% less on a
-detailed synthetic texture and nothing measurable on photographs.
+markers renumbered. Its pixels are those of a full decode cut to the box
+(tests/test_benchmarks_restart_markers.py). Measured: libjpeg-turbo's part of a region
+decode is a quarter to a third less (the Huffman decoding outside the box is gone, the
+per-image set-up and the box's own decoding are not); with this module's Python, 15% less
+on the texture and nothing measurable on photographs.
 
 Changes the training math: no. The stored coefficients, so the decoded pixels, are the
 same; the files differ in bytes (markers, Huffman tables).
