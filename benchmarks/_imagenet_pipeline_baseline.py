@@ -41,7 +41,6 @@ class PillowRRC(torch.utils.data.Dataset):
         return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1), label
 
 
-
 def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int, float]:
     """Full-size decodes in this process: (images per wall second, per CPU-second, images, CPU ms per image)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -54,4 +53,3 @@ def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int, floa
                 np.asarray(img.convert("RGB"))
     cpu = time.process_time() - cpu0
     return len(paths) / (time.perf_counter() - wall0), len(paths) / cpu, len(paths), cpu / len(paths) * 1e3
-

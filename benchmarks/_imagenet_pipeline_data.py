@@ -106,4 +106,3 @@ def packed_folder(cache: Path, folder: Path, seed: int) -> tuple[Path, Path]:
 def image_files(folder: Path, split: str = "train") -> list[tuple[str, int]]:
     classes = sorted(p.name for p in (folder / split).iterdir())
     return [(str(f), c) for c, name in enumerate(classes) for f in sorted((folder / split / name).iterdir())]
-

@@ -69,4 +69,3 @@ def make_data(root: Path, images: int, classes: int, shards: int, seed: int) -> 
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return packed
-

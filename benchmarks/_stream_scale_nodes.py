@@ -173,4 +173,3 @@ def run_attempt(nodes: Nodes, attempt: int, work: Path, args, cache_bytes: int, 
     after = [nodes.rx_bytes(k) for k in (1, 2)]
     record["node_rx_bytes"] = [None if b is None else a - b for a, b in zip(after, rx)]
     return record
-

@@ -96,4 +96,3 @@ def worker(args) -> None:
         save()  # at the epoch's end: (next epoch, position 0)
     os.close(out)
     dist.destroy_process_group()
-

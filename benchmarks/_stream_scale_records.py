@@ -155,7 +155,6 @@ def flat(m: dict) -> bool | None:
     return peaks[-1] <= FLAT * peaks[1]
 
 
-
 def load_runs(work: Path) -> list[dict]:
     runs = []
     for path in sorted(work.glob("batches-a*-r*.bin")):
@@ -203,4 +202,3 @@ def print_table(summary: dict) -> None:
         peaks = ", ".join(f"{v:.0f}" for v in m["peak_mb_by_epoch"].values())
         print(f"attempt {m['attempt']} rank {m['rank']}: RSS peak by epoch {peaks} MB; "
               f"slope {m['slope_mb_per_100_batches']:+.2f} MB per 100 batches after its first epoch")
-
