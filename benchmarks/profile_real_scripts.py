@@ -15,6 +15,11 @@ made for each) are fetched at pinned commits into a cache outside this repositor
 2. **``hasten profile --json``** on the same command line, in the same conditions (a case
    pinned to a core runs both under ``taskset``): its exit status, verdict, data share and
    interval, step time, what it dropped, its #1 fix.
+3. **the fix truth**, where ``--verify`` verified the #1 fix with an interval: the script under the
+   same harness with that fix applied by the benchmark itself (``_real_script_fix.py``, from the
+   fix's ``apply``) in shuffled pairs of blocks against as run, its ratio with a 95% interval
+   (``_real_script_fix_truth.py``), at most ``--fix-truth-limit`` seconds. ``--fix-truth-only``
+   measures it for the runs already recorded that the goal judges and that have none.
 
 Repeats are interleaved (every case once per repeat, in a shuffled order). Each finished
 (case, repeat) is written at once and skipped on a rerun, so the benchmark resumes where it
@@ -28,10 +33,12 @@ right verdict on >= 95% of runs; the same verdict 3 of 3 on >= 90% of cases; 0 s
 script that runs without hasten must not fail under it); no #1 prediction above its bound (the
 profile's own, and for a data fix the truth's data-free speedup, the upper end of its interval);
 the #1 fix verified with an interval on >= 80% of the truly input-bound runs (``--verify``),
-within 15% of the truth (here: of the truth's data-free speedup, the most a data fix can give);
+within 15% of the truth (here: of that fix's own truth, step 3; a run without one counts as "no fix
+truth"; the distance to the truth's data-free speedup, the most a data fix can give, is kept beside it);
 profiling overhead < 5% per step on the compute-bound cases without ``--verify``.
 
     python benchmarks/profile_real_scripts.py [--repeats 3] [--busy K] [--verify input-bound|all|none] [--only NAME] [--fresh] [--summarize]
+    python benchmarks/profile_real_scripts.py --fix-truth-only [--only NAME] [--fix-truth-limit 600] [--busy K]
 
 **Two conditions** (issue 43): quiet, and ``--busy 2``: two processes spinning on the CPU beside
 each case for the whole of its truth and its profile (the truth is measured in the same
