@@ -5,8 +5,8 @@ effect, not the data-free ceiling (as run / data free: the most any data fix can
 overstates every partial fix and says nothing of a compute fix). So for each run whose #1 fix
 ``hasten profile --verify`` verified, the benchmark applies that fix itself
 (``_real_script_fix.py``, from the recommendation's ``apply``) and times it against the script as
-run, in :data:`PAIRS` pairs of blocks in one process (``_real_script_truth.py``), each pair's two
-blocks in a shuffled order (:func:`hasten.timing.interleaved`, seeded and recorded). A pair's
+run, in :data:`PAIRS` pairs of blocks in one process (``_real_script_truth.py``; a block at least
+:data:`BLOCK_S` long, :func:`block_steps`), each pair's two blocks in a shuffled order (:func:`hasten.timing.interleaved`, seeded and recorded). A pair's
 sample is its as-run block's median step over its fix block's; the truth is their geometric mean
 with Student's t interval on the logs (:func:`hasten.stats.mean_ci`), n = the pairs. No floor is
 added to the interval: it is the measurement's own.
@@ -26,6 +26,9 @@ from hasten.stats import mean_ci
 from hasten.timing import interleaved
 
 PAIRS = 6        # pairs of blocks at least (a case's own truth_pairs when more)
+BLOCK_S = 0.5    # a block's counted steps span about this much as run at least: a block of four 1 ms steps
+#                  is timer and scheduler noise (ng-video-lecture's bigram), not a sample of the step
+MAX_BLOCK = 100  # steps per block at most (a script's own run may end first: it has max_iters)
 WITHIN = 0.15    # issue 43: the verified speed-up within 15% of the truth
 
 # hasten's fix names (hasten/profile/input_fixes.py, resident_fix.py, per_row.py, compute_fixes.py) to
@@ -49,6 +52,13 @@ def apply_of(fix: dict) -> str | None:
         if m:
             return apply(m)
     return None
+
+
+def block_steps(case_block: int, asrun_s: float | None) -> int:
+    """Counted steps per block: the case's own, or more where its as-run step is short (:data:`BLOCK_S`)."""
+    if not asrun_s or asrun_s <= 0:
+        return case_block
+    return max(case_block, min(MAX_BLOCK, math.ceil(BLOCK_S / asrun_s)))
 
 
 def order(pairs: int, seed: int) -> str:

@@ -148,7 +148,8 @@ def fix_truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, row:
     pairs = max(case.truth_pairs, fix_truth.PAIRS)
     seed = zlib.crc32(f"{case.name}/{row['repeat']}".encode())
     t = truth_run(case, checkout_dir, scratch, cwd, limit=limit, fix={
-        "REAL_TRUTH_FIX": apply, "REAL_TRUTH_PAIRS": str(pairs), "REAL_TRUTH_ORDER": fix_truth.order(pairs, seed)})
+        "REAL_TRUTH_FIX": apply, "REAL_TRUTH_PAIRS": str(pairs), "REAL_TRUTH_ORDER": fix_truth.order(pairs, seed),
+        "REAL_TRUTH_BLOCK": str(fix_truth.block_steps(case.truth_block, row["truth"].get("asrun_s")))})
     t.update(fix_truth.ratio(t) if t.get("fix_steps") else {"ratio": None, "interval": None, "n": 0},
              apply=apply, fix=top.get("fix"), seed=seed, measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     t["measured"] = t["ratio"] is not None and t["interval"] is not None and not t.get("fix_error")

@@ -261,3 +261,10 @@ def test_the_harness_switches_the_fix_by_the_blocks_order(tmp_path, apply, worke
     assert any(fixed[:warmup])                       # the warm-up runs the fix too (both conditions warm)
     assert sorted(set(t["fix_blocks"])) == [1, 2] and sorted(set(t["asrun_blocks"])) == [0, 3]
     assert len(t["fix_steps"]) == len(t["asrun_steps"]) == 2 * block
+
+
+def test_a_fix_truth_block_spans_enough_of_a_short_step():
+    assert fix_truth.block_steps(4, 0.9) == 4                        # a long step: the case's own block
+    short = fix_truth.block_steps(4, 0.01)
+    assert short * 0.01 >= fix_truth.BLOCK_S and short <= fix_truth.MAX_BLOCK
+    assert fix_truth.block_steps(4, 1e-6) == fix_truth.MAX_BLOCK and fix_truth.block_steps(4, None) == 4
