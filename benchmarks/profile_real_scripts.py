@@ -534,7 +534,8 @@ def estimate(todo: list[tuple[int, Case]], past: list[dict], busy: int = 0) -> f
     walls: dict[str, list[float]] = {}
     for r in past:
         if "skipped" not in r:
-            walls.setdefault(r["case"], []).append(r["truth"].get("wall_s", 0) + r["profile"].get("wall_s", 0))
+            walls.setdefault(r["case"], []).append(r["truth"].get("wall_s", 0) + r["profile"].get("wall_s", 0)
+                                                   + (r.get("fix_truth") or {}).get("wall_s", 0))
     return sum(0.0 if skip_reason(c) else statistics.mean(walls[c.name]) if c.name in walls else c.est_s
                for _, c in todo) * (usable_cores() + busy) / usable_cores()
 
@@ -560,7 +561,10 @@ def fix_truth_only(result: dict, out: Path, only: str | None, limit: float) -> i
         if (only is None or only in case.name) and t.get("verdict") == "input-bound" and t.get("decided"):
             todo += [r for r in runs if wants_fix_truth(r) and not (r.get("fix_truth") or {}).get("measured")
                      and not skip_reason(case)]
-    print(f"fix truth of {len(todo)} run(s) in {out.name}, at most {limit:.0f} s each", flush=True)
+    # its steps: (pairs x block) as the truth's, 6 pairs or more where the truth had 5, and a few more in the warm-up
+    about = sum(min(limit, 1.3 * r["truth"].get("wall_s", 0)) for r in todo)
+    print(f"fix truth of {len(todo)} run(s) in {out.name}, at most {limit:.0f} s each; about {about / 60:.0f} min "
+          "quiet (1.3 x each run's truth), and the making of each case's data", flush=True)
     with MeasuredConditions("cpu") as cond:
         for i, r in enumerate(todo, 1):
             add_fix_truth(cases[r["case"]], r, limit)
