@@ -312,7 +312,8 @@ def add_fix_truth(case: Case, row: dict, fix_limit: float) -> None:
     with prepared(case) as (checkout_dir, scratch, cwd, _):
         with Busy(row.get("busy", 0)):
             row["fix_truth"] = fix_truth_run(case, checkout_dir, scratch, cwd, row, fix_limit)
-    row["fix_truth"]["later"] = True  # not right after the run's profile: the machine's load may differ
+    # not right after the run's profile (the machine's load may differ), and perhaps with another hasten
+    row["fix_truth"].update(later=True, hasten=_hasten_commit())
 
 
 # --- judging --------------------------------------------------------------------------------
@@ -613,6 +614,8 @@ def main() -> int:
         ap.error("--busy takes a number of processes, 0 or more")
     if args.fix_truth_limit <= 0:
         ap.error("--fix-truth-limit takes a number of seconds above 0")
+    if args.fix_truth_only and (args.fresh or args.summarize):
+        ap.error("--fix-truth-only measures the runs already in the results file: not with --fresh or --summarize")
     out = (args.out or (OUT.with_name(f"{OUT.stem}-busy{args.busy}.json") if args.busy else OUT)).resolve()
     result = {"runs": []} if args.fresh else _load(out)
     if result["runs"] and result.get("busy", args.busy) != args.busy:
