@@ -69,12 +69,15 @@ def time_calls(st: State, frame) -> None:
     DataLoader): its time is data, exactly, where the stack sampler's 20 samples a second would
     leave a short run's share unknown (:func:`hasten.profile.attribution.data_split`). The name in the
     script's globals is bound to a timing wrapper (``functools.wraps``: the same name, docstring and
-    signature); the sampler counts its samples inside the function apart (``st.batch_fn_code``)."""
+    signature); the sampler counts its samples inside the function apart (``st.batch_fn_code``). Where the
+    lines that make the batch do nothing but call it (``st.batch_call_only``), the timed calls are all
+    of the data (:func:`hasten.profile.attribution.data_split`)."""
     found = batch_source.batch_function(frame, st.batch_lines or {})
     if found is None:
         return
     ns, name, fn = found
     st.batch_fn_code = fn.__code__
+    st.batch_call_only = batch_source.only_the_call(frame, st.batch_lines or {}, name)
     st.batch_fn_shape = batch_shape.function_shape(fn)
     ns[name] = timed(st, fn)
 

@@ -74,7 +74,8 @@ def _outside_report(st: State) -> dict:
     lines = {kind: [{"at": at, "samples": n, **st.line_info.get(at, {})}
                     for at, n in sorted(counts.items(), key=lambda kv: -kv[1])[:5]]
              for kind, counts in st.line_samples.items()}
-    return {"counts": dict(st.outside_counts), "lines": lines, "batch_found": bool(st.batch_lines)}
+    return {"counts": dict(st.outside_counts), "lines": lines, "batch_found": bool(st.batch_lines),
+            "batch_call_only": st.batch_call_only}
 
 
 def _write(st: State, complete: bool) -> None:
