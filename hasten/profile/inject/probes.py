@@ -151,8 +151,9 @@ class Repeat:
 
 
 def handoff(st: State) -> None:
-    """Seconds the loop would pay per batch to receive it from a worker process (loops without workers)."""
-    batch = st.cached if st.cached is not None else st.model_args
+    """Seconds the loop would pay per batch to receive it from a worker process (loops without workers): a
+    batch as the loop makes it (its batch function's result, else the model's arguments) sent by one worker."""
+    batch = next((b for b in (st.cached, st.batch_fn_result, st.model_args) if b is not None), None)
     if batch is None or (st.train_iter is not None and getattr(st.train_iter[0], "_num_workers", 0)):
         return
     try:
