@@ -169,7 +169,7 @@ def _workers_recommended(cores):
             "batch_bytes": 1024, "cpu_count": cores, "warmup": 2,
             "records": {"measure": [{"wait_s": 0.090, "work_s": 0.010, "cpu_s": 0.0005}] * 6,
                         "step_alone": [{"wait_s": 0.0, "work_s": 0.010, "cpu_s": 0.0005}] * 6},
-            "loader_probe": {"batch_s": 0.090, "main_cpu_s": 0.0, "worker_cpu_s": None},
+            "loader_probe": {"batch_s": 0.090, "main_cpu_s": 0.0, "worker_cpu_s": None, "handoff_s": 1e-5},
             "ddp": False, "grad_bytes": 0, "allreduce_times": []}
     a = analyse([rank], cpus={"affinity": cores, "quota": None, "probe": float(cores), "available": float(cores)})
     return [int(r.apply.split("=")[1]) for r in a.recommendations if r.apply and r.apply.startswith("workers=")]
