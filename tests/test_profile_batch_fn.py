@@ -237,6 +237,19 @@ def test_workers_are_not_predicted_where_the_hand_off_was_not_measured():
     assert fix["why"].startswith("not predicted: what receiving a batch from a worker process costs was not measured")
 
 
+def test_the_fixes_call_the_timed_batch_function_not_where_a_few_samples_fell():
+    from hasten.profile.verdict import analyse
+    # regression/main.py's one data sample fell in logging's at-fork hook: "batches = [_releaseLock(...) ...]"
+    rank = _timed_rank(0.006, {"batch": 1, "in_batch_fn": 1, "other": 1})
+    rank["loader_probe"] = {"handoff_s": 0.0005}
+    rank["where_data"] = [{"at": "logging/__init__.py:_releaseLock", "share": 1.0}]
+    rank["batch_fn"] = {"name": "get_batch", "draws_values": True, "in_memory": []}
+    a = analyse([rank])
+    fixes = [r.how for r in a.recommendations] + [r["how"] for r in a.rejected if r.get("how")]
+    assert any("get_batch(...)" in how for how in fixes)
+    assert not any("_releaseLock" in how for how in fixes)
+
+
 def test_a_command_that_ends_in_its_window_has_the_hand_off_measured_at_exit():
     # the probes never run in a command that ends inside the measured window; the hand-off is measured as it exits
     cmd = (sys.executable, str(SCRIPTS / "short_run.py"), "--steps", "60", "--batch-sleep", "0.01")

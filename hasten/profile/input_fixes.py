@@ -54,8 +54,14 @@ def per_step_iter_of(a: Analysis, d0: dict) -> bool:
     return bool(train) and train[0].get("iterators", 0) >= 0.5 * max(1, d0.get("steps_seen", 0))
 
 
-def batch_function(a: Analysis) -> str:
-    """The call that makes a batch in a loop without a DataLoader, as the samples found it."""
+def batch_function(a: Analysis, d0: dict | None = None) -> str:
+    """The call that makes a batch in a loop without a DataLoader: the function whose calls were timed
+    (:mod:`hasten.profile.inject.batch_fn`), else where the samples found the data time (a function a
+    sample happened to land in, of a short run's few: regression/main.py's data was once called
+    ``_releaseLock(...)``, logging's at-fork hook)."""
+    name = ((d0 or {}).get("batch_fn") or {}).get("name")
+    if name:
+        return f"{name}(...)"
     for w in a.where_data:
         at = w.get("at", "")
         if ":" in at and not at.endswith(("<module>", "main")):
@@ -75,7 +81,7 @@ def input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> l
     if a.loader_driven and m.workers and m.data_cpu > 0 and not per_step_iter_of(a, d0):
         recs.append(_in_loop_fix(m))
     if a.upstream_ratio is not None and a.upstream_ratio > 1.2:
-        recs.append(_echo_fix(a, m))
+        recs.append(_echo_fix(a, m, d0))
     if a.loader_driven:
         recs += resident_fixes(a, d0, m.free, memory_bytes)
     else:
@@ -84,7 +90,7 @@ def input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> l
         per_row = per_row_fix(lines, m.data, m.step)
         if per_row is not None:
             recs.append(per_row)
-        once = prepare_once(d0, lines, m.data_cpu, m.data, m.free, bound, a.data_interval[0], batch_function(a))
+        once = prepare_once(d0, lines, m.data_cpu, m.data, m.free, bound, a.data_interval[0], batch_function(a, d0))
         if once is not None and per_row is None:
             recs.append(Recommendation(**once))
     return recs
@@ -131,7 +137,7 @@ def _workers_fix(a: Analysis, m: InputModel, d0: dict, handoff_s: float | None =
     unpredicted, below = handoff_caveat(m, handoff_s, "its probe was off" if off else
                                         "the loader probe did not run or could not send the batch")
     if not a.loader_driven:
-        fn = batch_function(a)
+        fn = batch_function(a, d0)
         return Recommendation(
             fix=f"make batches in a DataLoader with {w} workers",
             how=("class Batches(torch.utils.data.IterableDataset):\n"
@@ -174,7 +180,7 @@ def _in_loop_fix(m: InputModel) -> Recommendation:
               f"{m.now * 1e3:.1f} ms as run")
 
 
-def _echo_fix(a: Analysis, m: InputModel) -> Recommendation:
+def _echo_fix(a: Analysis, m: InputModel, d0: dict) -> Recommendation:
     r = a.upstream_ratio
 
     def echoed_step(e: float) -> float:
@@ -191,10 +197,10 @@ def _echo_fix(a: Analysis, m: InputModel) -> Recommendation:
         apply = echo_apply(e, group)
         how = echo_code(apply)  # the call --verify makes (hasten.profile.inject.fixes.echoed)
     elif group == 1:
-        how = f"if step % {round(e):d} == 0: x, y = {batch_function(a)}   # reuse each batch for {round(e):d} steps"
+        how = f"if step % {round(e):d} == 0: x, y = {batch_function(a, d0)}   # reuse each batch for {round(e):d} steps"
         apply = f"batch_fn=echo:{round(e):d}"  # hasten.profile.inject.batch_fn
     else:
-        how = (f"if step % {round(e):d} == 0: batches = [{batch_function(a)} for _ in range({group})]   "
+        how = (f"if step % {round(e):d} == 0: batches = [{batch_function(a, d0)} for _ in range({group})]   "
                f"# reuse each step's {group} micro-batches for {round(e):d} steps")
         apply = None
     return Recommendation(
