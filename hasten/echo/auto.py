@@ -35,8 +35,8 @@ schedule on *effective examples*, a repeat counting its measured first-order val
   example-before) the fixed factors e = 1, 2 and 4 reached 75% in the same steps (684-733
   of a 977-step schedule), so there a repeat did in a step what a fresh example did; v
   read 0.53-0.69, and AutoEcho's stretched schedule (its learning rate still high where
-  e = 4's had decayed) took 791-832 steps, 0.60 to 0.79 of the best fixed factor's wall
-  time. Stretching is never free: at a given e more steps are more fresh examples, read at
+  e = 4's had decayed) took 791-832 steps, at 0.60 to 0.79 of the best fixed factor's
+  speed. Stretching is never free: at a given e more steps are more fresh examples, read at
   the upstream's pace.
 - The theory does not make v the value of a step. Take a step's progress at learning rate
   lr (McCandlish et al., "An Empirical Model of Large-Batch Training", arXiv:1812.06162):
@@ -318,10 +318,10 @@ class AutoEcho:
 
         While repeats track fresh data the losses agree. When the running ratio of the loss
         on repeats to the loss on fresh items (``loss_smoothing``) is more than
-        ``repeat_tolerance`` below 1, the repeats are being memorised: at each window the cap on e comes down to
-        ``min(cap, e) x (1 - probe)``; above 1 - ``repeat_tolerance`` / 2 it rises by a
-        factor 1 + ``probe`` again, up to ``e_max``. Without loss reports the cap is
-        ``e_max``."""
+        ``repeat_tolerance`` below 1, the repeats are being memorised: at each window the
+        cap on e comes down to ``min(cap, e) x (1 - probe)``; above 1 - ``repeat_tolerance``
+        / 2 it rises by a factor 1 + ``probe`` again, up to ``e_max``. Without loss reports
+        the cap is ``e_max``."""
         if not (math.isfinite(fresh_loss) and math.isfinite(repeat_loss)) or fresh_loss <= 0:
             return self.cap
         ratio = repeat_loss / fresh_loss
