@@ -52,354 +52,45 @@ the cache), over the first ``--cache-shards`` shards.
 
 Writes ``benchmarks/results/imagenet_pipeline.json`` (``--out``); ``--smoke``: a
 tiny set and one repeat, written under the cache directory unless ``--out`` is given.
+
+This file is the command; its parts beside it: ``_imagenet_pipeline_data.py`` (the data set),
+``_imagenet_pipeline_baseline.py`` (the Pillow DataLoader and the decode-only floor),
+``_imagenet_pipeline_stages.py`` (the stage breakdown and the decode's floor) and
+``_imagenet_pipeline_epochs.py`` (memory over epochs, the cache behind slow storage).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import io
-import multiprocessing as mp
 import os
 import shutil
 import sys
-import tempfile
-import threading
-import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from hasten.cores import usable_cores
-from hasten.cpu_time import descendants
 from hasten.decode import backends
 from hasten.progress import progress
 from hasten.rundir import write_json
-from hasten.stream.fused_crop import random_resized_box
 from hasten.stream.pack import pack
-from hasten.stream.shard_cache import ShardCache
 from hasten.stream.shard_loader import ShardLoader
-from hasten.stream.shard_store import ShardFiles, open_shards
-from hasten.stream.slow_storage import SlowStorage
+from hasten.stream.shard_store import open_shards
 from hasten.timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import (RESULTS, MeasuredConditions, ProcessRng, hardware_label, mean_ci, memory_bytes,  # noqa: E402
-                     paired_ratios, plus_minus)
+from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, paired_ratios, plus_minus  # noqa: E402
+from _imagenet_pipeline_baseline import PillowRRC, decode_only  # noqa: E402
+from _imagenet_pipeline_data import image_files, make_dataset, packed_folder  # noqa: E402
+from _imagenet_pipeline_epochs import cache_epochs, in_fresh_process, rss_over_epochs  # noqa: E402
+from _imagenet_pipeline_stages import stage_breakdown  # noqa: E402
 
 from pipeline_peers import (WARMUP_BATCHES, dali_cpu_iter, dali_unavailable_reason, measure,  # noqa: E402
                             torchvision_sample, torchvision_unavailable_reason, torchvision_versions)
 
 GOAL_SPEEDUP, GOAL_CACHE, GOAL_OVER_DALI = 2.5, 3.0, 2.0
-FORMAT = 1  # bump when the generated images change
 
-
-# ----------------------------------------------------------------------------
-# The data set
-# ----------------------------------------------------------------------------
-
-def _texture(rng, side: int = 1024) -> np.ndarray:
-    """Coarse + mid + fine texture, float32 (side, side, 3), centred on 0."""
-    def upsampled(div, spread, mode):
-        small = rng.normal(0, 1, (side // div + 2, side // div + 2, 3)).astype(np.float32)
-        img = Image.fromarray(np.clip(small * spread + 128, 0, 255).astype(np.uint8)).resize((side, side), mode)
-        return np.asarray(img, np.float32) - 128
-
-    return upsampled(16, 60, Image.BICUBIC) * 0.8 + upsampled(4, 40, Image.BILINEAR) * 0.6 + \
-        rng.normal(0, 14, (side, side, 3)).astype(np.float32)
-
-
-def _size(rng) -> tuple[int, int]:
-    u = rng.random()
-    if u < 0.75:  # landscape, like most ImageNet photos
-        w = int(rng.integers(400, 601))
-        return int(round(w * rng.uniform(0.66, 0.8))), w
-    if u < 0.95:
-        h = int(rng.integers(400, 601))
-        return h, int(round(h * rng.uniform(0.66, 0.8)))
-    s = int(rng.integers(375, 501))
-    return s, s
-
-
-def _write_images(job) -> int:
-    root, seed, items = job
-    os.nice(10)
-    rng = np.random.default_rng(seed)
-    tex = _texture(rng)
-    for path, label in items:
-        h, w = _size(rng)
-        y0, x0 = int(rng.integers(0, tex.shape[0] - h)), int(rng.integers(0, tex.shape[1] - w))
-        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-        # A class-dependent base colour, so that labels are learnable.
-        base = 70 + 110 * np.array([(label * 37 % 100) / 100, (label * 61 % 100) / 100, (label * 83 % 100) / 100])
-        tilt = rng.uniform(-0.15, 0.15, (2, 3)).astype(np.float32)
-        img = base.astype(np.float32) + xx[..., None] * tilt[0] + yy[..., None] * tilt[1] + tex[y0:y0 + h, x0:x0 + w]
-        buf = io.BytesIO()
-        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
-        target = Path(root) / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(buf.getvalue())
-    return len(items)
-
-
-def make_dataset(cache: Path, images: int, classes: int, test_per_class: int, seed: int, procs: int) -> tuple[Path, Path]:
-    """(image folder, shard directory), generated and packed once per parameter set."""
-    name = f"v{FORMAT}-{images}x{classes}-t{test_per_class}-s{seed}"
-    root = cache / "imagenet-like" / name
-    folder, shards = root / "folder", root / "shards"
-    if (shards / "index.json").is_file():
-        return folder, shards
-    shutil.rmtree(root, ignore_errors=True)
-    items = [(f"train/c{k % classes:03d}/{k:06d}.jpg", k % classes) for k in range(images)]
-    items += [(f"test/c{c:03d}/t{c:03d}{j:02d}.jpg", c) for c in range(classes) for j in range(test_per_class)]
-    jobs = [(str(folder), seed * 100_003 + i, items[i:i + 500]) for i in range(0, len(items), 500)]
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(procs) as pool, progress(total=len(items), desc="generating JPEGs", unit="img") as bar:
-        for n in pool.map(_write_images, jobs):
-            bar.update(n)
-    print(f"generated {len(items)} JPEGs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    pack(folder, shards, shard_bytes=64 << 20, seed=seed)
-    return folder, shards
-
-
-def packed_folder(cache: Path, folder: Path, seed: int) -> tuple[Path, Path]:
-    """(``folder``, its shards): a given image folder packed once, in a cache directory named
-    for the folder's path and the names and sizes of its files."""
-    if not (folder / "train").is_dir():
-        raise SystemExit(f"--folder {folder}: expected train/<class>/ (and test/<class>/) folders of JPEGs")
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
-    key = hashlib.sha256(str(folder.resolve()).encode() + b"".join(
-        f"{p.relative_to(folder)}:{p.stat().st_size}\n".encode() for p in files)).hexdigest()[:12]
-    shards = cache / "imagenet-like" / f"folder-{folder.name}-{key}" / "shards"
-    if not (shards / "index.json").is_file():
-        shutil.rmtree(shards, ignore_errors=True)
-        pack(folder, shards, shard_bytes=64 << 20, seed=seed)
-    return folder, shards
-
-
-# ----------------------------------------------------------------------------
-# The baseline: what a careful plain PyTorch user writes
-# ----------------------------------------------------------------------------
-
-class PillowRRC(torch.utils.data.Dataset):
-    """Image files -> Pillow open, full decode, random-resized crop, flip, uint8 tensor."""
-
-    def __init__(self, files: list[tuple[str, int]], size: int):
-        self.files, self.size = files, size
-        self.rng = ProcessRng()
-
-    def __len__(self):
-        return len(self.files)
-
-    def __getitem__(self, i):
-        path, label = self.files[i]
-        rng = self.rng()
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-        b = random_resized_box(img.height, img.width, rng)  # torchvision's RandomResizedCrop.get_params
-        img = img.crop((b.left, b.top, b.left + b.width, b.top + b.height)).resize((self.size, self.size),
-                                                                                  Image.BILINEAR)
-        if rng.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1), label
-
-
-def image_files(folder: Path, split: str = "train") -> list[tuple[str, int]]:
-    classes = sorted(p.name for p in (folder / split).iterdir())
-    return [(str(f), c) for c, name in enumerate(classes) for f in sorted((folder / split / name).iterdir())]
-
-
-# ----------------------------------------------------------------------------
-# Measurements
-# ----------------------------------------------------------------------------
-
-def decode_only(paths: list[str], decoder: str) -> tuple[float, float, int, float]:
-    """Full-size decodes in this process: (images per wall second, per CPU-second, images, CPU ms per image)."""
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    for p in paths:
-        data = Path(p).read_bytes()
-        if decoder == "simplejpeg":
-            backends.simplejpeg.decode_jpeg(data, colorspace="RGB")
-        else:
-            with Image.open(io.BytesIO(data)) as img:
-                np.asarray(img.convert("RGB"))
-    cpu = time.process_time() - cpu0
-    return len(paths) / (time.perf_counter() - wall0), len(paths) / cpu, len(paths), cpu / len(paths) * 1e3
-
-
-def stage_breakdown(shards: ShardFiles, size: int, images: int = 768, seed: int = 0) -> dict:
-    """CPU ms per image of each stage of hasten's path, in one process (one torch thread):
-    the loading process's part (scan the shard's tar headers, pack a chunk's records for
-    a worker) and a decode worker's (unpack, read the image's bytes from the shard file,
-    header and crop box, decode, resize into the batch, flip; batches reused as the loader
-    reuses them once the consumer lets go). Measured by wrapping the
-    functions the loader calls, so the split follows the code; "other" is the rest of
-    ``decode_chunk``."""
-    from hasten.decode import turbojpeg
-    from hasten.stream import chunk_decode, shared_buffers, tar_members
-    from hasten.stream import fused_crop as fc
-
-    spent: dict[str, float] = {}
-
-    def timed(label, fn):
-        def wrapper(*a, **kw):
-            t = time.process_time()
-            try:
-                return fn(*a, **kw)
-            finally:
-                spent[label] = spent.get(label, 0.0) + time.process_time() - t
-        return wrapper
-
-    originals = [(turbojpeg, "decode_region"), (fc, "resize_whole"), (fc, "_finish"), (backends, "decode_simplejpeg"),
-                 (backends, "decode_pillow"), (tar_members, "read_member")]
-    saved = [getattr(o, a) for o, a in originals]
-    labels = ["decode (region, libturbojpeg)", "resize (into the batch)", "flip (in the batch)",
-              "decode (simplejpeg/Pillow)", "decode (simplejpeg/Pillow)", "read the image's bytes (pread)"]
-    records, i, t_scan = [], 0, 0.0
-    while len(records) < images and i < len(shards):
-        t = time.process_time()
-        got = tar_members.scan_shard(shards.paths[i], shards.names[i])  # as the loader reads local shards
-        t_scan += time.process_time() - t
-        records += got
-        i += 1
-    parsed = len(records)
-    records = records[:images]
-    for k, r in enumerate(records):
-        r.key = k
-    chunks = [list(enumerate(records[j:j + 256], start=j)) for j in range(0, len(records), 256)]
-    pool = shared_buffers.BufferPool()  # as the loader packs: records only, images stay in the shard file
-    batches = shared_buffers.BatchPool((256, size, size, 3), cap=2)  # and decodes into reused batches
-    t_pack = t_total = 0.0
-    try:
-        for (o, a), label in zip(originals, labels):
-            setattr(o, a, timed(label, getattr(o, a)))
-        for c in chunks:
-            t = time.process_time()
-            packed = chunk_decode.pack_chunk(c, pool, batches)
-            t_pack += time.process_time() - t
-            t = time.process_time()
-            chunk_decode.decode_chunk(packed, image_size=size, seed=seed, epoch=0, crop="random-resized")
-            t_total += time.process_time() - t
-            pool.release_oldest()  # the chunk is decoded: its buffers serve the next one
-            batches.arrived(0)
-    finally:
-        for (o, a), fn in zip(originals, saved):
-            setattr(o, a, fn)
-    n = len(records)
-    floor = decode_floor(records, size, seed) if turbojpeg.available() else None
-    per = {"loading process: scan the shard's tar headers": t_scan / parsed,
-           "loading process: pack records for a worker": t_pack / n}
-    per.update({f"worker: {k}": v / n for k, v in spent.items()})
-    per["worker: other (unpack, header, crop box, generator, bookkeeping)"] = (t_total - sum(spent.values())) / n
-    return {"images": n, "image_size": size, "ms_per_image": {k: round(v * 1e3, 4) for k, v in per.items()},
-            "total_ms_per_image": round(sum(per.values()) * 1e3, 4),
-            "decode_floor_ms_per_image": floor and round(floor * 1e3, 4),
-            "decoder": "libturbojpeg partial decode" if turbojpeg.available() else
-            ("simplejpeg" if backends.simplejpeg is not None else "pillow")}
-
-
-def decode_floor(records, size: int, seed: int) -> float:
-    """CPU seconds per image that any libjpeg-turbo decode of the crop spends, whatever its
-    scale and resize: the entropy decoding of every row down to the box's last, all columns
-    (a baseline JPEG's scan is one Huffman-coded stream, read in order: rows above the box
-    are decoded to be skipped, columns beside it to reach the next row), with the per-image
-    set-up (header, tables). Measured as the decode of the box's last row alone at 1/8 scale
-    (an IDCT of the DC coefficient only), for the boxes ``decode_chunk`` draws."""
-    from hasten.decode import turbojpeg
-    from hasten.decode.header import read_header
-    from hasten.stream.fused_crop import ExampleRngs, random_resized_box
-    from hasten.stream.tar_members import with_bytes
-
-    rngs, jobs = ExampleRngs(), []
-    for r in records:
-        data = with_bytes(r).data
-        header = read_header(data, r.name)
-        box = random_resized_box(header.height, header.width, rngs(seed, 0, r.key))
-        last = min(turbojpeg.scaled(header.height, 1, 8) - 1, (box.top + box.height - 1) // 8)
-        jobs.append((data, last))
-    t = time.process_time()
-    for data, last in jobs:
-        turbojpeg.decode_region(data, (last, 0, 1, 1), (1, 8))
-    return (time.process_time() - t) / max(1, len(jobs))
-
-
-def _memory_mb(pid: int) -> tuple[float, float]:
-    """(RSS of pid, PSS of pid and its descendants: the decode workers), MB."""
-    return memory_bytes([pid])[1] / 2**20, memory_bytes([pid, *descendants(pid)])[0] / 2**20
-
-
-def rss_over_epochs(shards: ShardFiles, workers: int, epochs: int, size: int) -> list[dict]:
-    """Peak and mean memory per epoch while streaming whole epochs with ``ShardLoader``."""
-    loader = ShardLoader(shards, batch_size=256, image_size=size, workers=workers, seed=1)
-    out = []
-    for epoch in range(epochs):
-        samples, stop = [], threading.Event()
-
-        def sample():
-            while not stop.is_set():
-                samples.append(_memory_mb(os.getpid()))
-                stop.wait(0.25)
-
-        thread = threading.Thread(target=sample, daemon=True)
-        loader.set_epoch(epoch)
-        t0 = time.perf_counter()
-        thread.start()
-        n = 0
-        for x, _ in progress(loader, desc=f"memory, epoch {epoch + 1}", unit="batch"):
-            n += len(x)
-        stop.set()
-        thread.join()
-        rss, pss = np.array([s[0] for s in samples]), np.array([s[1] for s in samples])
-        out.append({"epoch": epoch + 1, "images": n, "wall_s": round(time.perf_counter() - t0, 2),
-                    "rss_mb_peak": round(float(rss.max()), 1), "rss_mb_mean": round(float(rss.mean()), 1),
-                    "pss_mb_with_workers_peak": round(float(pss.max()), 1), "samples": len(samples)})
-    return out
-
-
-def _child(results, fn, args) -> None:
-    results.put(fn(*args))
-
-
-def in_fresh_process(fn, *args):
-    """``fn(*args)`` in a new interpreter (spawn): its resident memory is a training
-    process's (torch, hasten), not this one's, which has loaded every peer (DALI, OpenCV)."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    child = ctx.Process(target=_child, args=(results, fn, args))  # not daemonic: it starts workers
-    child.start()
-    try:
-        return results.get()
-    finally:
-        child.join()
-
-
-def cache_epochs(shards: ShardFiles, n_shards: int, workers: int, size: int, latency_s: float,
-                 bandwidth: float) -> dict:
-    """Wall time of two epochs over the first ``n_shards`` shards behind SlowStorage + ShardCache."""
-    subset = ShardFiles(shards.paths[:n_shards], shards.names[:n_shards], shards.examples[:n_shards],
-                        shards.sizes[:n_shards], shards.classes)
-    with tempfile.TemporaryDirectory(prefix="hasten-shard-cache-") as tmp:
-        slow = SlowStorage(subset, latency_s=latency_s, bandwidth_bytes_per_s=bandwidth)
-        cache = ShardCache(slow, tmp, max_bytes=sum(subset.sizes) + 1)
-        loader = ShardLoader(cache, batch_size=256, image_size=size, workers=workers, seed=2)
-        times = []
-        for epoch in range(2):
-            loader.set_epoch(epoch)
-            t0 = time.perf_counter()
-            n = sum(len(x) for x, _ in loader)
-            times.append(time.perf_counter() - t0)
-        return {"shards": n_shards, "images_per_epoch": n, "bytes": sum(subset.sizes),
-                "slow_storage": {"latency_s": latency_s, "bandwidth_bytes_per_s": bandwidth},
-                "epoch_s": [round(t, 2) for t in times], "slow_reads": slow.reads, "cache_hits": cache.hits,
-                "cache_epoch2_speedup": times[0] / times[1]}
-
-
-# ----------------------------------------------------------------------------
-# Main
-# ----------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

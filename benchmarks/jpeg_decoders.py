@@ -340,7 +340,7 @@ def load_sample(args) -> tuple[list[bytes], list[str], str]:
         label = folder.name
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from imagenet_pipeline import image_files, make_dataset
+        from _imagenet_pipeline_data import image_files, make_dataset
 
         cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
         folder, _ = make_dataset(cache, 20_000, 100, 10, 0, procs=min(2, usable_cores()))

@@ -15,6 +15,11 @@ made for each) are fetched at pinned commits into a cache outside this repositor
 2. **``hasten profile --json``** on the same command line, in the same conditions (a case
    pinned to a core runs both under ``taskset``): its exit status, verdict, data share and
    interval, step time, what it dropped, its #1 fix.
+3. **the fix truth**, where ``--verify`` verified the #1 fix with an interval: the script under the
+   same harness with that fix applied by the benchmark itself (``_real_script_fix.py``, from the
+   fix's ``apply``) in shuffled pairs of blocks against as run, its ratio with a 95% interval
+   (``_real_script_fix_truth.py``), at most ``--fix-truth-limit`` seconds. ``--fix-truth-only``
+   measures it for the runs already recorded that the goal judges and that have none.
 
 Repeats are interleaved (every case once per repeat, in a shuffled order). Each finished
 (case, repeat) is written at once and skipped on a rerun, so the benchmark resumes where it
@@ -28,10 +33,12 @@ right verdict on >= 95% of runs; the same verdict 3 of 3 on >= 90% of cases; 0 s
 script that runs without hasten must not fail under it); no #1 prediction above its bound (the
 profile's own, and for a data fix the truth's data-free speedup, the upper end of its interval);
 the #1 fix verified with an interval on >= 80% of the truly input-bound runs (``--verify``),
-within 15% of the truth (here: of the truth's data-free speedup, the most a data fix can give);
+within 15% of the truth (here: of that fix's own truth, step 3; a run without one counts as "no fix
+truth"; the distance to the truth's data-free speedup, the most a data fix can give, is kept beside it);
 profiling overhead < 5% per step on the compute-bound cases without ``--verify``.
 
     python benchmarks/profile_real_scripts.py [--repeats 3] [--busy K] [--verify input-bound|all|none] [--only NAME] [--fresh] [--summarize]
+    python benchmarks/profile_real_scripts.py --fix-truth-only [--only NAME] [--fix-truth-limit 600] [--busy K]
 
 **Two conditions** (issue 43): quiet, and ``--busy 2``: two processes spinning on the CPU beside
 each case for the whole of its truth and its profile (the truth is measured in the same
@@ -47,6 +54,7 @@ with ``python`` from ``PATH``, so run it from the environment hasten is installe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -57,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from hasten.cores import usable_cores
@@ -67,6 +76,8 @@ from _common import RESULTS, MeasuredConditions, hardware_label, load_results, w
 from real_script_cases import CASES, DATA, STUBS, Case
 from _real_script_env import PACKAGES as ENV_PACKAGES
 from real_script_fetch import checkout
+import _real_script_fix_truth as fix_truth
+from _real_script_fix import supported as fix_supported
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -103,24 +114,48 @@ def _tail(text: str, n: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[-n:])
 
 
-def truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path) -> dict:
-    out = scratch / "truth.json"
+def truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, fix: dict | None = None,
+              limit: float = 400) -> dict:
+    """The script under ``_real_script_truth.py``: as run against data free, or with ``fix``
+    (``REAL_TRUTH_FIX``, ``REAL_TRUTH_ORDER``, ``REAL_TRUTH_PAIRS``: the fix truth) against its fix."""
+    out = scratch / ("fix_truth.json" if fix else "truth.json")
     env = {**_env(case, checkout_dir, scratch), "REAL_TRUTH_OUT": str(out), "REAL_TRUTH_WARMUP": str(case.truth_warmup),
            "REAL_TRUTH_BLOCK": str(case.truth_block), "REAL_TRUTH_PAIRS": str(case.truth_pairs),
-           "REAL_TRUTH_DATA_FN": case.data_fn or ""}
+           "REAL_TRUTH_DATA_FN": case.data_fn or "", **(fix or {})}
     cmd = [*_pin(case), PY, str(HERE / "_real_script_truth.py"), str(checkout_dir / case.script),
            *_fill(case.args, checkout_dir, scratch)]
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=limit)
         code, err = p.returncode, p.stderr
     except subprocess.TimeoutExpired:
-        code, err = 124, "timed out after 400 s"
+        code, err = 124, f"timed out after {limit:.0f} s"
     row = json.loads(out.read_text()) if out.exists() else {}
     row.update(exit=code, wall_s=time.perf_counter() - t0)
     if code != 0 or row.get("asrun_s") is None:
         row["error"] = _portable(_tail(err), checkout_dir, scratch)
     return row
+
+
+def fix_truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, row: dict, limit: float) -> dict:
+    """The fix truth of a run's verified #1 fix (``_real_script_fix_truth.py``): the script as run
+    against the same with the fix, in shuffled pairs of blocks of one process, at most ``limit`` s."""
+    top = row["profile"].get("top_fix") or {}
+    apply = fix_truth.apply_of(top)
+    if not fix_supported(apply):
+        return {"measured": False, "apply": apply, "fix": top.get("fix"),
+                "why": f"the benchmark does not apply {apply!r}" if apply else "no apply string for this fix"}
+    pairs = max(case.truth_pairs, fix_truth.PAIRS)
+    seed = zlib.crc32(f"{case.name}/{row['repeat']}".encode())
+    t = truth_run(case, checkout_dir, scratch, cwd, limit=limit, fix={
+        "REAL_TRUTH_FIX": apply, "REAL_TRUTH_PAIRS": str(pairs), "REAL_TRUTH_ORDER": fix_truth.order(pairs, seed),
+        "REAL_TRUTH_BLOCK": str(fix_truth.block_steps(case.truth_block, row["truth"].get("asrun_s")))})
+    t.update(fix_truth.ratio(t) if t.get("fix_steps") else {"ratio": None, "interval": None, "n": 0},
+             apply=apply, fix=top.get("fix"), seed=seed, measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    t["measured"] = t["ratio"] is not None and t["interval"] is not None and not t.get("fix_error")
+    if not t["measured"]:
+        t["why"] = t.get("fix_error") or t.get("error") or f"{t['n']} pair(s) of blocks measured, too few for an interval"
+    return t
 
 
 def _verified_interval(rec: dict) -> list[float] | None:
@@ -161,7 +196,8 @@ def profile_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, verify
                                           "num_workers", "dropped", "probes_off", "ended_early", "extended",
                                           "near")})
         row["cpu_available"] = (a.get("cpu") or {}).get("available")
-        row["top_fix"] = top and {"fix": top.get("fix"), "kind": top.get("kind"), "predicted": top.get("predicted_speedup"),
+        row["top_fix"] = top and {"fix": top.get("fix"), "kind": top.get("kind"), "apply": top.get("apply"),
+                                  "predicted": top.get("predicted_speedup"),
                                   "verified": top.get("verified_speedup"), "bound": top.get("bound"),
                                   "verified_interval": _verified_interval(top)}
         row["other_where"] = (a.get("other_where") or [])[:2]
@@ -187,7 +223,9 @@ def brief(row: dict) -> dict:
     return {"case": row["case"], "repeat": row["repeat"], "hasten": row.get("hasten"), "finished": row.get("finished"),
             "truth_asrun_s": t.get("asrun_s"), "truth_datafree_s": t.get("datafree_s"), "truth_exit": t.get("exit"),
             "exit": p["exit"], "verdict": p.get("verdict"), "data_share": p.get("data_share"),
-            "data_interval": p.get("data_interval"), "step_time_s": p.get("step_time_s"), "top_fix": p.get("top_fix")}
+            "data_interval": p.get("data_interval"), "step_time_s": p.get("step_time_s"), "top_fix": p.get("top_fix"),
+            "fix_truth": row.get("fix_truth") and {k: row["fix_truth"].get(k) for k in ("apply", "ratio", "interval",
+                                                                                         "n", "why")}}
 
 
 class Busy:
@@ -226,10 +264,10 @@ def truth_says_input(t: dict) -> bool:
     return classify(hi, 0.0)[0] != "compute-bound"
 
 
-def run_case(case: Case, repeat: int, verify: str, busy: int = 0, verify_repeats: int = 1) -> dict:
-    why = skip_reason(case)
-    if why:
-        return {"case": case.name, "repeat": repeat, "skipped": why}
+@contextlib.contextmanager
+def prepared(case: Case):
+    """``(checkout, scratch, cwd, origin)`` for one run of the case: its data made in a fresh scratch
+    folder, removed after."""
     src = case.source
     checkout_dir, origin = checkout(src.name, src.commit)
     scratch = Path(tempfile.mkdtemp(prefix="hasten-real-"))
@@ -239,7 +277,23 @@ def run_case(case: Case, repeat: int, verify: str, busy: int = 0, verify_repeats
         for name in case.stubs:
             (scratch / "stubs").mkdir(exist_ok=True)
             (scratch / "stubs" / f"{name}.py").write_text(STUBS[name])
-        cwd = checkout_dir if case.cwd == "checkout" else scratch
+        yield checkout_dir, scratch, checkout_dir if case.cwd == "checkout" else scratch, origin
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def wants_fix_truth(row: dict) -> bool:
+    """Whether a run's #1 fix was verified with an interval (the runs the fix truth measures)."""
+    top = row["profile"].get("top_fix") or {}
+    return bool(row.get("verify")) and top.get("verified") is not None and bool(top.get("verified_interval"))
+
+
+def run_case(case: Case, repeat: int, verify: str, busy: int = 0, verify_repeats: int = 1,
+             fix_limit: float = 600) -> dict:
+    why = skip_reason(case)
+    if why:
+        return {"case": case.name, "repeat": repeat, "skipped": why}
+    with prepared(case) as (checkout_dir, scratch, cwd, origin):
         row = {"case": case.name, "repeat": repeat, "fetched_from": origin, "busy": busy + case.busy}
         with Busy(busy + case.busy):
             row["truth"] = truth_run(case, checkout_dir, scratch, cwd)
@@ -247,9 +301,19 @@ def run_case(case: Case, repeat: int, verify: str, busy: int = 0, verify_repeats
                 verify == "all" or (verify == "input-bound" and truth_says_input(row["truth"])))
             row["verify"] = verified
             row["profile"] = profile_run(case, checkout_dir, scratch, cwd, verified)
+            if wants_fix_truth(row):
+                row["fix_truth"] = fix_truth_run(case, checkout_dir, scratch, cwd, row, fix_limit)
         return row
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def add_fix_truth(case: Case, row: dict, fix_limit: float) -> None:
+    """The fix truth of a run measured before the benchmark had one (``--fix-truth-only``), beside as
+    many busy processes as the run had; marked as measured later than its profile."""
+    with prepared(case) as (checkout_dir, scratch, cwd, _):
+        with Busy(row.get("busy", 0)):
+            row["fix_truth"] = fix_truth_run(case, checkout_dir, scratch, cwd, row, fix_limit)
+    # not right after the run's profile (the machine's load may differ), and perhaps with another hasten
+    row["fix_truth"].update(later=True, hasten=_hasten_commit())
 
 
 # --- judging --------------------------------------------------------------------------------
@@ -320,13 +384,15 @@ def judge(rows: list[dict]) -> dict:
     """Issue 43's figures over the runs of one condition (quiet, or beside --busy K processes):
     right verdicts, the same verdict on every repeat, scripts broken by hasten, #1 predictions above
     their bound (the profile's own, and for a data fix the truth's data-free ceiling), the #1 fix
-    verified with an interval on the truly input-bound runs and its distance to that ceiling, and the
-    profile's overhead on the compute-bound cases."""
+    verified with an interval on the truly input-bound runs and its distance to the fix's own truth
+    (``fix_truth``; a run without one counts as "no fix truth"; the distance to the data-free ceiling
+    beside it, secondary), and the profile's overhead on the compute-bound cases."""
     by_case = {c.name: [r for r in rows if r["case"] == c.name and "skipped" not in r] for c in CASES}
     cases, crashes, right, judged, same, repeated, overheads = [], [], 0, 0, 0, 0, []
     right_decided = judged_decided = 0
     input_bound, top_verified, within_25 = 0, 0, 0
     true_input, with_interval, distances, above = 0, 0, [], []
+    to_fix_truth, no_fix_truth = [], []
     for case in CASES:
         runs = by_case[case.name]
         if not runs:
@@ -354,6 +420,16 @@ def judge(rows: list[dict]) -> dict:
                 true_input += 1
                 if fix.get("verified") is not None and fix.get("verified_interval"):
                     with_interval += 1
+                    ft = r.get("fix_truth")
+                    d = fix_truth.distance(fix["verified"], ft if (ft or {}).get("measured") else None)
+                    entry = {"case": case.name, "repeat": r["repeat"], "fix": fix.get("fix"),
+                             "apply": fix_truth.apply_of(fix), "verified": fix["verified"],
+                             "verified_interval": fix["verified_interval"]}
+                    if d is None:
+                        no_fix_truth.append({**entry, "why": (ft or {}).get("why") or "no fix truth measured"})
+                    else:
+                        to_fix_truth.append({**entry, "fix_truth": ft["ratio"], "fix_truth_interval": ft["interval"],
+                                             "later": bool(ft.get("later")), "distance": d})
                 if fix.get("verified") is not None and ceiling and data_fix(fix):
                     distances.append(abs(fix["verified"] / ceiling[0] - 1))
             if p.get("verdict"):
@@ -384,6 +460,8 @@ def judge(rows: list[dict]) -> dict:
     runs_seen = sum(len(r) for r in by_case.values())
     overhead = statistics.median(overheads) if overheads else None
     within_15 = sum(d <= 0.15 for d in distances)
+    within_fix = sum(e["distance"] <= fix_truth.WITHIN for e in to_fix_truth)
+    judged_fix = len(to_fix_truth) + len(no_fix_truth)
     goals = {  # issue 43: each figure, its goal, met or not (None: nothing to judge yet)
         "verdicts_right": [frac(right, judged), ">= 95%", None if not judged else right / judged >= 0.95],
         "same_verdict_every_repeat": [frac(same, repeated), ">= 90% of cases",
@@ -392,8 +470,11 @@ def judge(rows: list[dict]) -> dict:
         "predictions_above_bound": [len(above), "0", not above if runs_seen else None],
         "top_fix_verified_with_interval_input_bound": [frac(with_interval, true_input), ">= 80% of input-bound runs",
                                                        None if not true_input else with_interval / true_input >= 0.8],
-        "verified_within_15pct_of_truth": [frac(within_15, len(distances)), "within 15% of the truth",
-                                           None if not distances else within_15 == len(distances)],
+        # of the runs above whose #1 fix was verified: within 15% of that fix's own truth (a run without
+        # one counts against it; nothing to judge until some run has one)
+        "verified_within_15pct_of_truth": [frac(within_fix, judged_fix) if to_fix_truth else None,
+                                           "within 15% of the fix's own truth",
+                                           None if not to_fix_truth else within_fix == judged_fix],
         "overhead_without_verify": [overhead, "< 5%", None if overhead is None else overhead < 0.05],
     }
     return {
@@ -405,7 +486,10 @@ def judge(rows: list[dict]) -> dict:
         "top_fix_verified_input_bound": f"{top_verified}/{input_bound}",
         "top_prediction_within_25pct": f"{within_25}/{top_verified}",
         "true_input_bound_runs_verified_with_interval": f"{with_interval}/{true_input}",
-        # the verified #1 fix against the truth's data-free speedup (the most any data fix can give)
+        # the verified #1 fix against its own truth (_real_script_fix_truth.py): within 15%, of the verified runs
+        "verified_to_fix_truth_within_15pct": f"{within_fix}/{judged_fix}",
+        "verified_to_fix_truth": to_fix_truth, "no_fix_truth": no_fix_truth,
+        # secondary: against the truth's data-free speedup (the most any data fix can give; overstates a partial fix)
         "verified_to_truth_ceiling_within_15pct": f"{within_15}/{len(distances)}",
         "verified_to_truth_ceiling_distances": distances,
         "same_verdict_every_repeat": f"{same}/{repeated}", "same_verdict_fraction": frac(same, repeated),
@@ -451,7 +535,8 @@ def estimate(todo: list[tuple[int, Case]], past: list[dict], busy: int = 0) -> f
     walls: dict[str, list[float]] = {}
     for r in past:
         if "skipped" not in r:
-            walls.setdefault(r["case"], []).append(r["truth"].get("wall_s", 0) + r["profile"].get("wall_s", 0))
+            walls.setdefault(r["case"], []).append(r["truth"].get("wall_s", 0) + r["profile"].get("wall_s", 0)
+                                                   + (r.get("fix_truth") or {}).get("wall_s", 0))
     return sum(0.0 if skip_reason(c) else statistics.mean(walls[c.name]) if c.name in walls else c.est_s
                for _, c in todo) * (usable_cores() + busy) / usable_cores()
 
@@ -465,6 +550,38 @@ def _hasten_commit() -> str:
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "hasten"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
     return p.stdout.strip() + ("+uncommitted hasten/ changes" if dirty else "")
+
+
+def fix_truth_only(result: dict, out: Path, only: str | None, limit: float) -> int:
+    """``--fix-truth-only``: the fix truth of each run the goal judges that has none measured yet."""
+    cases = {c.name: c for c in CASES}
+    todo = []
+    for case in CASES:
+        runs = [r for r in result["runs"] if r["case"] == case.name and "skipped" not in r]
+        t = truth(case, runs) if runs else {}
+        if (only is None or only in case.name) and t.get("verdict") == "input-bound" and t.get("decided"):
+            todo += [r for r in runs if wants_fix_truth(r) and not (r.get("fix_truth") or {}).get("measured")
+                     and not skip_reason(case)]
+    # its steps: (pairs x block) as the truth's, 6 pairs or more where the truth had 5, and a few more in the warm-up
+    about = sum(min(limit, 1.3 * r["truth"].get("wall_s", 0)) for r in todo)
+    print(f"fix truth of {len(todo)} run(s) in {out.name}, at most {limit:.0f} s each; about {about / 60:.0f} min "
+          "quiet (1.3 x each run's truth), and the making of each case's data", flush=True)
+    with MeasuredConditions("cpu") as cond:
+        for i, r in enumerate(todo, 1):
+            add_fix_truth(cases[r["case"]], r, limit)
+            result["summary"] = judge(result["runs"])
+            result["runs_brief"] = [brief(x) for x in result["runs"]]
+            write_results(out, result)
+            ft = r["fix_truth"]
+            shown = (f"x{ft['ratio']:.2f} (x{ft['interval'][0]:.2f}-x{ft['interval'][1]:.2f}, n = {ft['n']})"
+                     if ft.get("measured") else f"not measured: {str(ft.get('why'))[-200:]}")
+            print(f"[{i}/{len(todo)}] {r['case']} (repeat {r['repeat']}): {ft.get('apply')}: {shown}; "
+                  f"verified x{r['profile']['top_fix']['verified']:.2f}; {ft.get('wall_s', 0):.0f} s", flush=True)
+    result.setdefault("conditions_per_session", []).append({**cond.as_dict(), "fix_truth_only": True})
+    result["summary"] = judge(result["runs"])
+    write_results(out, result)
+    print(goals_text(result["summary"]))
+    return 0
 
 
 def main() -> int:
@@ -487,9 +604,18 @@ def main() -> int:
                          "elsewhere leaves the benchmark's own alone)")
     ap.add_argument("--summarize", action="store_true",
                     help="judge the runs already in the results file again and write the summary, running nothing")
+    ap.add_argument("--fix-truth-only", action="store_true",
+                    help="run nothing but the fix truth of the runs already in the results file that the goal judges "
+                         "(truly input-bound, #1 fix verified) and have none measured yet, each written as it finishes")
+    ap.add_argument("--fix-truth-limit", type=float, default=600, metavar="S",
+                    help="the most seconds one fix truth may take (default 600); past it, that run has none")
     args = ap.parse_args()
     if args.busy < 0:
         ap.error("--busy takes a number of processes, 0 or more")
+    if args.fix_truth_limit <= 0:
+        ap.error("--fix-truth-limit takes a number of seconds above 0")
+    if args.fix_truth_only and (args.fresh or args.summarize):
+        ap.error("--fix-truth-only measures the runs already in the results file: not with --fresh or --summarize")
     out = (args.out or (OUT.with_name(f"{OUT.stem}-busy{args.busy}.json") if args.busy else OUT)).resolve()
     result = {"runs": []} if args.fresh else _load(out)
     if result["runs"] and result.get("busy", args.busy) != args.busy:
@@ -503,6 +629,8 @@ def main() -> int:
         print(table(result["summary"]))
         print(goals_text(result["summary"]))
         return 0
+    if args.fix_truth_only:
+        return fix_truth_only(result, out, args.only, args.fix_truth_limit)
     done = {(r["case"], r["repeat"]) for r in result["runs"]}
     todo = [(rep, c) for rep, c in interleaved([c for c in CASES if args.only is None or args.only in c.name],
                                                args.repeats, args.seed) if (c.name, rep) not in done]
@@ -511,7 +639,7 @@ def main() -> int:
           f"about {estimate(todo, _load(OUT)['runs'], args.busy) / 60:.0f} min", flush=True)
     with MeasuredConditions("cpu") as cond:
         for rep, case in todo:
-            row = run_case(case, rep, args.verify, args.busy, args.verify_repeats)
+            row = run_case(case, rep, args.verify, args.busy, args.verify_repeats, args.fix_truth_limit)
             if "skipped" in row:
                 print(f"{case.name}: skipped, {row['skipped']}", flush=True)
                 continue

@@ -390,7 +390,7 @@ def main() -> None:
     if args.smoke:
         args.images, args.classes, args.rates, args.repeats, args.workers, args.epochs = 96, 4, "0.1,1", 1, 1, 2
     sys.path.insert(0, str(Path(__file__).parent))
-    from imagenet_pipeline import make_dataset
+    from _imagenet_pipeline_data import make_dataset
 
     cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
     folder, shard_dir = make_dataset(cache, args.images, args.classes, 2, args.seed, procs=min(2, usable_cores()))

@@ -1,4 +1,6 @@
-"""benchmarks/imagenet_pipeline.py --smoke: it runs end to end and writes the fields it promises."""
+"""benchmarks/imagenet_pipeline.py --smoke: it runs end to end and writes the fields it promises; its
+helpers pack a folder of one's own once (_imagenet_pipeline_data.py) and break the CPU down by stage
+(_imagenet_pipeline_stages.py)."""
 
 import json
 import subprocess
@@ -31,33 +33,28 @@ def test_smoke_run_writes_every_promised_field(tmp_path):
     assert "speedup per core over the Pillow DataLoader at 224" in proc.stdout
 
 
-def _benchmark_module():
-    import importlib.util
-
+if str(SCRIPT.parent) not in sys.path:  # the benchmark's helper modules, imported as the script imports them
     sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("imagenet_pipeline_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_folder_of_ones_own_is_packed_once_and_again_when_it_changes(photo_folder, tmp_path):
     import shutil
 
+    from _imagenet_pipeline_data import packed_folder
+
     from hasten.stream.shard_store import open_shards
 
-    bench = _benchmark_module()
     folder = shutil.copytree(photo_folder, tmp_path / "photos")
-    got, shards = bench.packed_folder(tmp_path / "cache", folder, seed=0)
+    got, shards = packed_folder(tmp_path / "cache", folder, seed=0)
     assert got == folder and open_shards(shards, "train").total == 54
     index = (shards / "index.json").stat().st_mtime_ns
-    assert bench.packed_folder(tmp_path / "cache", folder, seed=0)[1] == shards  # packed once ...
+    assert packed_folder(tmp_path / "cache", folder, seed=0)[1] == shards  # packed once ...
     assert (shards / "index.json").stat().st_mtime_ns == index
     (folder / "train" / "ant" / "ant00.jpg").unlink()
-    changed = bench.packed_folder(tmp_path / "cache", folder, seed=0)[1]
+    changed = packed_folder(tmp_path / "cache", folder, seed=0)[1]
     assert changed != shards and open_shards(changed, "train").total == 53  # ... and again when it changes
     with pytest.raises(SystemExit, match="train/<class>/"):
-        bench.packed_folder(tmp_path / "cache", tmp_path / "cache", seed=0)
+        packed_folder(tmp_path / "cache", tmp_path / "cache", seed=0)
 
 
 def test_the_stage_breakdown_reports_the_decode_floor(photo_folder, tmp_path):
@@ -67,9 +64,11 @@ def test_the_stage_breakdown_reports_the_decode_floor(photo_folder, tmp_path):
 
     if not turbojpeg.available():
         pytest.skip("no libturbojpeg 3")
+    from _imagenet_pipeline_data import packed_folder
+    from _imagenet_pipeline_stages import stage_breakdown
+
     from hasten.stream.shard_store import open_shards
 
-    bench = _benchmark_module()
-    shards = open_shards(bench.packed_folder(tmp_path / "cache", photo_folder, seed=0)[1], "train")
-    stages = bench.stage_breakdown(shards, 64, images=54)
+    shards = open_shards(packed_folder(tmp_path / "cache", photo_folder, seed=0)[1], "train")
+    stages = stage_breakdown(shards, 64, images=54)
     assert stages["images"] == 54 and stages["decode_floor_ms_per_image"] > 0

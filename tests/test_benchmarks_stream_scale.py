@@ -1,6 +1,7 @@
 """benchmarks/stream_scale.py: its count of the examples per epoch (duplicates, missing, repeats
-after a resume), its per-node cache figures from the ranks' records, and its smoke run end to end
-on loopback (two torchrun launches of 2 ranks, node B killed mid-epoch and resumed; no root)."""
+after a resume), its per-node cache figures from the ranks' records (both in
+_stream_scale_records.py), and its smoke run end to end on loopback (two torchrun launches of 2
+ranks, node B killed mid-epoch and resumed; no root)."""
 
 import json
 import os
@@ -14,14 +15,15 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-import stream_scale as ss  # noqa: E402
+import _stream_scale_records as ss  # noqa: E402
+from _stream_scale_rank import RECORD  # noqa: E402
 
 
 def write_batches(path: Path, batches: list[tuple[dict, list[int]]], cut_last: int = 0) -> None:
     """A rank's file as the benchmark writes it; ``cut_last`` bytes of the end missing (a kill)."""
     raw = b""
     for fields, keys in batches:
-        head = np.zeros(1, ss.RECORD)
+        head = np.zeros(1, RECORD)
         for k, v in {**fields, "n": len(keys)}.items():
             head[k] = v
         raw += head.tobytes() + np.asarray(keys, "<i8").tobytes()

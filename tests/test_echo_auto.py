@@ -329,7 +329,7 @@ def test_where_echoing_cannot_pay_e_stays_exactly_one_and_nothing_is_measured(ra
     auto, factors = _modelled_pipeline(ratio, "auto", jitter=0.15, on_step=lambda a: measured.append(a.value_due()))
     assert auto.windows > 100 and set(factors) == {1.0}
     assert len(measured) == len(factors) and not any(measured)
-    assert auto.probes == 0 and auto.effective_examples == 0.0  # (this loop does not count items)
+    assert auto.probes == 0 and auto.value_history == []
 
 
 def test_windows_before_the_first_step_wait_for_it_when_the_loop_reports():

@@ -1,5 +1,5 @@
 """AutoEcho's rules checked by hand: each rule of its docstring at its boundaries, the
-agreement between ranks, and the training budget in effective examples (hasten.echo.auto)."""
+agreement between ranks, and the bound on e from what a repeat is worth (hasten.echo.auto)."""
 
 import math
 import threading
@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from hasten.echo import AutoEcho, echo_examples
-from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
-from hasten.recipes.echo.value import steps_multiplier
+from hasten.echo.auto import REPEAT_VALUE
 
 # --- Hand-computed checks of each rule in AutoEcho's docstring -------------------------------
 
@@ -220,12 +219,11 @@ def test_repeated_pauses_within_one_window_all_count(monkeypatch):
 class _FakeRanks:
     """torch.distributed as seen by one rank of two: all_reduce adds the other rank's tensor."""
 
-    def __init__(self, other_estimate, other_cap, backend="gloo", other_loss_ratio=math.nan, other_dots=(0.0, 0.0, 0)):
+    def __init__(self, other_estimate, other_cap, backend="gloo", other_dots=(0.0, 0.0, 0)):
         import torch
 
-        valid, has_loss = not math.isnan(other_estimate), not math.isnan(other_loss_ratio)
-        self.other = torch.tensor([other_estimate if valid else 0.0, 1.0 if valid else 0.0, other_cap,
-                                   other_loss_ratio if has_loss else 0.0, 1.0 if has_loss else 0.0, *other_dots],
+        valid = not math.isnan(other_estimate)
+        self.other = torch.tensor([other_estimate if valid else 0.0, 1.0 if valid else 0.0, other_cap, *other_dots],
                                   dtype=torch.float64)
         self.backend = backend
         self.reduced = []
@@ -316,81 +314,40 @@ def test_a_rank_never_exceeds_its_own_e_max_whatever_the_mean_cap(monkeypatch):
     assert auto.cap == pytest.approx(10 - 6 / 2**4) and auto.factor == 4.0
 
 
-# ----------------------------------------------------------------------------- The budget in effective examples
-def test_a_copy_is_worth_less_the_later_it_comes_and_less_still_when_memorised(monkeypatch):
-    auto = AutoEcho(repeat_value=0.8, later_repeat_value=0.7, repeat_decay=10.0)
-    values = [auto.copy_value(k) for k in range(6)]
-    assert values[0] == 1.0
-    assert values == pytest.approx([1.0, 0.8] + [0.7 * math.exp(-(k - 2) / 10) for k in range(2, 6)])
-    assert all(a > b for a, b in zip(values, values[1:]))
-    # The measured defaults: no decay over later copies.
-    assert AutoEcho(repeat_value=1.0, later_repeat_value=1.0).copy_value(3) == 1.0  # as good as fresh: allowed
-    default = AutoEcho()
-    assert [default.copy_value(k) for k in (1, 2, 7)] == [REPEAT_VALUE, LATER_REPEAT_VALUE, LATER_REPEAT_VALUE]
-    for name in ("repeat_value", "later_repeat_value"):
-        for bad in (0, 1.5, -0.1, "0.5"):
-            with pytest.raises(ValueError, match=f"{name} must be in"):
-                AutoEcho(**{name: bad})
-    # The agreed loss ratio scales repeats (never fresh items), and never above their decay.
-    _FakeRanks(other_estimate=math.nan, other_cap=10.0, other_loss_ratio=0.5).install(monkeypatch)
-    started = _started(loss_smoothing=1.0)
-    started.observe_loss(fresh_loss=2.0, repeat_loss=1.8)  # this rank: 0.9; the other: 0.5
-    started.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
-    assert started.value_ratio == pytest.approx(0.7)
-    assert started.copy_value(0) == 1.0
-    assert started.copy_value(1) == pytest.approx(0.7 * REPEAT_VALUE)
-    assert started.copy_value(3) == pytest.approx(0.7 * LATER_REPEAT_VALUE * math.exp(-1 / REPEAT_DECAY))
-    started.observe_loss(fresh_loss=1.0, repeat_loss=3.0)  # repeats' loss above: ratio 3, capped at 1
-    _FakeRanks(other_estimate=math.nan, other_cap=10.0, other_loss_ratio=3.0).install(monkeypatch)
-    started.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
-    assert started.value_ratio == 1.0
-
-
-def _steps_to_budget(auto, e, steps, batch=8):
-    """Steps a loop takes until ``auto.progress`` reaches a budget of ``steps`` x ``batch``
-    examples, the stage emitting ``e`` copies of each fresh example."""
-    taken = 0
-    while auto.progress(steps * batch) < 1:
-        for _ in range(batch):  # the stage runs ahead of the loop: emit before counting
-            for k in range(e):
-                auto.emitted(k)
-        auto.count(batch)
-        taken += 1
-    return taken
-
-
-@pytest.mark.parametrize("e", [1, 2, 6, 8])
-def test_the_budget_in_effective_examples_gives_echoed_runs_the_steps_their_repeats_need(e):
+# ----------------------------------------------------------------------------- The bound from what a repeat is worth
+@pytest.mark.parametrize("v, bound", [(REPEAT_VALUE, math.inf), (0.5, math.inf), (0.65, math.inf),
+                                      (0.25, 3.0), (0.0, 2.0), (0.4, 6.0)])
+def test_the_value_bound_keeps_a_steps_first_order_value_above_one_half(v, bound):
     auto = AutoEcho()
-    taken = _steps_to_budget(auto, e, steps=200)
-    # e = 1 is exactly the baseline's budget; e copies are worth 1 + first + later x (e - 2) fresh
-    # ones (no decay by default), the model the calibration (hasten.recipes.echo.value) fits.
-    worth = 1 + (REPEAT_VALUE if e > 1 else 0) + sum(LATER_REPEAT_VALUE * math.exp(-(k - 2) / REPEAT_DECAY)
-                                                     for k in range(2, e))
-    assert taken == math.ceil(200 * e / worth - 1e-9) or (e == 1 and taken == 200)
-    assert taken == pytest.approx(200 * steps_multiplier(e, REPEAT_VALUE, LATER_REPEAT_VALUE, REPEAT_DECAY), abs=1)
-    assert taken == 200 if e == 1 else 1.1 * 200 <= taken <= 1.3 * 200  # the calibration's ~1.2x
+    auto.repeat_value = v
+    assert auto.value_bound == pytest.approx(bound)
+    if math.isfinite(bound):  # at the bound a step's batch is worth exactly 1/2 of a fresh one to first order
+        assert 1 / bound + (1 - 1 / bound) * v == pytest.approx(0.5)
 
 
-def test_items_are_valued_in_the_order_the_stage_emitted_them():
-    auto = AutoEcho(repeat_value=0.9, later_repeat_value=0.8, repeat_decay=5.0)
-    for k in (0, 1, 2):
-        auto.emitted(k)
-    assert auto.count(1) == 1.0  # the oldest emitted item: a fresh one
-    assert auto.count(2) == pytest.approx(1 + 0.9 + 0.8)
-    assert auto.count(2) == pytest.approx(3 + 0.9 + 0.8)  # none recorded: fresh
-    with pytest.raises(ValueError, match="budget_examples must be > 0"):
-        auto.progress(0)
-    with pytest.raises(ValueError, match="repeat_decay must be > 0"):
-        AutoEcho(repeat_decay=0)
+def test_measured_memorised_repeats_bound_e_and_a_recovered_value_frees_it():
+    auto = _started(e_max=10)
+    auto.repeat_value = 0.25  # as a measurement shrunk toward the prior would set it
+    for _ in range(2):
+        auto.observe(fresh=10, emitted=10, wait_s=0.9, downstream_s=0.1)  # R = 10
+    assert auto.factor == pytest.approx(3.0)  # the bound, not R
+    # Settled at e = 3, the value drops further: e follows the bound down at the next window
+    # even though R^ stays where it was.
+    auto.repeat_value = 0.0
+    auto.observe(fresh=10, emitted=30, wait_s=0.2 / 3, downstream_s=0.1)  # R = 3 x (1 + 2/3) = 5
+    assert auto.factor == pytest.approx(2.0)
+    # Repeats worth more than half a fresh example again: the bound lifts, e goes back toward R.
+    auto.repeat_value = 0.6
+    for _ in range(4):
+        auto.observe(fresh=10, emitted=20, wait_s=0.4, downstream_s=0.1)  # R = 2 x 5 = 10
+    assert auto.factor > 3.0
 
 
-def test_an_echo_stage_records_every_copy_it_emits():
-    auto = AutoEcho(repeat_value=0.9, later_repeat_value=0.8, repeat_decay=5.0)
-    auto.factor = 4.0
-    items = list(echo_examples(range(4), auto))
-    assert len(items) == 16
-    assert auto.count(16) == pytest.approx(4 * (1 + 0.9 + 0.8 + 0.8 * math.exp(-1 / 5)))
+def test_a_prior_repeat_value_outside_0_1_is_refused():
+    assert AutoEcho(repeat_value=1.0).repeat_value == 1.0  # as good as fresh: allowed
+    for bad in (0, 1.5, -0.1, "0.5"):
+        with pytest.raises(ValueError, match="repeat_value must be in"):
+            AutoEcho(repeat_value=bad)
 
 
 def test_setup_distributed_gives_autoecho_its_own_gloo_group_for_the_agreement(monkeypatch):
@@ -410,20 +367,6 @@ def test_setup_distributed_gives_autoecho_its_own_gloo_group_for_the_agreement(m
     assert len(ranks.created) == 1
 
 
-@pytest.mark.parametrize("mine, other, expect", [
-    (0.8, math.nan, 0.8),    # only this rank has loss reports: its ratio
-    (None, 0.5, 0.5),        # only the other rank: its ratio
-    (None, math.nan, None),  # none: repeats keep their full value
-])
-def test_the_loss_ratio_is_averaged_over_the_ranks_that_have_one(monkeypatch, mine, other, expect):
-    _FakeRanks(other_estimate=math.nan, other_cap=10.0, other_loss_ratio=other).install(monkeypatch)
-    auto = _started(loss_smoothing=1.0)
-    if mine is not None:
-        auto.observe_loss(fresh_loss=1.0, repeat_loss=mine)
-    auto.observe(fresh=10, emitted=10, wait_s=0.0, downstream_s=0.1)
-    assert auto.value_ratio == pytest.approx(1.0 if expect is None else expect)
-
-
 def test_paused_time_accumulates_over_the_run():
     auto = AutoEcho()
     assert auto.paused_s == 0.0
@@ -431,42 +374,6 @@ def test_paused_time_accumulates_over_the_run():
         with auto.paused():
             time.sleep(0.02)
     assert 0.04 <= auto.paused_s < 0.5
-
-
-def test_small_but_positive_decays_and_budgets_are_accepted():
-    auto = AutoEcho(repeat_decay=0.5)
-    assert auto.copy_value(3) == pytest.approx(LATER_REPEAT_VALUE * math.exp(-2))
-    auto.count(1)
-    assert auto.progress(0.5) == 2.0
-
-
-def test_counting_without_echo_keeps_one_record_not_one_per_item():
-    # At e = 1 the value bookkeeping must cost O(1) per batch: one run of fresh items, not a
-    # record per emitted item (the per-item deque cost ~5% of a 4.5 ms step in the sweep).
-    auto = AutoEcho()
-    for _ in range(5000):
-        auto.emitted_copies(1)
-    assert len(auto._values) == 1
-    assert auto.count(4096) == 4096.0 and auto.count(2000) == 6096.0  # 904 recorded, 1096 unrecorded: fresh
-
-
-def test_run_length_counting_matches_item_by_item_values():
-    import random
-
-    rng = random.Random(3)
-    auto = AutoEcho(repeat_value=0.6, later_repeat_value=0.5, repeat_decay=4.0)
-    expected = []
-    for _ in range(300):
-        n = rng.choice([1, 1, 2, 3, 5])
-        auto.emitted_copies(n)
-        expected += [1.0, 0.6][:n] + [0.5 * math.exp(-(k - 2) / 4.0) for k in range(2, n)]
-    taken, total = 0, 0.0
-    while taken < len(expected):
-        k = rng.randint(1, 40)
-        got = auto.count(k)
-        total += sum(expected[taken : taken + k]) + max(0, taken + k - len(expected))
-        taken += k
-        assert got == pytest.approx(total)
 
 
 # ----------------------------------------------------------------------------- Jitter at e = R holds e

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_VALUE, AutoEcho
+from hasten.echo.auto import REPEAT_VALUE, AutoEcho
 from hasten.echo.repeat_value import RepeatLossSums, RepeatValueEstimate, gradient_dots, observe_repeat_losses
 
 DIM = 20
@@ -96,32 +96,31 @@ def _shrunk(prior: float, measurement: float, se: float) -> float:
     return prior + w * (measurement - prior)
 
 
-def test_autoecho_moves_its_schedule_only_from_min_blocks_on_and_shrinks_toward_the_prior():
+def test_autoecho_takes_the_value_only_from_min_blocks_on_and_shrinks_it_toward_the_prior():
     auto = AutoEcho()
     _window(auto)  # start-up
     _report_blocks(auto, [0.9] * (RepeatValueEstimate.MIN_BLOCKS - 1))
-    assert auto.measured_value is None and auto.copy_value(1) == pytest.approx(REPEAT_VALUE)
+    assert auto.measured_value is None and auto.repeat_value == pytest.approx(REPEAT_VALUE)
     _report_blocks(auto, [0.9])
-    # Three equal blocks: no spread, the floor of the standard error; each copy's prior moves
-    # almost all the way to the measurement.
+    # Three equal blocks: no spread, the floor of the standard error; the prior moves almost
+    # all the way to the measurement.
     se = RepeatValueEstimate.SE_FLOOR
-    assert auto.copy_value(1) == pytest.approx(_shrunk(REPEAT_VALUE, 0.9, se))
-    assert auto.copy_value(5) == pytest.approx(_shrunk(LATER_REPEAT_VALUE, 0.9, se))
-    assert auto.measured_value == auto.copy_value(1)
+    assert auto.repeat_value == pytest.approx(_shrunk(REPEAT_VALUE, 0.9, se))
+    assert auto.measured_value == auto.repeat_value
     # Blocks that disagree: the median, shrunk by its standard error (1.2533 x 1.4826 x MAD / sqrt(k)).
     spread = AutoEcho()
     _window(spread)
     _report_blocks(spread, [0.5, 0.9, 1.1])
     se = 1.2533 * 1.4826 * 0.2 / math.sqrt(3)
-    assert spread.copy_value(1) == pytest.approx(_shrunk(REPEAT_VALUE, 0.9, se))
-    assert _shrunk(REPEAT_VALUE, 0.9, se) < 0.85  # a noisy measurement moves the schedule less
+    assert spread.repeat_value == pytest.approx(_shrunk(REPEAT_VALUE, 0.9, se))
+    assert _shrunk(REPEAT_VALUE, 0.9, se) < 0.85  # a noisy measurement moves the value less
 
 
-def test_one_outlier_reading_does_not_move_the_schedule():
+def test_one_outlier_reading_does_not_move_the_value():
     auto = AutoEcho()
     _window(auto)
     _report_blocks(auto, [0.84, 0.86, 0.85, 0.85, 0.86])
-    before = (auto.copy_value(1), auto.copy_value(2))
+    before = auto.repeat_value
     # One wild report (a step where the halves' gradients happened to agree little): alone its
     # ratio is -50; summed, it would have thrown the value to its floor.
     auto.report_repeat_gradients(-50.0, 1.0)
@@ -129,7 +128,7 @@ def test_one_outlier_reading_does_not_move_the_schedule():
         auto.report_repeat_gradients(0.85, 1.0)
     _window(auto)
     assert auto.value.blocks[-1] < 0  # its block reads the outlier ...
-    after = (auto.copy_value(1), auto.copy_value(2))
+    after = auto.repeat_value
     assert after == pytest.approx(before, abs=0.01)  # ... the median does not
 
 
@@ -142,7 +141,7 @@ def test_early_large_gradients_do_not_outweigh_the_rest_of_the_run():
         auto.report_repeat_gradients(100 * 0.1, 100.0)  # early: value 0.1 at 100x the scale
     _window(auto)
     _report_blocks(auto, [0.9] * 4)
-    assert auto.copy_value(1) > 0.85
+    assert auto.repeat_value > 0.85
 
 
 def test_a_block_with_a_non_positive_fresh_sum_is_dropped():
@@ -151,7 +150,7 @@ def test_a_block_with_a_non_positive_fresh_sum_is_dropped():
     for _ in range(RepeatValueEstimate.BLOCK):
         auto.report_repeat_gradients(0.3, -1.0)  # noise only: no estimate of |grad L|^2
     _window(auto)
-    assert len(auto.value.blocks) == 0 and auto.copy_value(1) == pytest.approx(REPEAT_VALUE)
+    assert len(auto.value.blocks) == 0 and auto.repeat_value == pytest.approx(REPEAT_VALUE)
     auto.report_repeat_gradients(math.nan, 1.0)  # not finite: ignored
     assert auto._pending_dots == [0.0, 0.0, 0]
 
@@ -196,7 +195,7 @@ def test_the_ranks_sum_their_reports_and_agree_on_one_value(monkeypatch):
         auto.report_repeat_gradients(0.3, 1.0)
         _window(auto)
     assert list(auto.value.blocks) == [pytest.approx(2.7 / 4)] * RepeatValueEstimate.MIN_BLOCKS
-    assert auto.copy_value(1) == pytest.approx(_shrunk(REPEAT_VALUE, 2.7 / 4, RepeatValueEstimate.SE_FLOOR))
+    assert auto.repeat_value == pytest.approx(_shrunk(REPEAT_VALUE, 2.7 / 4, RepeatValueEstimate.SE_FLOOR))
 
 
 @pytest.mark.parametrize("kw, message", [({"value_every": -1}, "value_every"), ({"value_every": 1.5}, "value_every")])

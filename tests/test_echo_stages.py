@@ -81,12 +81,11 @@ def test_grouped_batch_echo_repeats_whole_optimizer_steps_with_their_micro_batch
             echo_batches(range(4), 2, group=bad)
 
 
-def test_grouped_echo_values_each_copy_of_a_run_per_batch():
-    # AutoEcho counts batches: a run of 3 batches echoed twice is 3 fresh and 3 first repeats.
-    auto = AutoEcho(repeat_value=0.5)
+def test_grouped_echo_with_autoecho_repeats_whole_runs_at_its_factor():
+    # A run of 3 batches echoed twice at AutoEcho's e = 2: the run, then the run again.
+    auto = AutoEcho()
     auto.factor = 2.0
-    assert len(list(echo_batches(range(6), auto, group=3))) == 12
-    assert auto.count(12) == pytest.approx(6 * 1.0 + 6 * 0.5)
+    assert list(echo_batches(range(6), auto, group=3)) == [0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5]
 
 
 def within_batch_duplicate_rate(items, batch_size):

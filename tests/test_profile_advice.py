@@ -132,6 +132,8 @@ def _loader_ranks():
 @pytest.mark.parametrize("rank", [_tiny_context_rank(), _tiny_context_rank(prepared=False, per_row=False),
                                   _tiny_context_rank(prepared=True, per_row=False), *_loader_ranks()])
 def test_every_suggested_snippet_compiles(rank):
+    # the hand-off of a batch from a worker measured, as the loader probe does: a workers fix is predicted
+    rank = {**rank, "loader_probe": {**rank["loader_probe"], "handoff_s": 0.0005}}
     a = analyse([rank], cpus={"available": 2.0})
     assert a.recommendations
     for r in a.recommendations + [type("R", (), x) for x in a.rejected if x.get("how")]:

@@ -4,7 +4,7 @@ compute")."""
 
 import pytest
 
-from hasten.profile.attribution import compute_samples
+from hasten.profile.attribution import MIN_NAMED, compute_samples
 from hasten.profile.report import format_report
 from hasten.profile.verdict import analyse
 from test_profile_verdict import _rank
@@ -64,3 +64,13 @@ def test_the_samplers_compute_lines_count_as_compute():
     a = analyse([rank], cpus={"available": 2.0})
     assert a.other_fraction == pytest.approx(0.40 * 40 / 80)
     assert [w["at"] for w in a.other_where] == ["train.py:60"]
+
+
+def test_the_rest_is_named_from_enough_samples_only():
+    # a run of a second of 0.2 ms steps: one sample of the rest, in hasten's own hooks, named 47% of the step
+    def where(n):
+        rank = _rest_rank([{"at": "train.py:60", "code": "time.sleep(args.pause)", "function": "train",
+                            "samples": n}])
+        return analyse([rank], cpus={"available": 2.0}).other_where
+    assert where(1) == [] and where(MIN_NAMED - 1) == []
+    assert [w["at"] for w in where(MIN_NAMED)] == ["train.py:60"]

@@ -18,7 +18,10 @@ def _rank(wait, work, alone=None, loader=None, comm_off=None, workers=0, ddp=Fal
                         "comm_off": recs(0.0, comm_off) if comm_off is not None else [],
                         "autocast": recs(0.0, autocast) if autocast is not None else []},
             "loader_probe": {"batch_s": loader if loader is not None else wait, "main_cpu_s": 0.0,
-                             "worker_cpu_s": None},
+                             "worker_cpu_s": None,
+                             # a batch's hand-off through a worker, which the loader probe measures in a loop
+                             # without workers: small against these steps
+                             **({"handoff_s": 1e-5} if not workers else {})},
             "ddp": ddp, "grad_bytes": grad_bytes, "allreduce_times": list(allreduce)}
 
 

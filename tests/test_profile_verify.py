@@ -169,7 +169,7 @@ def _workers_recommended(cores):
             "batch_bytes": 1024, "cpu_count": cores, "warmup": 2,
             "records": {"measure": [{"wait_s": 0.090, "work_s": 0.010, "cpu_s": 0.0005}] * 6,
                         "step_alone": [{"wait_s": 0.0, "work_s": 0.010, "cpu_s": 0.0005}] * 6},
-            "loader_probe": {"batch_s": 0.090, "main_cpu_s": 0.0, "worker_cpu_s": None},
+            "loader_probe": {"batch_s": 0.090, "main_cpu_s": 0.0, "worker_cpu_s": None, "handoff_s": 1e-5},
             "ddp": False, "grad_bytes": 0, "allreduce_times": []}
     a = analyse([rank], cpus={"affinity": cores, "quota": None, "probe": float(cores), "available": float(cores)})
     return [int(r.apply.split("=")[1]) for r in a.recommendations if r.apply and r.apply.startswith("workers=")]
@@ -180,3 +180,22 @@ def test_never_more_dataloader_workers_than_the_cores_the_run_can_use():
     (many,) = _workers_recommended(8)
     assert many > 2
     assert _workers_recommended(2) == [2]  # PyTorch warns above the cores: "might get DataLoader running slow"
+
+
+def test_a_failed_verification_says_what_was_seen_never_a_bare_seen():
+    # a re-run that timed out: its failure says "Seen:" and, on the next lines, what the processes saw;
+    # the note kept only the first line, ending in "Seen:" (issue 43)
+    from hasten.profile.outcome import RunOutcome
+    status = {"rank": 0, "steps": 3, "forwards": 9, "train_forwards": 9, "backwards": 3, "loaders": [],
+              "where": [{"at": "train.py:get_batch", "share": 0.9}]}
+
+    def timed_out(config, apply="", probes=True, log=None, switch=""):
+        return RunOutcome(-9, [], True, "epoch 1\nloss 0.5\n", 1.0, [status])
+
+    a = _analysis([Recommendation(fix="a fix", how="", predicted_speedup=1.5, basis="", changes_math=False,
+                                  apply="workers=2")])
+    verify(_config("autocast_sleep.py"), a, log=lambda m: None, run_instrumented=timed_out)
+    (note,) = [n for n in a.notes if n.startswith("verification of a fix failed")]
+    assert not note.rstrip().endswith("Seen:")
+    assert "Seen: rank 0: 3 optimizer steps" in note and "the main thread was in train.py:get_batch (90%)" in note
+    assert "loss 0.5" not in note  # the command's output stays out of a one-line note

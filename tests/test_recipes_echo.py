@@ -352,6 +352,37 @@ def test_a_stopped_sweep_resumes_from_its_journal_without_rerunning_finished_run
     assert [r["end_accuracy"] for r in again["results"]] == [r["end_accuracy"] for r in report["results"]]
 
 
+@pytest.mark.parametrize("per_example_s", [0.01, 1e-7])
+def test_autoecho_in_the_sweep_runs_the_budgets_schedule_in_steps(one_thread, monkeypatch, per_example_s):
+    """Issue 44: AutoEcho's schedule is the budget in steps, as a fixed factor's. Repeats
+    measured at 0.65 of a fresh example at e = 4 stretched it by 1 / (1/4 + 3/4 x 0.65) =
+    1.36x (the old effective-example budget); now the run ends at the budget's steps and its
+    learning rate follows lr_at of the step. With an upstream faster than the step (R < 1) e
+    stays 1 and nothing is measured."""
+    from hasten.recipes.echo import budget
+    from hasten.recipes.echo.clock import ModelledClocks
+
+    monkeypatch.setattr(budget, "gradient_dots", lambda *a, **k: (0.65, 1.0))  # each report: v = 0.65
+    lrs = []
+    sgd_step = torch.optim.SGD.step
+    monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, **k: (lrs.append(self.param_groups[0]["lr"]),
+                                                                        sgd_step(self, *a, **k))[1])
+    cfg = SweepConfig(data="x", train_images=1024, test_images=200, batch_size=64, value_every=1,
+                      eval_points=(0.5, 1.0))
+    spec = _spec(steps=60, echo="auto", e_max=4.0)
+    # 10 ms per example, 0.64 s a batch, against a step of milliseconds: R far above e_max = 4;
+    # 0.1 us per example: R far below 1.
+    r = train_budget(cfg, _memory_data(n=1024), spec, clocks=ModelledClocks([per_example_s], lead=128))
+    assert r["steps"] == spec.steps and [c[0] for c in r["curve"]] == [30, 60]
+    assert lrs == pytest.approx([lr_at(s, spec.steps, spec.lr, cfg.warmup) for s in range(spec.steps)])
+    if per_example_s > 1e-3:
+        assert r["autoecho_windows"][-1][0] == 4.0 and r["mean_echo_factor"] > 2.5
+        assert r["repeat_value_measured"][-1] == pytest.approx(0.65, abs=0.01)
+    else:
+        assert r["mean_echo_factor"] == 1.0 and r["repeat_value_measured"] == []
+        assert r["fresh_examples"] == spec.steps * cfg.batch_size  # every item fresh
+
+
 @pytest.mark.parametrize("every", [0, 2])
 def test_autoecho_in_the_sweep_measures_the_repeat_value_only_when_asked(one_thread, every):
     from hasten.echo.auto import REPEAT_VALUE

@@ -10,7 +10,7 @@ The rule, once per window of ``interval`` fresh items (``observe`` has it in ful
     R = (emitted / fresh) x (1 + wait / downstream)    a window in which the echo stage waits
     R^ = the mean over the last 16 windows at this e,  (a window without waiting counts as e;
          without the largest                           one burst moves nothing)
-    e = min(e_max, cap, R^) when R^ leaves e x (1 +- hysteresis); 1 while R^ < off_below
+    e = min(e_max, cap, value_bound, R^) when R^ leaves e x (1 +- hysteresis); 1 while R^ < off_below
 
 Below R a copy removes waiting; above R it only adds steps. Behind a prefetch buffer only a
 sustained shortfall of the upstream costs time, so R^ pools the run's windows rather than
@@ -19,16 +19,53 @@ the top copy pays is measured, not assumed: after a few windows without waiting,
 down by ``probe``; if R^ then brings it back up, the copy was paying (and the next probe
 waits twice as long); if not, e keeps stepping down. The cap comes
 down while the loss on repeats falls below the loss on fresh items (``observe_loss``: the
-repeats are being memorised). What a repeat is worth is measured from the run's gradients
-(``report_repeat_gradients``, ``hasten.echo.repeat_value.RepeatValueEstimate``). The
-training schedule runs on effective examples (``count``, ``progress``), where a repeat
-counts less than a fresh example, so an echoed run takes the extra steps its repeats
-need, at no wall time below R. Under ``torch.distributed`` the ranks agree on one e.
-AutoEcho needs an upstream that runs concurrently (DataLoader workers, a prefetch
-thread), as any real input pipeline has.
+repeats are being memorised), and e stays within ``value_bound``, set by what a repeat is
+worth as measured from the run's gradients (``report_repeat_gradients``,
+``hasten.echo.repeat_value.RepeatValueEstimate``). Under ``torch.distributed`` the ranks
+agree on one e. AutoEcho needs an upstream that runs concurrently (DataLoader workers, a
+prefetch thread), as any real input pipeline has.
 
-Changes the training math: yes, as echoing does (examples are repeated; the schedule runs
-on effective examples); e depends on timing, so runs are not bit-reproducible.
+The training schedule is the loop's own, in steps, as with a fixed factor: a step counts as
+a step whatever share of its batch is repeats (issue 44). Until then AutoEcho ran the
+schedule on *effective examples*, a repeat counting its measured first-order value v
+(g_repeat . grad L / |grad L|^2), which stretched an echoed run's schedule by
+1 / (1/e + (1 - 1/e) v). Why a step, not v:
+
+- The evidence. Through hasten's whole pipeline on CIFAR-10-JPEG (speedrun network,
+  example-before) the fixed factors e = 1, 2 and 4 reached 75% in the same steps (684-733
+  of a 977-step schedule), so there a repeat did in a step what a fresh example did; v
+  read 0.53-0.69, and AutoEcho's stretched schedule (its learning rate still high where
+  e = 4's had decayed) took 791-832 steps, at 0.60 to 0.79 of the best fixed factor's
+  speed. Stretching is never free: at a given e more steps are more fresh examples, read at
+  the upstream's pace.
+- The theory does not make v the value of a step. Take a step's progress at learning rate
+  lr (McCandlish et al., "An Empirical Model of Large-Batch Training", arXiv:1812.06162):
+  lr g.G - lr^2/2 L'' (|g|^2 + tr(Sigma)/B), on a batch whose mean gradient is m G,
+  m = 1/e + (1 - 1/e) v its first-order value, with noise tr(Sigma)/B and nu =
+  tr(Sigma) / (B |G|^2) (B_simple / B). At the learning rate that is best for fresh
+  batches the step is worth 1 - ((1 - m)^2 + 2 nu (1 - m)) / (1 + nu) of a fresh one:
+  m (2 - m) when curvature limits the step (nu -> 0; 0.93 at e = 4, v = 0.65), 2m - 1
+  when noise does (nu -> inf; 0.48 there); m only far below the optimum. The value of a
+  step depends on nu and on where lr stands against its optimum, neither of which the
+  schedule knows, so the schedule cannot take it from v. The measured steps (a repeat's
+  step about a fresh one's at v 0.53-0.69) fit the curvature-limited end, where a smaller
+  mean gradient at the same lr loses little.
+  A noise term measured from the same halves (|g_a - g_b|^2 estimates tr(Sigma)) would
+  give nu, but the model then needs the learning rate's optimum, and the measure stays
+  first-order: it sees a memorised repeat's smaller, less aligned gradient, not how
+  correlated a re-augmented copy's noise is with its first copy's.
+- The paper measures echoing this way. Choi et al. (arXiv:1907.05550) keep the training
+  algorithm and compare fresh examples and wall time to a target, each run with its own
+  (fixed or tuned) step budget; the step budget is the user's, and a fixed factor keeps it.
+
+What the measured v still decides is how far e may go (``value_bound``): by the same model,
+a step with repeats makes progress even where noise limits it only while 2m - 1 > 0 (m > 1/2), so
+e stays within 2 (1 - v) / (1 - 2 v) when v < 1/2 (repeats mostly memorised: e <= 2 at
+v = 0) and is not bounded by it when v >= 1/2. The loss cap guards the same thing from the
+loss; the schedule never moves.
+
+Changes the training math: yes, as echoing does (examples are repeated); e depends on timing,
+so runs are not bit-reproducible. The schedule is untouched.
 """
 
 from __future__ import annotations
@@ -37,26 +74,23 @@ import math
 import threading
 from contextlib import contextmanager
 
-from hasten.echo.effective import EffectiveExamples
 from hasten.echo.factor_rule import FactorRule
 from hasten.echo.ranks import agree, own_group
 from hasten.echo.repeat_value import RepeatLossSums, RepeatValueEstimate
 from hasten.timing import Stopwatch
 
-# What the first repeat of an example and its later repeats are worth next to a fresh
-# example (``AutoEcho.copy_value``): the least-squares fit measured by
-# benchmarks/echo_repeat_value.py on a CIFAR-10-JPEG subset held out from the echo sweep.
-# No decay over further copies: the measurement (e <= 8) shows none.
+# What a repeat is worth next to a fresh example before the run has measured it (the prior
+# ``RepeatValueEstimate`` shrinks toward): the first repeat's value in the least-squares fit
+# of benchmarks/echo_repeat_value.py on a CIFAR-10-JPEG subset held out from the echo sweep.
+# Above 1/2, so ``value_bound`` bounds nothing until the run's own gradients say otherwise.
 REPEAT_VALUE = 0.57
-LATER_REPEAT_VALUE = 0.80
-REPEAT_DECAY = math.inf
 
 
-RULE_FILES = ("auto.py", "effective.py", "factor_rule.py", "ranks.py", "repeat_value.py")
+RULE_FILES = ("auto.py", "factor_rule.py", "ranks.py", "repeat_value.py")
 
 
 def rule_digest() -> str:
-    """A digest of the source of AutoEcho's rule (this module and the four it is built from):
+    """A digest of the source of AutoEcho's rule (this module and the three it is built from):
     run journals key AutoEcho's runs on it; a changed rule reruns them, not the others."""
     import hashlib
     from pathlib import Path
@@ -66,13 +100,12 @@ def rule_digest() -> str:
     return hashlib.sha256(text).hexdigest()[:16]
 
 
-class AutoEcho(EffectiveExamples):
+class AutoEcho:
     """An echo factor that updates itself; pass it wherever a factor is accepted.
 
-    With ``torch.distributed`` initialised (and ``sync``), the R estimate, the cap, the
-    loss ratio and the repeat-value reports are combined over the ranks at every window, so
-    that all ranks use one e, value repeats alike and take the same number of steps; see
-    ``setup_distributed``.
+    With ``torch.distributed`` initialised (and ``sync``), the R estimate, the cap and the
+    repeat-value reports are combined over the ranks at every window, so that all ranks use
+    one e and value repeats alike; see ``setup_distributed``.
 
     ``e_max``: upper bound on e. ``interval``: fresh items per measurement window.
     ``idle_threshold``: waiting share above which the pipeline counts as
@@ -83,15 +116,13 @@ class AutoEcho(EffectiveExamples):
     costs fresh data). ``repeat_tolerance``: relative loss gap (fresh minus repeats) beyond
     which repeats count as memorised and the cap on e comes down.
     ``loss_smoothing``: weight of each step's losses in the running loss ratio.
-    ``repeat_value``: what the first repeat is worth next to a fresh example (``count``).
-    ``later_repeat_value``: what each later repeat is worth; ``repeat_decay``: copies
-    over which that falls by 1/e (inf: not at all). Their defaults are measured on
-    CIFAR-10-JPEG (``benchmarks/echo_repeat_value.py``, docs/echo.md); other models and
-    data may value repeats differently: a loop that measures when ``value_due()`` says so
-    and reports ``hasten.echo.repeat_value.gradient_dots`` (``report_repeat_gradients``)
-    has the value measured on its own task while it trains; the constants are then the
-    prior it is shrunk toward. ``value_every``: steps between measurements at first (it
-    grows once the value stands; 0: never measure).
+    ``repeat_value``: what a repeat is worth next to a fresh example before it is measured
+    (``value_bound``; the default is measured on CIFAR-10-JPEG, ``benchmarks/echo_repeat_value.py``).
+    A loop that measures when ``value_due()`` says so and reports
+    ``hasten.echo.repeat_value.gradient_dots`` (``report_repeat_gradients``) has the value
+    measured on its own task while it trains; ``repeat_value`` is then the prior it is
+    shrunk toward. ``value_every``: steps between measurements at first (it grows once the
+    value stands; 0: never measure).
     The first window is ignored: it holds the pipeline's start-up.
     """
 
@@ -107,8 +138,6 @@ class AutoEcho(EffectiveExamples):
         repeat_tolerance: float = 0.1,
         loss_smoothing: float = 0.05,
         repeat_value: float = REPEAT_VALUE,
-        later_repeat_value: float = LATER_REPEAT_VALUE,
-        repeat_decay: float = REPEAT_DECAY,
         value_every: int = 16,
         sync: bool = True,
     ):
@@ -126,20 +155,16 @@ class AutoEcho(EffectiveExamples):
             raise ValueError(f"AutoEcho repeat_tolerance must be in (0, 1); got {repeat_tolerance!r}")
         if not 0 < loss_smoothing <= 1:
             raise ValueError(f"AutoEcho loss_smoothing must be in (0, 1]; got {loss_smoothing!r}")
-        for name, v in (("repeat_value", repeat_value), ("later_repeat_value", later_repeat_value)):
-            if not (isinstance(v, (int, float)) and 0 < v <= 1):
-                raise ValueError(f"AutoEcho {name} must be in (0, 1] (of a fresh example); got {v!r}")
+        if not (isinstance(repeat_value, (int, float)) and 0 < repeat_value <= 1):
+            raise ValueError(f"AutoEcho repeat_value must be in (0, 1] (of a fresh example); got {repeat_value!r}")
         if not (isinstance(value_every, int) and value_every >= 0):
             raise ValueError(f"AutoEcho value_every must be an integer >= 0 (steps); got {value_every!r}")
-        if not (isinstance(repeat_decay, (int, float)) and repeat_decay > 0):
-            raise ValueError(f"AutoEcho repeat_decay must be > 0 (repetitions); got {repeat_decay!r}")
-        super().__init__(repeat_value, later_repeat_value, repeat_decay)
         self.e_max = float(e_max)
-        # The constant values: the prior the measured value is shrunk toward.
-        self.prior_values = (float(repeat_value), float(later_repeat_value))
+        self.prior_value = float(repeat_value)  # the prior the measured value is shrunk toward
+        self.repeat_value = self.prior_value  # what a repeat is worth: the measurement, shrunk
         self.value = RepeatValueEstimate(value_every)
         self._pending_dots = [0.0, 0.0, 0]  # reports since the last window (report_repeat_gradients)
-        self.value_history: list[float] = []  # the first repeat's value after each block that moved it
+        self.value_history: list[float] = []  # a repeat's value after each block that moved it
         self.repeat_losses = RepeatLossSums(self.observe_loss)  # observe_repeat_losses sums here
         self._measured = False  # whether e has left 1 (the first move goes straight to R^)
         self._group = None  # AutoEcho's own process group (setup_distributed)
@@ -244,25 +269,23 @@ class AutoEcho(EffectiveExamples):
         estimate = (emitted / fresh) * (1.0 + wait_s / downstream_s) if input_bound else math.nan
         with self._lock:
             dots, self._pending_dots = tuple(self._pending_dots), [0.0, 0.0, 0]
-        estimate, self.cap, loss_ratio, dots = self._agree(estimate, self.cap, self.loss_ratio, dots)
-        if not math.isnan(loss_ratio):
-            self.value_ratio = min(1.0, max(0.0, loss_ratio))
+        estimate, self.cap, dots = self._agree(estimate, self.cap, dots)
         if dots[2] and self.value.add(*dots):
-            self.repeat_value, self.later_repeat_value = (self.value.shrunk(p) for p in self.prior_values)
-            self.repeat_decay = math.inf  # the measurement does not tell copy 1 from later ones
+            self.repeat_value = self.value.shrunk(self.prior_value)
             self.value_history.append(self.repeat_value)
         self.history.append((self.factor, estimate))
         # (The ranks' agreed estimate against the factor they share: every rank decides alike.)
         target = self.rule.decide(self.factor, estimate)
+        bound = min(self.cap, self.value_bound)
         if target is None:
-            if self.factor <= self.cap:
+            if self.factor <= bound:
                 return self.factor
-            target = self.cap  # the cap came down below e: e follows it now
+            target = bound  # the cap or the value bound came down below e: e follows it now
         if target < self.off_below:
             new = 1.0
         else:
             step_limit = 2 * self.factor if self._measured else self.e_max  # one outlier cannot reach e_max
-            new = max(1.0, min(self.e_max, self.cap, step_limit, target))
+            new = max(1.0, min(self.e_max, bound, step_limit, target))
         self._measured = self._measured or new > 1.0
         if new != self.factor:
             self.rule.moved()
@@ -276,6 +299,15 @@ class AutoEcho(EffectiveExamples):
         return self.rule.estimate
 
     @property
+    def value_bound(self) -> float:
+        """The largest e at which a step's batch keeps a first-order value m = 1/e + (1 - 1/e) v
+        above 1/2 (v: ``repeat_value``): 2 (1 - v) / (1 - 2 v) for v < 1/2, else inf. Below
+        that a step with repeats makes progress even where gradient noise limits it (2m - 1
+        of a fresh step's, module docstring); above it, in that regime, it would not."""
+        v = self.repeat_value
+        return math.inf if v >= 0.5 else 2 * (1 - v) / (1 - 2 * v)
+
+    @property
     def probes(self) -> int:
         """Probes taken: steps down of e that tested whether its top copy paid."""
         return self.rule.probes
@@ -284,13 +316,12 @@ class AutoEcho(EffectiveExamples):
         """Take the mean training loss on first copies and on repeats over ``steps``
         steps; update and return the cap on e.
 
-        While repeats track fresh data the losses agree. The running ratio of the loss
-        on repeats to the loss on fresh items (``loss_smoothing``) scales what a repeat is
-        worth while it is below 1 (``copy_value``). More than ``repeat_tolerance`` below
-        1, the repeats are being memorised: at each window the cap on e comes down to
-        ``min(cap, e) x (1 - probe)``; above 1 - ``repeat_tolerance`` / 2 it rises by a
-        factor 1 + ``probe`` again, up to ``e_max``. Without loss reports the cap is
-        ``e_max``."""
+        While repeats track fresh data the losses agree. When the running ratio of the loss
+        on repeats to the loss on fresh items (``loss_smoothing``) is more than
+        ``repeat_tolerance`` below 1, the repeats are being memorised: at each window the
+        cap on e comes down to ``min(cap, e) x (1 - probe)``; above 1 - ``repeat_tolerance``
+        / 2 it rises by a factor 1 + ``probe`` again, up to ``e_max``. Without loss reports
+        the cap is ``e_max``."""
         if not (math.isfinite(fresh_loss) and math.isfinite(repeat_loss)) or fresh_loss <= 0:
             return self.cap
         ratio = repeat_loss / fresh_loss
@@ -312,8 +343,8 @@ class AutoEcho(EffectiveExamples):
         on a batch that holds first copies and repeats: ``repeat_dot`` = g_repeats . g_fresh
         and ``fresh_dot`` = g_fresh_a . g_fresh_b (two disjoint halves of the first copies).
         At the next window the reports of all ranks go into ``RepeatValueEstimate`` (blocks of
-        reports, their median, shrunk toward the constant values by its standard error), whose
-        value every repeat then takes."""
+        reports, their median, shrunk toward ``repeat_value``'s prior by its standard error),
+        which sets ``value_bound``."""
         if not (math.isfinite(repeat_dot) and math.isfinite(fresh_dot)):
             return
         with self._lock:
@@ -324,8 +355,8 @@ class AutoEcho(EffectiveExamples):
 
     @property
     def measured_value(self) -> float | None:
-        """The first repeat's value from the measurement (shrunk toward the prior), or None
-        before the measurement moves the schedule (``RepeatValueEstimate.MIN_BLOCKS`` blocks)."""
+        """A repeat's value from the measurement (shrunk toward the prior), or None before
+        the measurement counts (``RepeatValueEstimate.MIN_BLOCKS`` blocks)."""
         return self.value_history[-1] if self.value_history else None
 
     def _update_cap(self) -> None:
@@ -356,12 +387,11 @@ class AutoEcho(EffectiveExamples):
         if self.sync and self._group is None:
             self._group = own_group()
 
-    def _agree(self, estimate: float, cap: float, loss_ratio: float | None,
-               dots: tuple[float, float, int] = (0.0, 0.0, 0)) -> tuple[float, float, float, tuple[float, float, int]]:
-        loss = math.nan if loss_ratio is None else loss_ratio
+    def _agree(self, estimate: float, cap: float,
+               dots: tuple[float, float, int] = (0.0, 0.0, 0)) -> tuple[float, float, tuple[float, float, int]]:
         if not self.sync:
-            return estimate, cap, loss, dots
-        return agree(self._group, estimate, cap, loss, dots)
+            return estimate, cap, dots
+        return agree(self._group, estimate, cap, dots)
 
     def __repr__(self) -> str:
         return f"AutoEcho(factor={self.factor:.2f}, e_max={self.e_max})"

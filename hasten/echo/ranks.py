@@ -1,5 +1,5 @@
-"""AutoEcho's agreement between data-parallel ranks: one e, one loss ratio and one repeat
-value for all ranks, so that every rank echoes alike and takes the same number of steps.
+"""AutoEcho's agreement between data-parallel ranks: one e, one cap and one repeat value for
+all ranks, so that every rank echoes alike and takes the same number of steps.
 
 hasten's own (``hasten.echo.auto``). Changes the training math: no (it averages measurements).
 """
@@ -30,20 +30,18 @@ def own_group():
     return dist.new_group(backend="gloo") if distributed() is not None else None
 
 
-def agree(group, estimate: float, cap: float, loss: float,
-          dots: tuple[float, float, int]) -> tuple[float, float, float, tuple[float, float, int]]:
+def agree(group, estimate: float, cap: float,
+          dots: tuple[float, float, int]) -> tuple[float, float, tuple[float, float, int]]:
     """The mean estimate of R over the ranks (nan, i.e. 'not input-bound', only if no rank
-    waits), the mean cap, the mean loss ratio (nan if no rank has one) and the sums of the
-    repeat-value reports; the arguments unchanged with one rank."""
+    waits), the mean cap and the sums of the repeat-value reports; the arguments unchanged
+    with one rank."""
     if distributed() is None:
-        return estimate, cap, loss, dots
+        return estimate, cap, dots
     backend = dist.get_backend(group)
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-    valid, has_loss = not math.isnan(estimate), not math.isnan(loss)
-    t = torch.tensor([estimate if valid else 0.0, 1.0 if valid else 0.0, cap,
-                      loss if has_loss else 0.0, 1.0 if has_loss else 0.0, *dots],
+    valid = not math.isnan(estimate)
+    t = torch.tensor([estimate if valid else 0.0, 1.0 if valid else 0.0, cap, *dots],
                      device=device, dtype=torch.float64)
     dist.all_reduce(t, group=group)
     world = dist.get_world_size(group)
-    return ((math.nan if t[1] == 0 else float(t[0] / t[1])), float(t[2] / world),
-            (math.nan if t[4] == 0 else float(t[3] / t[4])), (float(t[5]), float(t[6]), int(t[7])))
+    return (math.nan if t[1] == 0 else float(t[0] / t[1])), float(t[2] / world), (float(t[3]), float(t[4]), int(t[5]))

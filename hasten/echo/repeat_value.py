@@ -1,7 +1,8 @@
 """What a repeated example is worth next to a fresh one, measured on the task while it trains.
 
-hasten's own, for AutoEcho (``hasten.echo.auto``), whose schedule counts a repeat as a
-share of a fresh example. A share fitted on one network and data set does not carry
+hasten's own, for AutoEcho (``hasten.echo.auto``), which bounds e by it (``value_bound``:
+a step whose repeats are mostly memorised stops paying); the schedule does not use it (a
+step counts as a step, issue 44). A value fitted on one network and data set does not carry
 to another: the toy calibration (``hasten.recipes.echo.value``) gives a first repeat
 0.57, while on the CIFAR-10-JPEG target network a repeat is worth about 0.85
 (docs/results/echo.md). This measures it from the gradients of the run itself.
@@ -141,10 +142,10 @@ class RepeatValueEstimate:
     - The measurement is the median of the last ``WINDOW`` blocks: one wild report spoils
       its block, not the estimate. Its standard error, 1.2533 x 1.4826 x MAD / sqrt(k) (the
       median's, from the blocks' median absolute deviation), at least ``SE_FLOOR``.
-    - Shrinkage: a copy's value is prior + w (measurement - prior), w = PRIOR_SD^2 /
-      (PRIOR_SD^2 + se^2), the posterior mean of a normal prior around the constant values
-      (``AutoEcho.repeat_value``, ``later_repeat_value``) and a normal measurement. Before
-      ``MIN_BLOCKS`` blocks w = 0: the schedule runs on the prior.
+    - Shrinkage: a repeat's value is prior + w (measurement - prior), w = PRIOR_SD^2 /
+      (PRIOR_SD^2 + se^2), the posterior mean of a normal prior around AutoEcho's
+      ``repeat_value`` and a normal measurement. Before ``MIN_BLOCKS`` blocks w = 0: the
+      value is the prior.
     - Cost: the loop measures every ``every`` steps at first; each block that leaves the
       measurement within ``TOLERANCE`` of where it was, and itself lies within three
       spreads of it, doubles that interval (up to ``MAX_SPREAD`` times ``every``); any other

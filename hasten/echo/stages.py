@@ -193,8 +193,6 @@ def _echo(
         else:
             c.fresh_examples += 1
             c.items_emitted += n
-        if auto is not None:
-            auto.emitted_copies(n, items=size)
         if size == 1:
             item = run[0]
             for _ in range(n):

@@ -54,8 +54,14 @@ def per_step_iter_of(a: Analysis, d0: dict) -> bool:
     return bool(train) and train[0].get("iterators", 0) >= 0.5 * max(1, d0.get("steps_seen", 0))
 
 
-def batch_function(a: Analysis) -> str:
-    """The call that makes a batch in a loop without a DataLoader, as the samples found it."""
+def batch_function(a: Analysis, d0: dict | None = None) -> str:
+    """The call that makes a batch in a loop without a DataLoader: the function whose calls were timed
+    (:mod:`hasten.profile.inject.batch_fn`), else where the samples found the data time (a function a
+    sample happened to land in, of a short run's few: regression/main.py's data was once called
+    ``_releaseLock(...)``, logging's at-fork hook)."""
+    name = ((d0 or {}).get("batch_fn") or {}).get("name")
+    if name:
+        return f"{name}(...)"
     for w in a.where_data:
         at = w.get("at", "")
         if ":" in at and not at.endswith(("<module>", "main")):
@@ -71,11 +77,11 @@ def input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> l
     a.cpu.update(producer_s=m.producer, data_cpu_s=m.data_cpu, main_cpu_s=m.main_cpu)
     recs = []
     if m.workers < worker_cap(a.cpu):
-        recs.append(_workers_fix(a, m, d0))
+        recs.append(_workers_fix(a, m, d0, s.handoff_s))
     if a.loader_driven and m.workers and m.data_cpu > 0 and not per_step_iter_of(a, d0):
         recs.append(_in_loop_fix(m))
     if a.upstream_ratio is not None and a.upstream_ratio > 1.2:
-        recs.append(_echo_fix(a, m))
+        recs.append(_echo_fix(a, m, d0))
     if a.loader_driven:
         recs += resident_fixes(a, d0, m.free, memory_bytes)
     else:
@@ -84,7 +90,7 @@ def input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> l
         per_row = per_row_fix(lines, m.data, m.step)
         if per_row is not None:
             recs.append(per_row)
-        once = prepare_once(d0, lines, m.data_cpu, m.data, m.free, bound, a.data_interval[0], batch_function(a))
+        once = prepare_once(d0, lines, m.data_cpu, m.data, m.free, bound, a.data_interval[0], batch_function(a, d0))
         if once is not None and per_row is None:
             recs.append(Recommendation(**once))
     return recs
@@ -99,14 +105,39 @@ def worker_cap(cpu: dict) -> int:
     return min(MAX_WORKERS, quota_capped(min(caps), cpu.get("quota"))) if caps else MAX_WORKERS
 
 
-def _workers_fix(a: Analysis, m: InputModel, d0: dict) -> Recommendation:
+def handoff_caveat(m: InputModel, handoff_s: float | None, probes_note: str) -> tuple[str | None, str | None]:
+    """Whether moving the batches made in the loop into workers can be predicted, and why it may not pay:
+    ``(unpredicted, below_because)``.
+
+    Each batch then comes from another process (pickled or put in shared memory, queued, the loop woken to
+    take it), and the loop pays that hand-off every batch, as :class:`InputModel` adds it. Not measured
+    (``handoff_s`` None: the loader probe off or failed), the prediction would be the data share's
+    Amdahl bound whatever the hand-off costs: pytorch/examples' regression, 0.05 ms of data in a 0.2 ms
+    step, was predicted x1.67 with 2 workers and verified x0.16 (issue 43). Measured above the time it
+    replaces, the fix cannot pay, and says so."""
+    if m.workers:
+        return None, None
+    if handoff_s is None:
+        return (f"not predicted: what receiving a batch from a worker process costs was not measured "
+                f"({probes_note}), and it is paid every batch: on a step of {m.step * 1e3:.2f} ms whose batches "
+                f"take {m.data * 1e3:.2f} ms to make, it may cost more than it saves"), None
+    if m.handoff >= m.data:
+        return None, (f"receiving a step's batches from a worker takes {m.handoff * 1e3:.2f} ms (measured), "
+                      f"more than the {m.data * 1e3:.2f} ms the loop takes to make them")
+    return None, None
+
+
+def _workers_fix(a: Analysis, m: InputModel, d0: dict, handoff_s: float | None = None) -> Recommendation:
     most = worker_cap(a.cpu)
     options = [(w, m.step_with(w)[0]) for w in range(max(m.workers + 1, min(2, most)), most + 1)]
     best = min(step for _, step in options)
     w = next(w for w, step in options if step <= best * 1.02)
     predicted = m.speedup(m.step_with(w)[0])
+    off = "loader" in a.probes_off or any(d.get("probe") == "loader" for d in a.dropped)
+    unpredicted, below = handoff_caveat(m, handoff_s, "its probe was off" if off else
+                                        "the loader probe did not run or could not send the batch")
     if not a.loader_driven:
-        fn = batch_function(a)
+        fn = batch_function(a, d0)
         return Recommendation(
             fix=f"make batches in a DataLoader with {w} workers",
             how=("class Batches(torch.utils.data.IterableDataset):\n"
@@ -114,7 +145,8 @@ def _workers_fix(a: Analysis, m: InputModel, d0: dict) -> Recommendation:
                  f"     batches = iter(DataLoader(Batches(), batch_size=None, num_workers={w}, "
                  "persistent_workers=True))\n"
                  "     # in the loop: x, y = next(batches)   (seed each worker: torch.utils.data.get_worker_info())"),
-            predicted_speedup=predicted, changes_math=False, apply=f"batch_fn=workers:{w}", basis=m.basis(w))
+            predicted_speedup=predicted, changes_math=False, apply=f"batch_fn=workers:{w}", basis=m.basis(w),
+            unpredicted=unpredicted, below_because=below)
     train = [ld for ld in a.loaders if ld.get("training")]
     # An IterableDataset yields every item in every worker unless it splits them by worker,
     # which its workers' first batches showed when it had workers (loader._check_workers).
@@ -127,10 +159,12 @@ def _workers_fix(a: Analysis, m: InputModel, d0: dict) -> Recommendation:
             fix=f"one iterator, {w} DataLoader workers",
             how=f"it = iter(DataLoader(..., num_workers={w}, persistent_workers=True))   # once; then "
                 "x, y = next(it) each step (a new iter() at StopIteration)" + shard,
-            predicted_speedup=predicted, changes_math=False, apply=f"workers={w},keep_iter", basis=m.basis(w))
+            predicted_speedup=predicted, changes_math=False, apply=f"workers={w},keep_iter", basis=m.basis(w),
+            unpredicted=unpredicted, below_because=below)
     return Recommendation(
         fix=f"{w} DataLoader workers", how=f"DataLoader(..., num_workers={w}, persistent_workers=True)" + shard,
-        predicted_speedup=predicted, changes_math=False, apply=f"workers={w}", basis=m.basis(w))
+        predicted_speedup=predicted, changes_math=False, apply=f"workers={w}", basis=m.basis(w),
+        unpredicted=unpredicted, below_because=below)
 
 
 def _in_loop_fix(m: InputModel) -> Recommendation:
@@ -146,7 +180,7 @@ def _in_loop_fix(m: InputModel) -> Recommendation:
               f"{m.now * 1e3:.1f} ms as run")
 
 
-def _echo_fix(a: Analysis, m: InputModel) -> Recommendation:
+def _echo_fix(a: Analysis, m: InputModel, d0: dict) -> Recommendation:
     r = a.upstream_ratio
 
     def echoed_step(e: float) -> float:
@@ -163,10 +197,10 @@ def _echo_fix(a: Analysis, m: InputModel) -> Recommendation:
         apply = echo_apply(e, group)
         how = echo_code(apply)  # the call --verify makes (hasten.profile.inject.fixes.echoed)
     elif group == 1:
-        how = f"if step % {round(e):d} == 0: x, y = {batch_function(a)}   # reuse each batch for {round(e):d} steps"
+        how = f"if step % {round(e):d} == 0: x, y = {batch_function(a, d0)}   # reuse each batch for {round(e):d} steps"
         apply = f"batch_fn=echo:{round(e):d}"  # hasten.profile.inject.batch_fn
     else:
-        how = (f"if step % {round(e):d} == 0: batches = [{batch_function(a)} for _ in range({group})]   "
+        how = (f"if step % {round(e):d} == 0: batches = [{batch_function(a, d0)} for _ in range({group})]   "
                f"# reuse each step's {group} micro-batches for {round(e):d} steps")
         apply = None
     return Recommendation(

@@ -148,12 +148,12 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise ProfileFailed(f"cannot start {config.command[0]!r}: {exc.strerror}", 127) from None
-        tee = _Tee(proc.stdout, config.capture)
-        tee.start()
-        check = AttachCheck(proc.pid, out_dir, site_dir)
-        timed_out, cannot_attach, hasten_error = False, None, ""
-        last_steps, last_change, next_warn, told_pace = 0, t0, config.stall_s, False
         try:
+            tee = _Tee(proc.stdout, config.capture)
+            tee.start()
+            check = AttachCheck(proc.pid, out_dir, site_dir)
+            timed_out, cannot_attach, hasten_error = False, None, ""
+            last_steps, last_change, next_warn, told_pace = 0, t0, config.stall_s, False
             while proc.poll() is None:
                 time.sleep(0.5)
                 now = time.perf_counter()
@@ -194,9 +194,11 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
                         f"\n  {describe_statuses(statuses)}" + (f"\n  {unseen}" if unseen else ""))
                     next_warn *= 2
             proc.wait()
-        except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        except BaseException:
+            # Ctrl-C, SIGTERM (hasten.cli raises Terminated for it) or hasten's own error: the command runs
+            # in a session of its own, which no signal to hasten reaches, and left alone it ran on as an
+            # orphan (a --verify re-run, issue 43). Its whole session goes with hasten.
+            stop_session(proc)
             raise
         tee.join(timeout=5)
         if cannot_attach:
@@ -210,6 +212,17 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+
+
+def stop_session(proc: subprocess.Popen) -> None:
+    """Kill the command's session (its process group: torchrun's workers and DataLoader workers in it) and
+    reap it. SIGKILL, not the signal hasten got: a second Ctrl-C while the command ran its own handlers
+    would end hasten first (hasten.cli), and the command would be left running again."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # already gone
+        pass
+    proc.wait()
 
 
 def _memory_bytes(device: str) -> float:

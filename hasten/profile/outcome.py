@@ -35,6 +35,16 @@ class ProfileFailed(HastenError, RuntimeError):
         super().__init__(message)
         self.exit_code = exit_code
 
+    def one_line(self) -> str:
+        """The message as one line, for a note (a failed verification's): its lines joined, what was seen
+        included, the command's output tail left out. The first line alone ended in "Seen:" with what was
+        seen cut off."""
+        text = str(self).split(OUTPUT_TAIL)[0]
+        return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+OUTPUT_TAIL = "\n--- last lines of the command's output ---\n"  # where a message's copy of the output begins
+
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,7 @@ def check_outcome(outcome: RunOutcome, config: ProfileConfig) -> list[dict]:
     lines = [ln for ln in outcome.output.splitlines() if ln.strip()]
     tail = ""
     if lines and config.capture:
-        tail = "\n--- last lines of the command's output ---\n" + "\n".join(lines[-15:])
+        tail = OUTPUT_TAIL + "\n".join(lines[-15:])
     errors = _error_lines(outcome.statuses)
     err = "".join(f"\n  {e}" for e in errors)
     seen = max([d.get("steps_seen", 0) for d in outcome.ranks] +

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hasten.cores import affinity_cores
+from hasten.profile.inject.probes import handoff_time
 from hasten.profile.verdict import Analysis, analyse
 from hasten.timing import synchronize
 
@@ -92,7 +93,7 @@ class Profiler:
     def probe_loader(self, loader: Iterable, batches: int = 8) -> float:
         """Seconds to produce one batch with no training in between (a fresh pass over ``loader``)."""
         it = iter(loader)
-        next(it)  # worker start-up is not steady state
+        first = next(it)  # worker start-up is not steady state
         for _ in range(getattr(it, "_prefetch_factor", 0) * getattr(loader, "num_workers", 0)):
             next(it)  # prefetched batches would come for free
         t0, c0 = time.perf_counter(), time.process_time()
@@ -108,6 +109,11 @@ class Profiler:
         wall = (time.perf_counter() - t0) / got
         self.loader_probe = {"batches": got, "batch_s": wall, "main_cpu_s": (time.process_time() - c0) / got,
                              "worker_cpu_s": None}
+        if not getattr(loader, "num_workers", 0):  # what a worker would cost each batch, for a workers fix
+            try:
+                self.loader_probe["handoff_s"] = handoff_time(first, batches)
+            except Exception as exc:  # a batch a worker cannot send (CUDA tensors, ...): no workers fix predicted
+                self.loader_probe["handoff_error"] = repr(exc)
         return wall
 
     def probe_step(self, step_fn: Callable[[Any], Any], batch: Any, steps: int = 8, autocast: bool = False) -> float:

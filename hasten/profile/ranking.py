@@ -29,6 +29,9 @@ VERDICT_KINDS = {"input-bound": (INPUT,), "communication-bound": (COMMUNICATION,
 def admit(a: Analysis, recs: list[Recommendation]) -> None:
     """Hold every prediction to its bound, then put the fixes worth showing in ``a.recommendations`` and
     those predicted below ``WORTH_IT`` in ``a.rejected`` (see the module), ranked by :func:`rerank`."""
+    for rec in [r for r in recs if r.unpredicted]:  # a fix whose gain was not measurable: listed, never ranked
+        a.rejected.append({**as_rejected(rec, rec.unpredicted), "predicted_speedup": None})
+    recs = [r for r in recs if not r.unpredicted]
     for rec in recs:
         bound = gain_bound(a, rec.kind)
         rec.bound = bound if rec.bound is None else min(rec.bound, bound)
@@ -49,7 +52,8 @@ def admit(a: Analysis, recs: list[Recommendation]) -> None:
         if rec.predicted_speedup >= WORTH_IT:
             a.recommendations.append(rec)
         else:
-            a.rejected.append(as_rejected(rec, f"predicted x{rec.predicted_speedup:.2f}: not worth it"))
+            a.rejected.append(as_rejected(rec, f"predicted x{rec.predicted_speedup:.2f}: "
+                                               f"{rec.below_because or 'not worth it'}"))
     rerank(a)
 
 

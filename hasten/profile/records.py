@@ -31,6 +31,8 @@ class Recommendation:
     low: float | None = None  # the prediction at the low end of the data share's interval (rerank)
     kind: str = INPUT  # what the fix removes time from: INPUT, COMPUTE or COMMUNICATION
     math_note: str | None = None  # how it changes the training math, where that is not plain from its name
+    unpredicted: str | None = None  # why no speed-up is predicted (ranking.admit lists it as not recommended)
+    below_because: str | None = None  # why the prediction is below WORTH_IT, said where ranking.admit rejects it
 
     @property
     def prediction_error(self) -> float | None:

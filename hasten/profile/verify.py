@@ -216,7 +216,7 @@ def _switched(runs: _Runs, fix: str, apply: str, seed: int) -> dict:
     try:
         ranks, wall = runs.run(apply, switch=f"{BLOCK_STEPS}:{pattern}")
     except ProfileFailed as exc:
-        return {"failed": str(exc).splitlines()[0]}
+        return {"failed": exc.one_line()}
     base, fixed = _blocks(ranks)
     return {"base": base, "fixed": fixed, "unit": f"pairs of {BLOCK_STEPS}-step blocks in one run, interleaved",
             "wall_s": wall, "order": [("fix" if c == "1" else "baseline") for c in pattern], "seed": seed}
@@ -243,9 +243,9 @@ def _reruns(runs: _Runs, todo: list, which: list[int], seed: int) -> dict[int, d
             walls[i] += wall
         except ProfileFailed as exc:
             if i is None:
-                runs.analysis.notes.append(f"a baseline re-run failed: {str(exc).splitlines()[0]}")
+                runs.analysis.notes.append(f"a baseline re-run failed: {exc.one_line()}")
             else:
-                failed[i] = str(exc).splitlines()[0]
+                failed[i] = exc.one_line()
             continue
         if i is None:
             base[rnd] = _median_step(ranks)

@@ -261,7 +261,7 @@ def _as_tensors(batches, with_keys: bool, with_copies: bool, counters: EchoCount
 def _reported(batches, auto: AutoEcho, per_batch: bool):
     """Report each batch to ``auto`` from the consumer's side of the pipeline: the wait
     for it, the consumer's time until it asks for the next (less time in ``auto.paused()``),
-    its items (``record_step``), and the items taken (``count``). On CUDA the pipeline,
+    its items (``record_step``). On CUDA the pipeline,
     echo stage included, runs on the pinning thread, whose own time between items is
     pinning and queueing, not the training step (hasten.echo.auto)."""
     it = iter(batches)
@@ -279,6 +279,5 @@ def _reported(batches, auto: AutoEcho, per_batch: bool):
             step = time.perf_counter() - t1 - (auto.paused_s - paused)
             items = 1 if per_batch else len(batch[1])
             auto.record_step(t1 - t0, max(step, 0.0), items)
-            auto.count(items)
     finally:
         it.close()  # a consumer that stops early stops the pipeline's thread now, not at collection

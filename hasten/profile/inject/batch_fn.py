@@ -69,12 +69,15 @@ def time_calls(st: State, frame) -> None:
     DataLoader): its time is data, exactly, where the stack sampler's 20 samples a second would
     leave a short run's share unknown (:func:`hasten.profile.attribution.data_split`). The name in the
     script's globals is bound to a timing wrapper (``functools.wraps``: the same name, docstring and
-    signature); the sampler counts its samples inside the function apart (``st.batch_fn_code``)."""
+    signature); the sampler counts its samples inside the function apart (``st.batch_fn_code``). Where the
+    lines that make the batch do nothing but call it (``st.batch_call_only``), the timed calls are all
+    of the data (:func:`hasten.profile.attribution.data_split`)."""
     found = batch_source.batch_function(frame, st.batch_lines or {})
     if found is None:
         return
     ns, name, fn = found
     st.batch_fn_code = fn.__code__
+    st.batch_call_only = batch_source.only_the_call(frame, st.batch_lines or {}, name)
     st.batch_fn_shape = batch_shape.function_shape(fn)
     ns[name] = timed(st, fn)
 
@@ -91,10 +94,16 @@ def timed(st: State, fn):
             return fn(*args, **kwargs)
         t0 = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         finally:
             if st.span is sp:
                 sp["batch_fn_s"] += time.perf_counter() - t0
+        if st.batch_fn_result is None:  # the batch a worker would send, for the hand-off probe: hasten's time
+            t1 = time.perf_counter()
+            st.batch_fn_result = fresh_copy(result)
+            if st.span is sp:
+                sp["t0"] += time.perf_counter() - t1
+        return result
 
     return batch
 

@@ -162,7 +162,8 @@ def data_share(st: State) -> tuple[float, float, float]:
     recs = [r for r, s in zip(recs, stalled(recs)) if not s]  # as the verdict will (verdict.clean_steps)
     loader_driven = any(is_training_loader(st, lid) for lid in st.loaders)
     d = {"loader_driven": loader_driven,
-         "outside": {"counts": dict(st.outside_counts), "batch_found": bool(st.batch_lines)}}
+         "outside": {"counts": dict(st.outside_counts), "batch_found": bool(st.batch_lines),
+                     "batch_call_only": st.batch_call_only}}
     split = data_split(d, recs)
     spans = sum(r["span_s"] for r in recs)
     share = split["data_s"] * len(recs) / spans if spans > 0 else math.nan

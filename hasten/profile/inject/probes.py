@@ -151,22 +151,28 @@ class Repeat:
 
 
 def handoff(st: State) -> None:
-    """Seconds the loop would pay per batch to receive it from a worker process (loops without workers)."""
-    batch = st.cached if st.cached is not None else st.model_args
+    """Seconds the loop would pay per batch to receive it from a worker process (loops without workers): a
+    batch as the loop makes it (its batch function's result, else the model's arguments) sent by one worker."""
+    batch = next((b for b in (st.cached, st.batch_fn_result, st.model_args) if b is not None), None)
     if batch is None or (st.train_iter is not None and getattr(st.train_iter[0], "_num_workers", 0)):
         return
     try:
-        from torch.utils.data import DataLoader
-        n = max(st.probe_steps, 4)
-        it = iter(DataLoader(Repeat(batch, n + 4), batch_size=None, num_workers=1))
-        for _ in range(3):
-            next(it)
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            next(it)
-            times.append(time.perf_counter() - t)
-        st.loader_probe["handoff_s"] = statistics.median(times)
-        del it
+        st.loader_probe["handoff_s"] = handoff_time(batch, max(st.probe_steps, 4))
     except Exception as exc:  # a batch a worker cannot send (CUDA tensors, ...): no estimate
         st.loader_probe["handoff_error"] = repr(exc)
+
+
+def handoff_time(batch, n: int) -> float:
+    """Median seconds the loop takes to receive ``batch`` from one DataLoader worker that has it ready
+    (unpickling or mapping its shared memory, the queue, the wake-up), over ``n`` batches after 3."""
+    from torch.utils.data import DataLoader
+    it = iter(DataLoader(Repeat(batch, n + 4), batch_size=None, num_workers=1))
+    for _ in range(3):
+        next(it)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        next(it)
+        times.append(time.perf_counter() - t)
+    del it
+    return statistics.median(times)

@@ -102,6 +102,8 @@ def _watch(st: State, main_ident: int) -> None:
         # In the window, at random intervals (20 a second on average): a loop whose step lasts a
         # multiple of a fixed interval would be sampled at the same point of its step every time.
         time.sleep(_JITTER.uniform(0.025, 0.075) if measuring else 0.1)
+        if st.finished:  # the report is written or being written: a sample now is hasten's exit (a probe's fork)
+            break
         frame = sys._current_frames().get(main_ident)
         if frame is not None:
             key = where(frame)

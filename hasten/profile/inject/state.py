@@ -49,6 +49,7 @@ class State:
         self.cdepth = 0  # nesting of compute intervals
         self.c_t0 = 0.0
         self.c_cpu0 = 0.0
+        self.c_end: float | None = None  # when the outermost compute interval last closed, until its hook returns
         self.has_params: dict[int, bool] = {}
         # loaders: id -> {"name", "batches", "train_votes", "eval_votes", "workers", "pids", "iters", ...}
         self.loaders: dict[int, dict] = {}
@@ -96,6 +97,8 @@ class State:
         self.batch_lines: dict | None = None  # code object -> lines that make the batch (batch_source)
         self.batch_fn_shape: dict = {}  # what it does with its data (batch_shape.function_shape)
         self.batch_fn_code = None  # the code of the script's batch function, whose calls are timed (batch_fn)
+        self.batch_fn_result = None  # a copy of one of its results, the batch a hand-off probe sends (probes.handoff)
+        self.batch_call_only = False  # the lines that make the batch only call it (batch_source.only_the_call)
         self.cpu_window: dict = {}  # the measured window's cores: allowed, ours, other processes', free
         self.bf16: dict = {}  # native bf16 as torch and the CPU say, and the timed products (autocast_check)
         self.threads: dict = {}  # torch's thread counts as the script set them, and whether a probe changed them

@@ -36,17 +36,18 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sca
 
 
 def forward_pre(mod, args):
+    entered = time.perf_counter()
     st = state.current
     if st is None or st.finished or st.in_probe:
         return None
     try:
-        return _forward_pre(st, mod, args)
+        return _forward_pre(st, mod, args, entered)
     except Exception as exc:
         messages.hasten_failed(st, "module forward pre-hook", exc)
         return None
 
 
-def _forward_pre(st: State, mod, args):
+def _forward_pre(st: State, mod, args, entered: float | None = None):
     # Nested in another module's call, or in backward: counted with it. A forward directly inside an
     # optimizer's step (LBFGS's closure) is the model's own call, and counts.
     if st.cdepth > 0 and st.cdepth != st.opt_depth:
@@ -59,7 +60,7 @@ def _forward_pre(st: State, mod, args):
         st.has_params[key] = hp
     if not hp:
         return None
-    steps.begin_compute(st)
+    steps.begin_compute(st, entered)
     st.forwards += 1
     if (st.step_kind == "autocast" or st.apply == "autocast") and st.autocast_ctx is None:
         # Around each top-level forward, its bf16 outputs handed on in float32 (forward_post), not around
@@ -136,6 +137,7 @@ def forward_post(mod, args, out):
         else:
             out = None
         steps.end_compute(st)
+        steps.hook_done(st)
         return out
     except Exception as exc:
         messages.hasten_failed(st, "module forward hook", exc)
@@ -165,7 +167,7 @@ def compute_interval(orig, what: str, on_return=None, comm: bool = False, sync: 
             t0 = time.perf_counter()
             if what == "backward":
                 st.backwards += 1
-            steps.begin_compute(st)
+            steps.begin_compute(st, t0)
         except Exception as exc:
             messages.hasten_failed(st, f"{what} wrapper", exc)
             return orig(*args, **kwargs)
@@ -173,6 +175,7 @@ def compute_interval(orig, what: str, on_return=None, comm: bool = False, sync: 
             result = orig(*args, **kwargs)
         except BaseException:
             _close(st, what, t0, comm, sync)
+            steps.hook_done(st)
             raise
         _close(st, what, t0, comm, sync)
         if on_return is not None and not st.finished:
@@ -180,6 +183,7 @@ def compute_interval(orig, what: str, on_return=None, comm: bool = False, sync: 
                 on_return(st)
             except Exception as exc:
                 messages.hasten_failed(st, f"{what} wrapper", exc)
+        steps.hook_done(st)
         return result
 
     wrapper.__wrapped__ = orig

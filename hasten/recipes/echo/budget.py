@@ -41,10 +41,9 @@ from hasten.stream.slow_storage import SlowStorage
 from hasten.timing import Stopwatch
 
 
-def lr_at(step: float, steps: int, peak: float, warmup: float) -> float:
-    """Linear warm-up over ``warmup`` of the budget, then linear decay to 0 at ``steps``.
-    ``step`` may be fractional: AutoEcho's runs pass their progress in effective examples
-    times ``steps`` (``hasten.echo.auto``), which is the step count when e = 1."""
+def lr_at(step: int, steps: int, peak: float, warmup: float) -> float:
+    """Linear warm-up over ``warmup`` of the budget, then linear decay to 0 at ``steps``: the
+    same schedule in steps for every run, AutoEcho's included (``hasten.echo.auto``)."""
     w = max(1, round(warmup * steps))
     return peak * (step + 1) / w if step < w else peak * max(0.0, (steps - step) / max(1, steps - w))
 
@@ -60,10 +59,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     (timed runs), otherwise it runs the full budget and reports the final accuracy
     on the whole test set.
 
-    With AutoEcho (``spec.echo == "auto"``) the budget is ``spec.steps`` x batch
-    *effective examples* (``AutoEcho.count``/``progress``): the schedule, the
-    evaluation points and the end follow its progress, so the run takes as many
-    steps as its repeats' value asks (more than ``spec.steps`` when it echoes).
+    AutoEcho (``spec.echo == "auto"``) runs the same budget and schedule in steps as a
+    fixed factor: a step counts as a step whatever share of it is repeats (issue 44).
 
     With ``clocks`` (``hasten.recipes.echo.clock``; instead of ``source``): fresh examples
     come at full speed and each clock adds the waits of its modelled upstream to the
@@ -113,15 +110,6 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     mean, std = torch.tensor(MEAN, device=dev), torch.tensor(STD, device=dev)
     labels = torch.from_numpy(data.train_labels)
     eval_steps = sorted({min(spec.steps, max(1, round(f * spec.steps))) for f in cfg.eval_points})
-    eval_fractions = sorted(set(cfg.eval_points))  # AutoEcho: evaluated when its progress passes these
-    # AutoEcho's budget in effective items: the baseline's examples (batches, for batch echoing).
-    per_step = 1 if spec.variant == "batch" else cfg.batch_size
-    budget = spec.steps * per_step
-    # A bound that no schedule reaches: a copy is worth > 0, so e_max x steps is never needed in full.
-    max_steps = spec.steps if auto is None else math.ceil(spec.e_max * spec.steps) + 1
-
-    def position() -> float:  # where in the schedule the run is, in the baseline's steps
-        return steps if auto is None else min(auto.progress(budget), 1.0) * spec.steps
     counters = EchoCounters()
     waiting, stepping = Stopwatch(), Stopwatch()
     value_rng = torch.Generator().manual_seed(spec.seed)
@@ -148,7 +136,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     def inputs():
         """The run's batches on the device, with what the step's bookkeeping needs. Fetching
         a batch is waiting; preparing it (augmentation, the copy to the device) is stepping."""
-        while steps < max_steps and position() < spec.steps:
+        while steps < spec.steps:
             waiting.start()
             before = clocks.waited[0] if clocks is not None else 0.0
             batch = next(batches)
@@ -169,7 +157,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
 
     def scheduled_lr(s) -> None:
         for g in opt.param_groups:
-            g["lr"] = lr_at(position(), spec.steps, spec.lr, cfg.warmup)
+            g["lr"] = lr_at(steps, spec.steps, spec.lr, cfg.warmup)
 
     def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # per example: AutoEcho reads them
         return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none")
@@ -182,7 +170,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
                 auto.report_repeat_gradients(*dots)
 
     def after_step(s) -> bool:
-        nonlocal steps, eval_fractions, reached, clock_reached
+        nonlocal steps, reached, clock_reached
         keys, numbers, waited, modelled_wait = s.extra
         if auto is not None and spec.variant != "batch":
             observe_repeat_losses(auto, s.loss, torch.from_numpy(numbers))  # the value of repeats
@@ -191,12 +179,9 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
             clocks.advance(waited + stepped)  # the pipeline's own time and the step, both measured
         if auto is not None and stage is None:  # (the stage reports its batches itself)
             auto.record_step(waited + modelled_wait, stepped, len(keys))
-            auto.count(per_step)
         steps = s.number
         factors.append(auto.factor if auto is not None else float(spec.echo))
-        passed = [f for f in eval_fractions if position() >= f * spec.steps]
-        eval_fractions = eval_fractions[len(passed):]
-        if steps in eval_steps if auto is None else passed:
+        if steps in eval_steps:
             with (storage.paused() if storage is not None else nullcontext()), \
                     (auto.paused() if auto is not None else nullcontext()):
                 accuracy = evaluate(model, test_batches(data, cfg.test_images, dev))
@@ -218,7 +203,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         if upstream is not None:
             fresh.close()  # (the stages hold it until they are freed): its reader stops now, not later
     wait_s, step_s = waiting.elapsed, stepping.elapsed
-    full = position() >= spec.steps
+    full = steps >= spec.steps
     measured = source is not None or upstream is not None or stream is not None  # (wall times that mean something)
     return {
         "variant": spec.variant, "echo_factor": spec.echo, "lr": spec.lr, "budget_steps": spec.steps,
@@ -237,7 +222,6 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "curve": curve, "idle_fraction": wait_s / (wait_s + step_s) if steps else 0.0,
         "step_time_s": step_s / max(steps, 1), "duplicate_rate": counters.duplicate_rate,
         "autoecho_cap": auto.cap if auto is not None else None,
-        "effective_examples": auto.effective_examples if auto is not None else None,
         "repeat_value_measured": auto.value_history if auto is not None else None,
         # AutoEcho's windows: (e in force, the window's R or None where it did not wait).
         "autoecho_windows": [[e, None if math.isnan(r) else r] for e, r in auto.history] if auto is not None else None,

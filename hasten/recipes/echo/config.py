@@ -48,8 +48,8 @@ class SweepConfig:
     prefetch_grid: tuple[int, ...] = (0, 8)  # requests read ahead of the consumer
     e_max: float = 8.0  # AutoEcho's largest factor
     # AutoEcho measures what a repeat is worth on the task every this many steps
-    # (hasten.echo.repeat_value; about one more forward and backward each); 0: the fixed
-    # REPEAT_VALUE and LATER_REPEAT_VALUE.
+    # (hasten.echo.repeat_value; about one more forward and backward each; it bounds e, not
+    # the schedule); 0: its prior REPEAT_VALUE throughout.
     value_every: int = 16
     # The sweep at a target (hasten.recipes.echo.target) only: the test accuracy to reach (the
     # paper-regime sweep sets its own, the baseline's mean minus one std) and the modelled

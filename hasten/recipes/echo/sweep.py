@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from hasten.echo import expected_duplicate_rate
-from hasten.echo.auto import LATER_REPEAT_VALUE, REPEAT_DECAY, REPEAT_VALUE
+from hasten.echo.auto import REPEAT_VALUE
 from hasten.progress import progress
 from hasten.recipes.echo.budget import lr_at, sweep_model, train_budget  # noqa: F401 (hasten.recipes.echo.sweep's names)
 from hasten.recipes.echo.config import RunSpec, SweepConfig
@@ -177,9 +177,8 @@ def run(cfg: SweepConfig, *, log: Callable[..., None] | None = None, journal: Ru
         "dataset": "CIFAR-10-JPEG" if "cifar10-jpeg" in os.path.basename(cfg.data) else cfg.data,
         "torch": torch.__version__, "config": asdict(cfg), "budget_steps": cfg.steps, "target": target,
         "step_time_s": step_s, "tuning": tuning, "loader": loader_report,
-        "autoecho": {"e_max": cfg.e_max, "repeat_value": REPEAT_VALUE, "later_repeat_value": LATER_REPEAT_VALUE,
-                     "repeat_decay": REPEAT_DECAY,
-                     "value_measured_every": cfg.value_every},  # 0: the fixed values above throughout
+        "autoecho": {"e_max": cfg.e_max, "repeat_value_prior": REPEAT_VALUE,
+                     "value_measured_every": cfg.value_every},  # 0: the prior throughout
         "baseline": [e for e in entries if e["echo_factor"] == 1.0],
         "results": entries, "summary": rows, "goals": goals(rows, cfg.ratios),
         "sweep_wall_s": time.perf_counter() - t_start,

@@ -1,9 +1,11 @@
-"""What a repeated example is worth, measured: the calibration behind AutoEcho's repeat values.
+"""What a repeated example is worth, measured: the calibration behind AutoEcho's prior repeat value.
 
-AutoEcho (``hasten.echo.auto``) runs its schedule on a budget of *effective
-examples*: the first copy of an example counts 1, copy 1 (the first repeat)
-``repeat_value``, copy k >= 2 ``later_repeat_value x exp(-(k - 2) / repeat_decay)``.
-How many steps an echoed run takes rests on those values, and the sweep showed
+A budget of *effective examples* counts the first copy of an example 1, copy 1 (the
+first repeat) ``repeat_value``, copy k >= 2 ``later_repeat_value x exp(-(k - 2) /
+repeat_decay)``; AutoEcho ran its schedule on one until issue 44 (it now runs the
+loop's schedule in steps, ``hasten.echo.auto``) and keeps the first repeat's value
+as the prior of the value it measures. How many steps an echoed run needs rests
+on those values, and the sweep showed
 that the value borrowed from language-model pre-training (a repeat worth
 exp(-1 / 15.4) = 0.94 of a fresh example, Muennighoff et al. 2023) is too high for
 image classification under a short schedule: at the baseline's step count every
