@@ -24,8 +24,8 @@ markers) and the CPU of adding the markers at pack time. Configurations run in a
 shuffled order in each repeat (``hasten.timing.interleaved``).
 
 The set: ``--folder DIR`` (every ``*.jpg`` under it: real photographs), else the
-synthetic texture of ``benchmarks/imagenet_pipeline.py`` (its generator, ``--images`` of
-them, written to a temporary folder).
+synthetic texture of ``benchmarks/imagenet_pipeline.py`` (its generator, in
+``_imagenet_pipeline_data.py``; ``--images`` of them, written to a temporary folder).
 
     python benchmarks/restart_markers.py [--folder DIR] [--images 400] [--repeats 3] [--sizes 224,128] [--smoke]
 
@@ -60,10 +60,10 @@ def load_set(folder: str | None, images: int, seed: int) -> tuple[str, list[byte
         if not files:
             raise SystemExit(f"--folder {folder}: no .jpg files under it")
         return f"folder {Path(folder).name}", [f.read_bytes() for f in files]
-    import imagenet_pipeline
+    import _imagenet_pipeline_data
 
     with tempfile.TemporaryDirectory() as tmp:
-        imagenet_pipeline._write_images((tmp, seed, [(f"{i:05d}.jpg", i % 100) for i in range(images)]))
+        _imagenet_pipeline_data._write_images((tmp, seed, [(f"{i:05d}.jpg", i % 100) for i in range(images)]))
         return "synthetic texture (imagenet_pipeline's generator)", [
             (Path(tmp) / f"{i:05d}.jpg").read_bytes() for i in range(images)]
 

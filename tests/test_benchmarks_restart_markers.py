@@ -45,6 +45,14 @@ def test_smoke_run_writes_every_configuration_with_its_conditions(tmp_path, phot
     assert "load_average_before" in data["conditions"]
 
 
+@needs_both
+def test_the_default_set_is_imagenet_pipelines_texture_and_takes_markers():
+    name, datas = restart_markers.load_set(None, 2, seed=0)
+    assert "synthetic texture" in name and len(datas) == 2
+    for data in datas:
+        assert restart.layout(data).interval == 0 and restart.add_restart_markers(data) is not None
+
+
 def _jpeg(h=375, w=500, subsampling="4:2:0", seed=0, mode="RGB", **save):
     """A smooth picture with texture (a photograph's mix of low and high frequencies)."""
     rng = np.random.default_rng(seed)
