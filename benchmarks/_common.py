@@ -112,17 +112,19 @@ def _replace(path: Path, data: bytes) -> None:
 
 def write_results(out: str | os.PathLike, results: dict, exact: frozenset[str] = frozenset()) -> Path:
     """``results`` without its "runs" to ``out`` (indented JSON, with "runs_file" naming the
-    raw runs), and the runs one a line to ``runs_path(out)``, both rounded (``rounded``, the
+    raw runs), and the runs (if any) one a line to ``runs_path(out)``, both rounded (``rounded``, the
     keys in ``exact`` as they are); each file written whole and renamed into place, so a
     benchmark stopped mid-write leaves the last good pair."""
     runs = results.get("runs", [])
     raw = runs_path(out)
     raw.parent.mkdir(parents=True, exist_ok=True)
-    lines = "".join(json.dumps(rounded(run, exact=exact), separators=(",", ":"), default=str) + "\n" for run in runs)
-    # mtime=0: the same runs give the same bytes, so a rewrite of unchanged runs is no diff in git
-    _replace(raw, gzip.compress(lines.encode(), mtime=0))
     summary = {k: v for k, v in results.items() if k != "runs"}
-    summary["runs_file"] = raw.name
+    if runs:  # (a benchmark whose summary holds every repeat writes no empty runs file)
+        lines = "".join(json.dumps(rounded(run, exact=exact), separators=(",", ":"), default=str) + "\n"
+                        for run in runs)
+        # mtime=0: the same runs give the same bytes, so a rewrite of unchanged runs is no diff in git
+        _replace(raw, gzip.compress(lines.encode(), mtime=0))
+        summary["runs_file"] = raw.name
     _replace(Path(out), (readable_json(rounded(summary, exact=exact)) + "\n").encode())
     return Path(out)
 
