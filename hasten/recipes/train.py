@@ -19,7 +19,8 @@ Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
 - the steps of ``hasten.recipes.loop.train_loop``, the loop every hasten recipe runs,
   with the gradient noise scale measured on request (``--noise-scale``,
   ``hasten.recipes.noise_probe``);
-- atomic checkpoints every N steps in a run directory derived from the
+- a metrics line at each epoch's end and atomic checkpoints every N steps
+  (``hasten.recipes.train_hooks``) in a run directory derived from the
   configuration (``run_path``); ``resume`` restores model, optimizer, scheduler,
   step, random state and data position, and :func:`plan_resume` finds the newest
   complete checkpoint of the same run (``--resume auto``, and every torchrun restart;

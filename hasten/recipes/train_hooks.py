@@ -11,6 +11,7 @@ to continue with the very same steps).
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Callable
 
 import torch
 
@@ -62,7 +63,7 @@ class EpochMetrics:
     ``extra()``. Untimed, and the meter syncs with the device: once per epoch, not per step."""
 
     def __init__(self, run_dir, clock: RunClock, scheduler, batch: int, steps_per_epoch: int, total_steps: int,
-                 device, extra=dict) -> None:
+                 device, extra: Callable[[], dict]) -> None:
         self.run_dir, self.clock, self.scheduler, self.extra = run_dir, clock, scheduler, extra
         self.batch, self.steps_per_epoch, self.total_steps = batch, steps_per_epoch, total_steps
         self.meter = TrainMeter(device)
