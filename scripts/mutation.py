@@ -86,6 +86,7 @@ MODULES: dict[str, Target] = {
     # The whole file but its real-data run (which skips in the scratch copy anyway).
     "recipes.speedrun": Target("hasten/recipes/speedrun.py", SPEEDRUN_TESTS, keyword="not cifar_subset"),
     "recipes.speedrun_train": Target("hasten/recipes/speedrun_train.py", SPEEDRUN_TESTS, keyword="not cifar_subset"),
+    "recipes.speedrun_cost": Target("hasten/recipes/speedrun_cost.py", SPEEDRUN_TESTS, keyword="not cifar_subset"),
     "recipes.loop": Target("hasten/recipes/loop.py", ("tests/test_recipes_loop.py",)),
     "optim.schedules": Target("hasten/optim/schedules.py", ("tests/test_optim_schedules.py",)),
     "echo.stages": Target("hasten/echo/stages.py", ("tests/test_echo_stages.py",)),

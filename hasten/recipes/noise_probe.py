@@ -2,6 +2,7 @@
 "An Empirical Model of Large-Batch Training", arXiv:1812.06162; ``hasten.optim.noise_scale``):
 on one process a probe every ``NOISE_PROBE_EVERY`` steps, its metrics and its report with
 the batch it suggests. Under DDP the all-reduce hook measures it (``wrap_ddp``).
+``NoiseProbe`` holds both as the hooks of ``hasten.recipes.loop.train_loop``, timed.
 
 Used by ``hasten.recipes.train``. Changes the training math: no (the probe's gradients
 are its own; the step's are untouched).
@@ -15,7 +16,9 @@ import torch
 
 from hasten.nn.precision import autocast, cross_entropy
 from hasten.optim.noise_scale import NoiseScale, micro_batch_sq_norms, suggest_batch
+from hasten.recipes.loop import Step
 from hasten.recipes.train_config import TrainConfig
+from hasten.timing import Stopwatch
 
 # One process measures the noise scale on a probe every this many steps (an extra forward
 # and backward of the batch as micro-batches, about 1/NOISE_PROBE_EVERY of the training
@@ -64,3 +67,37 @@ def noise_report(noise: NoiseScale, cfg: TrainConfig, world: int, local_batch: i
             "measurements": noise.updates, "b_small": b_small, "b_big": b_big, "how": how,
             "seconds": seconds, "overhead_fraction": seconds / train_time if train_time > 0 else math.nan,
             "suggested_batch": suggested, "why": why}
+
+
+class NoiseProbe:
+    """The noise scale ``noise`` (None: not measured) as a run measures it, with the seconds
+    it costs: on one process ``before_backward`` probes every ``NOISE_PROBE_EVERY`` steps at
+    the weights the step starts from (``micro``: the probe's micro-batch, 0 when there is no
+    probe); under DDP ``after_step`` records what the all-reduce hook measured."""
+
+    def __init__(self, noise: NoiseScale | None, model, ddp, cfg: TrainConfig, device, world: int,
+                 local_batch: int) -> None:
+        self.noise, self.model, self.ddp, self.cfg, self.device, self.world = noise, model, ddp, cfg, device, world
+        self.local_batch = local_batch
+        self.micro = (cfg.ghost_batch or local_batch // 2) if noise is not None and world == 1 else 0
+        self.clock = Stopwatch(device)
+
+    def before_backward(self, s: Step) -> None:
+        if s.number % NOISE_PROBE_EVERY == 0:
+            self.clock.start()
+            noise_probe_step(self.model, self.noise, s.x, s.y, self.micro, self.cfg, self.device, s.number)
+            self.clock.stop()
+
+    def after_step(self, s: Step) -> None:
+        if self.noise is not None and self.world > 1:
+            self.clock.start()
+            self.ddp.noise_scale.update(s.number)
+            self.clock.stop()
+
+    def metrics(self) -> dict:
+        return noise_metrics(self.noise) if self.noise is not None else {}
+
+    def report(self, train_time: float) -> dict:
+        """``noise_report`` of this session's probes (those before a resume were timed by that session)."""
+        return noise_report(self.noise, self.cfg, self.world, self.local_batch, self.micro, self.clock.elapsed,
+                            train_time)

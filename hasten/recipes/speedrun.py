@@ -43,9 +43,9 @@ from hasten.recipes.speedrun_recipe import (BASELINE_CHANGES, CPU_0_1, LADDER, P
                                             ladder_recipes, precision)
 from hasten.recipes.speedrun_resume import (CHECKPOINT_FORMAT, RESUME_AUTO, JobCheckpoint, ResumePlan,  # noqa: F401
                                             describe_checkpoint, plan_resume, run_identity)
-from hasten.recipes.speedrun_train import (WHITEN_BIAS_GROUP, WHITENING_SAMPLE, flops_per_run,  # noqa: F401
-                                           lr_factor, lr_lambdas, make_optimizer, steps_per_run, train_run,
-                                           whitening_sample)
+from hasten.recipes.speedrun_cost import flops_per_run, steps_per_run
+from hasten.recipes.speedrun_train import (WHITEN_BIAS_GROUP, WHITENING_SAMPLE, lr_factor,  # noqa: F401
+                                           lr_lambdas, make_optimizer, train_run, whitening_sample)
 from hasten.recipes.training_data import load_training_data
 from hasten.rundir import config_digest
 from hasten.timing import interleaved

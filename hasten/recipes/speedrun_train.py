@@ -31,7 +31,7 @@ from hasten.nn.precision import cross_entropy
 from hasten.nn.tta import evaluate
 from hasten.nn.whitening import init_whitening_conv
 from hasten.progress import progress
-from hasten.recipes.loop import train_loop
+from hasten.recipes.loop import Step, train_loop
 from hasten.recipes.speedrun_recipe import Recipe, RunResult, precision
 from hasten.recipes.step import TrainMeter
 from hasten.timing import Stopwatch
@@ -117,84 +117,33 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     r = recipe
     torch.manual_seed(seed)
     use_bf16 = precision(r, device) == "bf16"
-    dtype = torch.bfloat16 if use_bf16 else torch.float32
-    memory_format = torch.channels_last if r.channels_last else torch.contiguous_format
-    mean, std = mean_std
 
     # Untimed, as in airbench: the uint8 images copied to the device, the networks built.
     train_images, train_labels = data.train.images.to(device), data.train.labels.to(device)
     test_images, test_y = data.test.images.to(device), data.test.labels.to(device)
-    model = SpeedrunNet(r.net).to(device=device, memory_format=memory_format)
-    # The EMA is evaluated on a second network, built here rather than at each evaluation.
-    averaged = SpeedrunNet(r.net).to(device=device, memory_format=memory_format) if r.averaging == "ema" else None
+    model, averaged = _networks(r, device)
 
-    clock = Stopwatch(device)
-    parts_before: list[float] = []  # timed seconds of the processes before a stop
-    if resume is not None:
-        clock.elapsed, clock.cpu_elapsed = resume["time_s"], resume["cpu_time_s"]
-        parts_before = [*resume["time_parts_s"], resume["time_s"] - sum(resume["time_parts_s"])]
+    # Timed from here: the loader, the whitening, the training, the final evaluation.
+    clock, parts_before = _clock(device, resume)
     clock.start()
-    if r.device_loader:
-        train_loader = GpuLoader(train_images, train_labels, r.batch_size, device=device, augment=r.augment,
-                                 mean=mean, std=std, dtype=dtype, channels_last=r.channels_last, seed=seed)
-    else:  # ladder rung 0: every batch prepared on the host from the host copy
-        train_loader = HostLoader(data.train.images, data.train.labels, r.batch_size, device=device,
-                                  augment=r.augment, mean=mean, std=std, dtype=dtype,
-                                  channels_last=r.channels_last, seed=seed)
-    test_x = normalize(test_images, mean, std, dtype, channels_last=r.channels_last)
-    if r.whiten and resume is None:
-        sample = (whitening_sample(len(train_labels), seed=seed) if r.whiten_sample == "random"
-                  else torch.arange(min(WHITENING_SAMPLE, len(train_labels)))).to(device)
-        init_whitening_conv(model.whiten, normalize(train_images[sample], mean, std))
-    elif r.whiten:
-        model.whiten.weight.requires_grad_(False)  # frozen, as init_whitening_conv leaves it; filters from the state
+    train_loader = _train_loader(r, data, train_images, train_labels, device, mean_std, use_bf16, seed)
+    test_x = normalize(test_images, *mean_std, torch.bfloat16 if use_bf16 else torch.float32,
+                       channels_last=r.channels_last)
+    _whiten(model, r, train_images, mean_std, seed, resumed=resume is not None)
     optimizer = make_optimizer(model, r)
     total_steps = math.ceil(len(train_loader) * r.epochs)
     if max_steps is not None:
         total_steps = min(total_steps, max_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambdas(r, total_steps, len(train_loader)))
-    decay_schedule = airbench_decay_schedule(total_steps)
-    average: WeightAverage | None = None
-    if r.averaging == "lookahead":
-        average = Lookahead(model)
-    elif r.averaging == "ema":
-        average = WeightAverage(model)
+    averaging = WeightAveraging(r, model, averaged, total_steps)
     step_model = torch.compile(model) if r.compile else model
     meter = TrainMeter(device)
     result = RunResult(accuracy=0.0, tta_accuracy=0.0, time_s=0.0)
+    validation = Validation(r, test_x, test_y, averaging, use_bf16, target, validate_every_epoch, result)
     step, epoch = 0, 0
     if resume is not None:
-        clock.stop()  # restoring is the resume's cost, not the recipe's, as building the network is
-        model.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
-        scheduler.load_state_dict(resume["scheduler"])
-        if average is not None:
-            average.load_state_dict(resume["average"])
-        step, epoch = resume["step"], resume["epoch"]
-        train_loader.epoch = epoch  # each epoch's order and augmentation follow from (seed, epoch)
-        set_rng_state(resume["rng"])
-        result.epochs = list(resume["epochs"])
-        result.epochs_to_target, result.time_to_target_s = resume["epochs_to_target"], resume["time_to_target_s"]
-        clock.start()
+        step, epoch = _restore(resume, clock, model, optimizer, scheduler, averaging, train_loader, result)
     job_total, job_before = job_steps if job_steps is not None else (total_steps, 0)
-
-    def eval_batches():
-        for i in range(0, len(test_y), 2000):
-            yield test_x[i:i + 2000], test_y[i:i + 2000]
-
-    def eval_model() -> nn.Module:
-        if averaged is None:
-            return model
-        averaged.load_state_dict(model.state_dict())
-        average.copy_to(averaged)
-        return averaged
-
-    def run_state() -> dict:
-        return {"step": step, "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "average": average.state_dict() if average is not None else None,
-                "rng": rng_state(), "time_s": clock.elapsed, "cpu_time_s": clock.cpu_elapsed,
-                "time_parts_s": parts_before, "epochs": list(result.epochs),
-                "epochs_to_target": result.epochs_to_target, "time_to_target_s": result.time_to_target_s}
 
     def loss_fn(logits, y):  # summed, as airbench's lr per 1024 examples expects (make_optimizer)
         return cross_entropy(logits, y, r.label_smoothing, reduction="sum")
@@ -202,23 +151,10 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
     def after_step(s) -> None:
         meter.update(s.loss, s.logits, s.y)
         bar.update()
-        if average is not None and s.number % r.ema_every == 0:
-            if r.averaging == "lookahead":
-                decay = decay_schedule[s.number].item()
-            else:
-                decay = warmup_decay(r.ema_decay, s.number // r.ema_every - 1)
-            average.update(model, decay)
-        if s.number >= total_steps and r.averaging == "lookahead":
-            average.update(model, 1.0)
+        averaging.after_step(s)
 
     while step < total_steps:
-        # The whitening bias trains only for the first epochs (airbench); its lr
-        # drops to 0 then (``lr_lambdas``). Eager, also stop its gradient: that skips
-        # the first conv group's input gradient. Compiled, leave requires_grad alone:
-        # it is guarded, and flipping it would recompile mid-run, inside the clock.
-        if not r.compile:
-            model.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
-        model.train()
+        _start_epoch(model, r, epoch)
         meter.reset()
         # One bar per epoch (closed before the epoch's table row is printed), counting the
         # steps of the whole job: its rate and time left are the job's.
@@ -231,42 +167,190 @@ def train_run(recipe: Recipe, data: ImageDataset, device: torch.device, *,
         clock.stop()
         if max_steps is not None and step >= max_steps:
             return result  # a warm-up: nothing to evaluate
-        # Untimed: validation for the table (every epoch only if asked or for the target:
-        # on a CPU each pass costs a fifth of an epoch of training).
-        last = step >= total_steps
-        evaluated = eval_model()
-        record = {"epoch": epoch, "epochs": math.ceil(r.epochs), "step": step, "train_loss": meter.loss,
-                  "train_accuracy": meter.accuracy, "val_accuracy": None, "tta_accuracy": None,
-                  "time_s": clock.elapsed}
-        if last or validate_every_epoch or target is not None:
-            record["val_accuracy"] = evaluate(evaluated, eval_batches(), "none", bf16=use_bf16)
-        if target is not None and result.epochs_to_target is None and r.tta != "none":
-            record["tta_accuracy"] = evaluate(evaluated, eval_batches(), r.tta, bf16=use_bf16)
-        reached = record["tta_accuracy"] if record["tta_accuracy"] is not None else record["val_accuracy"]
-        if target is not None and result.epochs_to_target is None and reached is not None and reached >= target:
-            result.epochs_to_target = min(epoch, r.epochs)
-            result.time_to_target_s = clock.elapsed
-        result.epochs.append(record)
+        record = validation.epoch_end(epoch, step, meter, clock.elapsed, last=step >= total_steps)
         if step < total_steps:
             if on_epoch is not None:
                 on_epoch(record)
             if on_checkpoint is not None:
-                on_checkpoint(run_state())
+                on_checkpoint(_state(step, epoch, model, optimizer, scheduler, averaging, clock, parts_before, result))
             clock.start()
 
-    # Timed: the final evaluation with the recipe's TTA.
-    clock.start()
-    result.tta_accuracy = evaluate(eval_model(), eval_batches(), r.tta, bf16=use_bf16)
-    clock.stop()
-    result.time_s = clock.elapsed
-    result.cpu_time_s = clock.cpu_elapsed
-    result.time_parts_s = [*parts_before, result.time_s - sum(parts_before)]
-    result.accuracy = result.epochs[-1]["val_accuracy"]
-    result.epochs[-1]["tta_accuracy"] = result.tta_accuracy
-    result.epochs[-1]["time_s"] = result.time_s
+    validation.final(clock, parts_before)
     if on_epoch is not None:
         on_epoch(result.epochs[-1])
     return result
+
+
+# ----------------------------------------------------------------------------- the run's parts
+def _networks(r: Recipe, device: torch.device) -> tuple[nn.Module, nn.Module | None]:
+    """The network, and for an EMA the second network it is evaluated on (built here, not at
+    each evaluation)."""
+    memory_format = torch.channels_last if r.channels_last else torch.contiguous_format
+    model = SpeedrunNet(r.net).to(device=device, memory_format=memory_format)
+    averaged = SpeedrunNet(r.net).to(device=device, memory_format=memory_format) if r.averaging == "ema" else None
+    return model, averaged
+
+
+def _clock(device: torch.device, resume: dict | None) -> tuple[Stopwatch, list[float]]:
+    """The run's clock, and the timed seconds of the processes before a stop: a resumed
+    run's clock goes on from the state's seconds."""
+    clock = Stopwatch(device)
+    if resume is None:
+        return clock, []
+    clock.elapsed, clock.cpu_elapsed = resume["time_s"], resume["cpu_time_s"]
+    return clock, [*resume["time_parts_s"], resume["time_s"] - sum(resume["time_parts_s"])]
+
+
+def _train_loader(r: Recipe, data: ImageDataset, train_images, train_labels, device, mean_std, bf16: bool,
+                  seed: int):
+    """The training batches, augmented and normalised on the device (``GpuLoader``), or, ladder
+    rung 0, every batch prepared on the host from the host copy (``HostLoader``)."""
+    mean, std = mean_std
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    if r.device_loader:
+        return GpuLoader(train_images, train_labels, r.batch_size, device=device, augment=r.augment,
+                         mean=mean, std=std, dtype=dtype, channels_last=r.channels_last, seed=seed)
+    return HostLoader(data.train.images, data.train.labels, r.batch_size, device=device, augment=r.augment,
+                      mean=mean, std=std, dtype=dtype, channels_last=r.channels_last, seed=seed)
+
+
+def _whiten(model: nn.Module, r: Recipe, train_images, mean_std, seed: int, *, resumed: bool) -> None:
+    """The whitening layer's filters from the training images' patch covariance, frozen
+    (``r.whiten``); resumed, frozen as they are: the filters come with the state."""
+    if r.whiten and not resumed:
+        sample = (whitening_sample(len(train_images), seed=seed) if r.whiten_sample == "random"
+                  else torch.arange(min(WHITENING_SAMPLE, len(train_images)))).to(train_images.device)
+        init_whitening_conv(model.whiten, normalize(train_images[sample], *mean_std))
+    elif r.whiten:
+        model.whiten.weight.requires_grad_(False)  # frozen, as init_whitening_conv leaves it
+
+
+def _start_epoch(model: nn.Module, r: Recipe, epoch: int) -> None:
+    """The whitening bias trains only for the first epochs (airbench); its lr drops to 0
+    then (``lr_lambdas``). Eager, also stop its gradient: that skips the first conv group's
+    input gradient. Compiled, leave requires_grad alone: it is guarded, and flipping it
+    would recompile mid-run, inside the clock."""
+    if not r.compile:
+        model.whiten.bias.requires_grad_(epoch < r.whiten_bias_epochs)
+    model.train()
+
+
+def _state(step: int, epoch: int, model, optimizer, scheduler, averaging: WeightAveraging, clock: Stopwatch,
+           parts_before: list[float], result: RunResult) -> dict:
+    """What ``train_run(resume=...)`` continues from, at an epoch's end."""
+    return {"step": step, "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "average": averaging.state_dict(),
+            "rng": rng_state(), "time_s": clock.elapsed, "cpu_time_s": clock.cpu_elapsed,
+            "time_parts_s": parts_before, "epochs": list(result.epochs),
+            "epochs_to_target": result.epochs_to_target, "time_to_target_s": result.time_to_target_s}
+
+
+def _restore(resume: dict, clock: Stopwatch, model, optimizer, scheduler, averaging: WeightAveraging,
+             train_loader, result: RunResult) -> tuple[int, int]:
+    """Load a ``_state`` into the run, outside the clock (restoring is the resume's cost, not
+    the recipe's, as building the network is); returns (step, epoch)."""
+    clock.stop()
+    model.load_state_dict(resume["model"])
+    optimizer.load_state_dict(resume["optimizer"])
+    scheduler.load_state_dict(resume["scheduler"])
+    averaging.load_state_dict(resume["average"])
+    train_loader.epoch = resume["epoch"]  # each epoch's order and augmentation follow from (seed, epoch)
+    set_rng_state(resume["rng"])
+    result.epochs = list(resume["epochs"])
+    result.epochs_to_target, result.time_to_target_s = resume["epochs_to_target"], resume["time_to_target_s"]
+    clock.start()
+    return resume["step"], resume["epoch"]
+
+
+class WeightAveraging:
+    """The recipe's weight average, updated after the step every ``r.ema_every`` steps:
+    Lookahead on airbench's decay schedule, copied back into the model at the last step, or
+    an EMA with a warm-up (Page), evaluated on the second network ``averaged``; or none."""
+
+    def __init__(self, r: Recipe, model: nn.Module, averaged: nn.Module | None, total_steps: int) -> None:
+        self.r, self.model, self.averaged, self.total_steps = r, model, averaged, total_steps
+        self.decay_schedule = airbench_decay_schedule(total_steps)
+        self.average: WeightAverage | None = None
+        if r.averaging == "lookahead":
+            self.average = Lookahead(model)
+        elif r.averaging == "ema":
+            self.average = WeightAverage(model)
+
+    def after_step(self, s: Step) -> None:
+        r = self.r
+        if self.average is not None and s.number % r.ema_every == 0:
+            if r.averaging == "lookahead":
+                decay = self.decay_schedule[s.number].item()
+            else:
+                decay = warmup_decay(r.ema_decay, s.number // r.ema_every - 1)
+            self.average.update(self.model, decay)
+        if s.number >= self.total_steps and r.averaging == "lookahead":
+            self.average.update(self.model, 1.0)
+
+    def evaluated(self) -> nn.Module:
+        """The network to evaluate: the model, or the second network holding the EMA."""
+        if self.averaged is None:
+            return self.model
+        self.averaged.load_state_dict(self.model.state_dict())
+        self.average.copy_to(self.averaged)
+        return self.averaged
+
+    def state_dict(self) -> dict | None:
+        return self.average.state_dict() if self.average is not None else None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if self.average is not None:
+            self.average.load_state_dict(state)
+
+
+class Validation:
+    """The run's evaluations of ``averaging.evaluated()`` on the test set, in batches of 2,000.
+
+    Untimed, at each epoch's end (:meth:`epoch_end`): without TTA every epoch when asked or
+    for the target, else after the last only (on a CPU each pass costs a fifth of an epoch
+    of training); with the recipe's TTA until ``target`` is reached; the first epoch and
+    timed seconds at or above it go to ``result``. Timed, at the end (:meth:`final`): with
+    the recipe's TTA."""
+
+    def __init__(self, r: Recipe, test_x, test_y, averaging: WeightAveraging, bf16: bool, target: float | None,
+                 every_epoch: bool, result: RunResult) -> None:
+        self.r, self.test_x, self.test_y, self.averaging, self.bf16 = r, test_x, test_y, averaging, bf16
+        self.target, self.every_epoch, self.result = target, every_epoch, result
+
+    def batches(self):
+        for i in range(0, len(self.test_y), 2000):
+            yield self.test_x[i:i + 2000], self.test_y[i:i + 2000]
+
+    def epoch_end(self, epoch: int, step: int, meter: TrainMeter, time_s: float, *, last: bool) -> dict:
+        """The epoch's record (also appended to ``result.epochs``)."""
+        r, result, target = self.r, self.result, self.target
+        evaluated = self.averaging.evaluated()
+        record = {"epoch": epoch, "epochs": math.ceil(r.epochs), "step": step, "train_loss": meter.loss,
+                  "train_accuracy": meter.accuracy, "val_accuracy": None, "tta_accuracy": None, "time_s": time_s}
+        if last or self.every_epoch or target is not None:
+            record["val_accuracy"] = evaluate(evaluated, self.batches(), "none", bf16=self.bf16)
+        if target is not None and result.epochs_to_target is None and r.tta != "none":
+            record["tta_accuracy"] = evaluate(evaluated, self.batches(), r.tta, bf16=self.bf16)
+        reached = record["tta_accuracy"] if record["tta_accuracy"] is not None else record["val_accuracy"]
+        if target is not None and result.epochs_to_target is None and reached is not None and reached >= target:
+            result.epochs_to_target = min(epoch, r.epochs)
+            result.time_to_target_s = time_s
+        result.epochs.append(record)
+        return record
+
+    def final(self, clock: Stopwatch, parts_before: list[float]) -> None:
+        """Timed: the final evaluation with the recipe's TTA; then the result's accuracies and
+        times, and the last epoch's record completed with them."""
+        result = self.result
+        clock.start()
+        result.tta_accuracy = evaluate(self.averaging.evaluated(), self.batches(), self.r.tta, bf16=self.bf16)
+        clock.stop()
+        result.time_s = clock.elapsed
+        result.cpu_time_s = clock.cpu_elapsed
+        result.time_parts_s = [*parts_before, result.time_s - sum(parts_before)]
+        result.accuracy = result.epochs[-1]["val_accuracy"]
+        result.epochs[-1]["tta_accuracy"] = result.tta_accuracy
+        result.epochs[-1]["time_s"] = result.time_s
 
 
 WHITENING_SAMPLE = 5000  # images whose patch covariance sets the whitening layer (airbench)
@@ -281,42 +365,3 @@ def whitening_sample(n_images: int, *, seed: int, size: int = WHITENING_SAMPLE) 
     in class order, where the first 5,000 are a single class."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randperm(n_images, generator=generator)[:size]
-
-
-def flops_per_run(recipe: Recipe, data: ImageDataset) -> int:
-    """Training plus final-evaluation FLOPs of one run (torch.utils.flop_counter),
-    counted on a 2-image batch and scaled: convolution and matmul FLOPs only.
-
-    Counted as the run trains: a whitened first layer's frozen weight gets no
-    gradient, and once its bias freezes (after ``whiten_bias_epochs``) nothing
-    before the first conv group trains, so eager runs skip that group's input
-    gradient; compiled runs keep computing it (the bias keeps ``requires_grad``, its
-    lr is 0), and are charged for it."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = SpeedrunNet(recipe.net)
-    model.whiten.weight.requires_grad_(not recipe.whiten)
-    x = torch.zeros(2, 3, *data.train.images.shape[-2:])
-
-    def train_flops_per_example(bias_trains: bool) -> float:
-        model.whiten.bias.requires_grad_(bias_trains)
-        with FlopCounterMode(display=False) as counter:
-            model(x).sum().backward()
-        return counter.get_total_flops() / 2
-
-    model.eval()
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(x)
-    forward_per_example = counter.get_total_flops() / 2
-    model.train()
-    steps_per_epoch = len(data.train.labels) // recipe.batch_size  # the loader drops the last partial batch
-    steps = steps_per_run(recipe, len(data.train.labels))
-    bias_steps = steps if recipe.compile else min(steps, steps_per_epoch * recipe.whiten_bias_epochs)
-    train = (train_flops_per_example(True) * bias_steps + train_flops_per_example(False) * (steps - bias_steps))
-    views = {"none": 1, "flip": 2, "flip_translate": 6}[recipe.tta]
-    return int(train * recipe.batch_size + forward_per_example * views * len(data.test.labels))
-
-
-def steps_per_run(recipe: Recipe, n_train: int) -> int:
-    """Training steps of one run on ``n_train`` images (the loader drops the last partial batch)."""
-    return math.ceil(n_train // recipe.batch_size * recipe.epochs)

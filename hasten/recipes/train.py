@@ -19,7 +19,8 @@ Ying et al. (arXiv:1811.06992), for one process or many under torchrun:
 - the steps of ``hasten.recipes.loop.train_loop``, the loop every hasten recipe runs,
   with the gradient noise scale measured on request (``--noise-scale``,
   ``hasten.recipes.noise_probe``);
-- atomic checkpoints every N steps in a run directory derived from the
+- a metrics line at each epoch's end and atomic checkpoints every N steps
+  (``hasten.recipes.train_hooks``) in a run directory derived from the
   configuration (``run_path``); ``resume`` restores model, optimizer, scheduler,
   step, random state and data position, and :func:`plan_resume` finds the newest
   complete checkpoint of the same run (``--resume auto``, and every torchrun restart;
@@ -41,7 +42,6 @@ from dataclasses import asdict
 
 import torch
 
-from hasten.checkpoint import CHECKPOINT_NAME, rng_state, save_checkpoint
 from hasten.distributed.data_parallel import init_distributed, seed_everything, shutdown, wrap_ddp
 from hasten.distributed.faults import PeerLostError, peer_failure, stop_on_sigterm, stop_signal
 from hasten.distributed.hooks import HOOKS  # noqa: F401 (the hooks --hook names)
@@ -55,15 +55,14 @@ from hasten.optim import WarmupPolyDecay
 from hasten.optim.noise_scale import NoiseScale
 from hasten.progress import progress, progress_interval, progress_mode, status
 from hasten.recipes.loop import train_loop
-from hasten.recipes.noise_probe import NOISE_PROBE_EVERY, noise_metrics, noise_probe_step, noise_report
-from hasten.recipes.step import TrainMeter
+from hasten.recipes.noise_probe import NoiseProbe
+from hasten.recipes.train_hooks import Checkpoints, EpochMetrics, RunClock
 from hasten.recipes.train_config import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, LOADERS, LR_SCALINGS,  # noqa: F401
                                          MATH_FIELDS, OPTIMIZERS, TrainConfig, build_optimizer)
 from hasten.recipes.train_input import device_input, stream_input
 from hasten.recipes.train_resume import (RESUME_AUTO, ResumePlan, default_run_path, load_resume,  # noqa: F401
                                          plan_resume, restore, run_identity, same_step_on_every_rank)
 from hasten.recipes.train_stops import Where, lost_peer_message, store_stop_note
-from hasten.timing import Stopwatch
 
 def train(cfg: TrainConfig, *, run_dir=None, resume: str | os.PathLike | dict | None = None,
           dataset=None, run_path: str | os.PathLike | None = None) -> dict:
@@ -140,38 +139,101 @@ def _train_guarded(cfg: TrainConfig, run_dir, state, dataset, run_path, world_si
 
 def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: Where) -> dict:
     device, rank, world = info.device, info.rank, info.world_size
-    main = rank == 0
+    run_dir = run_dir if rank == 0 else None  # rank 0 writes the run's files
     seed_everything(cfg.seed)
 
     # --- data ---------------------------------------------------------------
     local_batch = cfg.batch_size // world
-    if cfg.loader == "stream":
-        data = stream_input(cfg, device, rank, world, local_batch)
-    else:
-        data = device_input(cfg, dataset, device, rank, world, local_batch)
+    data = (stream_input(cfg, device, rank, world, local_batch) if cfg.loader == "stream"
+            else device_input(cfg, dataset, device, rank, world, local_batch))
     steps_per_epoch = data.steps_per_epoch
     total_steps = max(1, round(cfg.epochs * steps_per_epoch))
-    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
-    warmup_steps = min(warmup_steps, total_steps - 1)
+    warmup_steps = min(round(cfg.warmup_epochs * steps_per_epoch), total_steps - 1)
 
-    # --- model, optimizer, schedule ------------------------------------------
+    # --- model, optimizer, schedule, resume -----------------------------------
+    model = _model(cfg, data, device)
+    optimizer = build_optimizer(cfg, model, cfg.peak_lr)
+    scheduler = WarmupPolyDecay(optimizer, warmup_steps, total_steps, power=cfg.decay_power)
+    # positioned: the loader itself resumes mid-epoch (else: skip the steps done).
+    step, positioned = restore(state, model, optimizer, scheduler, data.position, rank, world)
+    if world > 1:
+        same_step_on_every_rank(step, device)
+    model, ddp, noise = _data_parallel(cfg, model, state, world)
+
+    # --- the hooks: noise scale, metrics at epoch ends, checkpoints, progress ---
+    probe = NoiseProbe(noise, model, ddp, cfg, device, world, local_batch)
+    clock = RunClock(device, state.get("train_time_s") if state is not None else None, step)
+    checkpoints = Checkpoints(cfg, run_dir, world, steps_per_epoch, model, optimizer, scheduler, data.position,
+                              noise, clock)
+    if run_dir is not None:
+        run_dir.write_config({**asdict(cfg), "world_size": world, "local_batch": local_batch,
+                              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
+                              "warmup_steps": warmup_steps, "peak_lr": cfg.peak_lr, "dataset": data.name,
+                              "resumed_from_step": step})
+        if step:
+            run_dir.drop_metrics_after(step)
+    bar = _progress_bar(cfg, rank == 0, step, total_steps, steps_per_epoch, world)
+    clock.watch.start()
+    metrics = EpochMetrics(run_dir, clock, scheduler, cfg.batch_size, steps_per_epoch, total_steps, device,
+                           extra=probe.metrics)
+
+    def after_step(s) -> None:
+        where.step = s.number
+        probe.after_step(s)
+        bar.update(1)
+        metrics.after_step(s)
+        checkpoints.every(s)
+
+    # --- loop ---------------------------------------------------------------
+    start_step = step
+    step = train_loop(ddp, optimizer, data.batches_from(step, total_steps, positioned),
+                      lambda logits, y: cross_entropy(logits, y, cfg.label_smoothing), scheduler=scheduler,
+                      device=device, bf16=cfg.bf16, step=step, stop_after=total_steps,
+                      before_backward=probe.before_backward if probe.micro else None, after_step=after_step)
+    clock.watch.stop()
+    bar.close()
+    checkpoints.save(step)
+
+    # --- evaluation and report ------------------------------------------------
+    if world > 1:
+        # DDP broadcasts rank 0's BN statistics before each forward, so after the
+        # last step they differ; evaluate every rank with rank 0's.
+        for b in model.buffers():
+            torch.distributed.broadcast(b, 0)
+    accuracy = evaluate(model, data.test_batches(), bf16=cfg.bf16, distributed=world > 1)
+    report = _report(cfg, data, world, step, start_step, clock, accuracy, device)
+    if noise is not None:
+        report["noise_scale"] = probe.report(clock.watch.elapsed)
+    if run_dir is not None:
+        report["run_dir"] = str(run_dir.path)
+        run_dir.log(step=step, test_accuracy=accuracy)
+        run_dir.write_results(report)
+    return report
+
+
+def _progress_bar(cfg: TrainConfig, main: bool, step: int, total_steps: int, steps_per_epoch: int, world: int):
+    """The run's progress bar (rank 0's), after a line that says what is to come when the
+    progress goes to a log."""
+    if main and progress_mode() == "lines":  # on a terminal the bar says this
+        status(f"train: {total_steps - step} steps to go ({steps_per_epoch} per epoch at global batch "
+               f"{cfg.batch_size}, {cfg.loader} loader, {world} process(es)); progress every "
+               f"{progress_interval():g} s")
+    return progress(total=total_steps, initial=step, desc="train", unit="step", **({} if main else {"disable": True}))
+
+
+def _model(cfg: TrainConfig, data, device) -> torch.nn.Module:
+    """The configuration's ResNet for ``data``, ghost batch norm applied, on ``device``."""
     model = build_model(cfg.model, data.num_classes, data.image_size, cfg.width)
     if cfg.ghost_batch:
         apply_ghost_batchnorm(model, cfg.ghost_batch)
     model = model.to(device)
-    if cfg.channels_last:
-        model = to_channels_last(model)
-    lr = cfg.peak_lr
-    optimizer = build_optimizer(cfg, model, lr)
-    scheduler = WarmupPolyDecay(optimizer, warmup_steps, total_steps, power=cfg.decay_power)
-    # positioned: the loader itself resumes mid-epoch (else: skip the steps done).
-    step, positioned = restore(state, model, optimizer, scheduler, data.position, rank, world)
-    # Training seconds of the steps before a resume (the checkpoint keeps them): a resumed run
-    # reports the time and rate of all its steps. None: a fresh run, or an older checkpoint.
-    earlier_s = state.get("train_time_s") if state is not None else None
-    if world > 1:
-        same_step_on_every_rank(step, device)
-    # Group BN after loading: it shares the very same parameters and buffers.
+    return to_channels_last(model) if cfg.channels_last else model
+
+
+def _data_parallel(cfg: TrainConfig, model, state: dict | None, world: int):
+    """(the model with its batch norm over groups of ranks, its DDP wrapper, the noise scale
+    or None), after the checkpoint was loaded: group BN shares the very same parameters and
+    buffers, and DDP broadcasts rank 0's weights."""
     model = convert_batchnorm(model, group_size=cfg.bn_group)
     if cfg.bf16:
         batchnorm_in_float32(model)
@@ -186,146 +248,34 @@ def _train(cfg: TrainConfig, info, run_dir, state: dict | None, dataset, where: 
         noise.load_state_dict(state["noise_scale"])
     ddp = wrap_ddp(model, hook=cfg.hook, compress=cfg.compress, noise_scale=noise, noise_scale_batch=cfg.batch_size,
                    **({"find_unused_parameters": True} if keep_buckets else {}))
-    noise_micro = (cfg.ghost_batch or local_batch // 2) if noise is not None and world == 1 else 0
-    noise_clock = Stopwatch(device)
+    return model, ddp, noise
 
-    saved_at = [None]  # the step this run last saved a checkpoint at
 
-    def checkpoint():
-        if saved_at[0] == step:
-            return  # saved at this step already: keep the one before as checkpoint-previous.pt
-        saved_at[0] = step
-        if clock.running:  # the time so far, this span included (the clock goes on)
-            clock.stop()
-            clock.start()
-        # Unknown when resumed from a checkpoint that did not keep the time before it.
-        elapsed = clock.elapsed if earlier_s is not None or start_step == 0 else None
-        positions = None
-        if data.position is not None:
-            # Each rank's loader has its own position: rank 0 stores them all.
-            positions = [data.position.state_dict()]
-            if world > 1:
-                positions = [None] * world
-                torch.distributed.all_gather_object(positions, data.position.state_dict())
-        if main and run_dir is not None:
-            save_checkpoint(run_dir.path / CHECKPOINT_NAME, {
-                "config": asdict(cfg), "step": step, "epoch": step // steps_per_epoch,
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                **({"train_time_s": (earlier_s or 0.0) + elapsed} if elapsed is not None else {}),
-                **({"data": {"world_size": world, "ranks": positions}} if positions is not None else {}),
-                **({"noise_scale": noise.state_dict()} if noise is not None else {}),
-            }, keep_previous=True)
-
-    if main and run_dir is not None:
-        run_dir.write_config({**asdict(cfg), "world_size": world, "local_batch": local_batch,
-                              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-                              "warmup_steps": warmup_steps, "peak_lr": lr, "dataset": data.name,
-                              "resumed_from_step": step})
-        if step:
-            run_dir.drop_metrics_after(step)
-
-    # --- loop ---------------------------------------------------------------
-    start_step = step
-    # Rates count the steps the clock timed: all of them when the earlier time is known.
-    base_step, base_s = (0, earlier_s) if earlier_s is not None else (start_step, 0.0)
-    if main and progress_mode() == "lines":  # on a terminal the bar says this
-        status(f"train: {total_steps - step} steps to go ({steps_per_epoch} per epoch at global batch "
-               f"{cfg.batch_size}, {cfg.loader} loader, {world} process(es)); progress every "
-               f"{progress_interval():g} s")
-    bar = progress(total=total_steps, initial=step, desc="train", unit="step", **({} if main else {"disable": True}))
-    clock = Stopwatch(device)
-    clock.start()
-    meter = TrainMeter(device)
-
-    def batches():
-        """The run's batches from ``step`` on: each epoch in its order, skipping the steps done
-        when resumed mid-epoch (unless the loader resumed at its own position)."""
-        nonlocal positioned
-        while step < total_steps:
-            skip = 0 if positioned else step % steps_per_epoch
-            positioned = False
-            for i, (x, y) in enumerate(data.epoch_batches(step // steps_per_epoch)):
-                if i >= skip:
-                    yield x, y
-
-    def loss_fn(logits, y):
-        return cross_entropy(logits, y, cfg.label_smoothing)
-
-    def noise_probe(s) -> None:  # one process: at the weights the step starts from
-        if s.number % NOISE_PROBE_EVERY == 0:
-            noise_clock.start()
-            noise_probe_step(model, noise, s.x, s.y, noise_micro, cfg, device, s.number)
-            noise_clock.stop()
-
-    def after_step(s) -> None:
-        nonlocal step
-        step = where.step = s.number
-        if noise is not None and world > 1:
-            noise_clock.start()
-            ddp.noise_scale.update(step)
-            noise_clock.stop()
-        meter.update(s.loss * len(s.y), s.logits, s.y)
-        bar.update(1)
-        if main and run_dir is not None and (step % steps_per_epoch == 0 or step == total_steps):
-            # Untimed, and the meter syncs with the device: once per epoch, not per step.
-            clock.stop()
-            run_dir.log(step=step, epoch=step / steps_per_epoch, loss=meter.loss,
-                        train_accuracy=meter.accuracy, lr=scheduler.get_last_lr()[0],
-                        time_s=base_s + clock.elapsed,
-                        images_per_s=(step - base_step) * cfg.batch_size / (base_s + clock.elapsed),
-                        **(noise_metrics(noise) if noise is not None else {}))
-            meter.reset()
-            clock.start()
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            checkpoint()
-
-    train_loop(ddp, optimizer, batches(), loss_fn, scheduler=scheduler, device=device, bf16=cfg.bf16, step=step,
-               stop_after=total_steps, before_backward=noise_probe if noise_micro else None, after_step=after_step)
-    clock.stop()
-    train_time = base_s + clock.elapsed
-    bar.close()
-    checkpoint()
-
-    if world > 1:
-        # DDP broadcasts rank 0's BN statistics before each forward, so after the
-        # last step they differ; evaluate every rank with rank 0's.
-        for b in model.buffers():
-            torch.distributed.broadcast(b, 0)
-    accuracy = evaluate(model, data.test_batches(), bf16=cfg.bf16, distributed=world > 1)
-    images = (step - base_step) * cfg.batch_size
-    report = {
+def _report(cfg: TrainConfig, data, world: int, step: int, start_step: int, clock: RunClock, accuracy: float,
+            device) -> dict:
+    train_time = clock.seconds
+    images = (step - clock.base_step) * cfg.batch_size
+    return {
         "accuracy": accuracy,
         "steps": step,
-        "epochs": step / steps_per_epoch,
+        "epochs": step / data.steps_per_epoch,
         "global_batch": cfg.batch_size,
-        "local_batch": local_batch,
+        "local_batch": cfg.batch_size // world,
         "world_size": world,
         "time_s": train_time,
         "images_per_s": images / train_time if train_time > 0 else math.nan,
         "resumed_from_step": start_step,
         # Whether time_s and images_per_s cover every step (False: resumed from a checkpoint that
         # did not keep the time before it, so they cover this session's steps only).
-        "time_of_all_steps": base_step == 0,
+        "time_of_all_steps": clock.of_all_steps,
         "dataset": data.name,
-        "images_per_epoch": steps_per_epoch * cfg.batch_size,
+        "images_per_epoch": data.steps_per_epoch * cfg.batch_size,
         "loader": cfg.loader,
         "model": cfg.model,
         "optimizer": cfg.optimizer,
-        "peak_lr": lr,
+        "peak_lr": cfg.peak_lr,
         "bn_group": cfg.bn_group,
         "ghost_batch": cfg.ghost_batch,
         "bf16": cfg.bf16,
         "device": str(device),
     }
-    if noise is not None:
-        # This session's share: the probes of the steps before a resume were timed by that session.
-        report["noise_scale"] = noise_report(noise, cfg, world, local_batch, noise_micro, noise_clock.elapsed,
-                                              clock.elapsed)
-    if main and run_dir is not None:
-        report["run_dir"] = str(run_dir.path)
-        run_dir.log(step=step, test_accuracy=accuracy)
-        run_dir.write_results(report)
-    return report
-
-

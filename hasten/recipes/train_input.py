@@ -70,6 +70,18 @@ class TrainInput:
     # an object with state_dict() / load_state_dict(), stored in checkpoints per rank.
     position: object | None = field(default=None)
 
+    def batches_from(self, step: int, total_steps: int, positioned: bool) -> Iterator[tuple[Tensor, Tensor]]:
+        """The run's batches from ``step`` to ``total_steps``, each epoch in its order, one per
+        step; resumed mid-epoch, the epoch's steps done are skipped, unless the loader resumed
+        at its own ``position`` (``positioned``)."""
+        while step < total_steps:
+            skip = 0 if positioned else step % self.steps_per_epoch
+            positioned = False
+            for i, (x, y) in enumerate(self.epoch_batches(step // self.steps_per_epoch)):
+                if i >= skip:
+                    yield x, y
+                    step += 1
+
 
 def device_input(cfg, dataset, device, rank, world, local_batch) -> TrainInput:
     """The decoded dataset resident on the device (``GpuLoader``)."""

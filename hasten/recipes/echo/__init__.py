@@ -2,6 +2,8 @@
 
 - ``network``: the echo recipes' network (``SmallNet``) and input statistics;
 - ``eval_set``: the run's test images, decoded once (``EvalSet``);
+- ``loop_hooks``: what both training runs below add to the training loop they share (the
+  clock of waiting and stepping, the repeat-value measurements, the evaluations' pause);
 - ``run``: one run to a target accuracy through the streaming pipeline (``EchoRunConfig``,
   ``train_to_target``); its names (and those of ``network`` and ``eval_set``) are handed on
   here, so ``from hasten.recipes.echo import train_to_target`` works;

@@ -5,7 +5,9 @@ stream), with or without echoing, and reports fresh examples, steps and seconds 
 target. Its evaluations (a fixed set of ``test_images`` test images at ``eval_points``
 fractions of the budget) stop the run's clock, the slow source's clock and AutoEcho's
 measurement. The step is ``hasten.recipes.loop.train_loop``'s, with the repeat-value
-probe between backward and update (``hasten.echo.repeat_value.gradient_dots``).
+probe between backward and update (``hasten.recipes.echo.loop_hooks.RepeatValue``); the
+run's parts around it: where it is in its budget (``Budget``), its evaluations
+(``Evaluations``) and its input (``SweepInput``).
 
 Changes the training math: yes with echoing (repeated examples); e = 1 is plain
 training.
@@ -14,8 +16,8 @@ training.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import asdict
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -25,20 +27,19 @@ import torch.nn.functional as F
 from hasten.data.host_augment import keyed_crop_flip
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, EchoCounters, auto_shuffle_buffer, default_shuffle_buffer
-from hasten.echo.repeat_value import gradient_dots, observe_repeat_losses
 from hasten.echo.stages import check_variant
 from hasten.errors import DataError
 from hasten.nn.tta import evaluate
 from hasten.recipes.echo.clock import ModelledClocks
 from hasten.recipes.echo.config import RunSpec, SweepConfig
 from hasten.recipes.echo.data import IdentityStore, MemoryData, Source, fresh_keys, pipeline, test_batches
+from hasten.recipes.echo.loop_hooks import InputClock, RepeatValue, paused
 from hasten.recipes.echo.network import MEAN, STD, SmallNet
 from hasten.recipes.echo.shard_source import ShardSource
-from hasten.recipes.loop import train_loop
+from hasten.recipes.loop import Step, train_loop
 from hasten.stream.echo_stage import EchoStage
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.slow_storage import SlowStorage
-from hasten.timing import Stopwatch
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: float) -> float:
@@ -77,6 +78,56 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     epoch after epoch; the stage reports each batch to AutoEcho and counts the fresh
     examples. Every second is measured.
     """
+    _check_upstreams(spec, source, clocks, upstream, stream)
+    dev = torch.device(cfg.device)
+    auto = None
+    if spec.echo == "auto":
+        auto = AutoEcho(e_max=spec.e_max, interval=4 * cfg.batch_size if spec.variant != "batch" else 4,
+                        value_every=cfg.value_every)
+    factor = auto if auto is not None else float(spec.echo)
+    buffer = _shuffle_buffer(cfg, spec, auto, factor)
+    torch.manual_seed(spec.seed)
+    model = sweep_model(cfg, data).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9, nesterov=True,
+                          weight_decay=cfg.weight_decay)
+    budget = Budget(cfg, spec, auto, opt)
+    clock = InputClock()
+    value = RepeatValue(auto, spec.variant, model, partial(F.cross_entropy, label_smoothing=cfg.label_smoothing),
+                        spec.seed)
+    run_input = SweepInput(cfg, data, spec, factor, buffer, dev, source, clocks, upstream, stream)
+    counters = run_input.counters
+    if auto is not None and run_input.stage is None:
+        auto.expect_step_reports()  # the loop reports each step: windows before the first wait for it
+    evals = Evaluations(cfg, spec, data, model, dev, budget, clock, counters, clocks, (run_input.storage, auto),
+                        target, stop_at_target, log)
+
+    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # per example: AutoEcho reads them
+        return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none")
+
+    def after_step(s) -> bool:
+        keys, numbers, waited, modelled_wait = s.extra
+        value.observe(s.loss, torch.from_numpy(numbers))  # the value of repeats
+        stepped = clock.stepping.stop()
+        if clocks is not None:
+            clocks.advance(waited + stepped)  # the pipeline's own time and the step, both measured
+        if auto is not None and run_input.stage is None:  # (the stage reports its batches itself)
+            auto.record_step(waited + modelled_wait, stepped, len(keys))
+        budget.steps = s.number
+        budget.factors.append(auto.factor if auto is not None else float(spec.echo))
+        return evals.after_step(budget.steps, budget.factors[-1])
+
+    try:
+        train_loop(model, opt, run_input.device_batches(clock, budget.left), loss_fn, device=dev,
+                   before_forward=budget.set_lr, after_step=after_step,
+                   # what a repeat is worth, at the step's weights (its gradients computed, not yet applied)
+                   before_update=lambda s: value.probe(s.x, s.y, torch.from_numpy(s.extra[1])))
+    finally:
+        run_input.close()  # ends the reads in flight (outside the clocks)
+    return _report(spec, source, buffer, budget, clock, evals, counters, auto, run_input, clocks, upstream, stream,
+                   target, final_eval)
+
+
+def _check_upstreams(spec: RunSpec, source, clocks, upstream, stream) -> None:
     check_variant(spec.variant)
     if sum(x is not None for x in (source, clocks, upstream, stream)) > 1:
         raise ValueError("train_budget: a run's upstream is one of a slow source, modelled clocks, a shard "
@@ -84,125 +135,137 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
     if spec.echo == "auto" and clocks is not None and len(clocks.per_example_s) > 1:
         raise ValueError("train_budget: AutoEcho decides from one clock's waits; give it one clock, not "
                          f"{len(clocks.per_example_s)}")
-    dev = torch.device(cfg.device)
-    n = len(data.train)
-    auto = None
-    if spec.echo == "auto":
-        auto = AutoEcho(e_max=spec.e_max, interval=4 * cfg.batch_size if spec.variant != "batch" else 4,
-                        value_every=cfg.value_every)
-    factor = auto if auto is not None else float(spec.echo)
+
+
+def _shuffle_buffer(cfg: SweepConfig, spec: RunSpec, auto: AutoEcho | None, factor) -> int | Callable:
+    """Items mixed after the echo stage: the spec's, else sized for e (with AutoEcho: growing with it)."""
     if spec.variant == "batch" or (auto is None and factor == 1.0):
-        buffer = 0  # no copies inside a batch to spread apart
-    elif spec.shuffle_buffer is not None:
-        buffer = spec.shuffle_buffer
-    elif auto is not None:
-        buffer = auto_shuffle_buffer(auto, cfg.batch_size)  # grows with e
-    else:
-        buffer = default_shuffle_buffer(factor, cfg.batch_size)
-    storage = None
-    if source is not None:
-        storage = SlowStorage(IdentityStore(), latency_s=source.latency_s, link_bytes_per_s=source.link_bytes_per_s,
-                              size_of=lambda part: int(data.wire_bytes[part % n].sum()))
-    torch.manual_seed(spec.seed)
-    model = sweep_model(cfg, data).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9, nesterov=True,
-                          weight_decay=cfg.weight_decay)
-    mean, std = torch.tensor(MEAN, device=dev), torch.tensor(STD, device=dev)
-    labels = torch.from_numpy(data.train_labels)
-    eval_steps = sorted({min(spec.steps, max(1, round(f * spec.steps))) for f in cfg.eval_points})
-    counters = EchoCounters()
-    waiting, stepping = Stopwatch(), Stopwatch()
-    value_rng = torch.Generator().manual_seed(spec.seed)
+        return 0  # no copies inside a batch to spread apart
+    if spec.shuffle_buffer is not None:
+        return spec.shuffle_buffer
+    if auto is not None:
+        return auto_shuffle_buffer(auto, cfg.batch_size)  # grows with e
+    return default_shuffle_buffer(factor, cfg.batch_size)
 
-    def smoothed_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing)
-    steps, factors, reached, curve = 0, [], None, []
-    stage = None
-    if stream is not None:
-        # (AutoEcho's buffer follows e inside the stage, as auto_shuffle_buffer does here.)
-        stage = EchoStage(stream(spec.seed), factor, variant=spec.variant, with_copies=True,
-                          shuffle_buffer=None if callable(buffer) else buffer)
-        counters = stage.counters
-        batches = _epochs(stage)
-    else:
-        fresh = upstream.keys(spec.seed) if upstream is not None else fresh_keys(n, spec.seed, storage, source)
-        train_images = upstream.images if upstream is not None else data.train  # (the arrived pixels)
-        batches = pipeline(clocks.items(fresh) if clocks is not None else fresh, spec, factor, buffer,
-                           cfg.batch_size, counters, clock=clocks.time if clocks is not None else None)
-    clock_reached = None
-    if auto is not None and stage is None:
-        auto.expect_step_reports()  # the loop reports each step: windows before the first wait for it
 
-    def inputs():
-        """The run's batches on the device, with what the step's bookkeeping needs. Fetching
-        a batch is waiting; preparing it (augmentation, the copy to the device) is stepping."""
-        while steps < spec.steps:
-            waiting.start()
+class Budget:
+    """Where a run is in its budget of ``spec.steps`` steps, AutoEcho's included; the schedule
+    follows it (``set_lr``, the loop's ``before_forward``). Also the echo factor of each step."""
+
+    def __init__(self, cfg: SweepConfig, spec: RunSpec, auto: AutoEcho | None, opt: torch.optim.Optimizer) -> None:
+        self.cfg, self.spec, self.auto, self.opt = cfg, spec, auto, opt
+        self.steps, self.factors = 0, []
+
+    def left(self) -> bool:
+        return self.steps < self.spec.steps
+
+    def set_lr(self, s: Step) -> None:
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.steps, self.spec.steps, self.spec.lr, self.cfg.warmup)
+
+
+class Evaluations:
+    """The run's evaluations on ``cfg.test_images`` test images at ``cfg.eval_points``
+    fractions of the budget's steps, with
+    ``pause`` (the slow storage, AutoEcho) standing still: the accuracy curve (step, accuracy,
+    fresh examples, wall seconds, and each modelled clock's time), a ``log`` line each, and the
+    first at or above ``target`` (``reached``), where ``stop_at_target`` ends the run."""
+
+    def __init__(self, cfg: SweepConfig, spec: RunSpec, data: MemoryData, model, dev, budget: Budget,
+                 clock: InputClock, counters: EchoCounters, clocks: ModelledClocks | None, pause: tuple,
+                 target: float | None, stop_at_target: bool, log) -> None:
+        self.cfg, self.spec, self.data, self.model, self.dev, self.budget = cfg, spec, data, model, dev, budget
+        self.clock, self.counters, self.clocks, self.pause = clock, counters, clocks, pause
+        self.target, self.stop_at_target, self.log = target, stop_at_target, log
+        self.steps = sorted({min(spec.steps, max(1, round(f * spec.steps))) for f in cfg.eval_points})
+        self.curve, self.reached, self.clock_reached = [], None, None
+
+    def after_step(self, steps: int, factor: float) -> bool:
+        """Evaluate if a point is due; returns whether the run ends here."""
+        if steps not in self.steps:
+            return False
+        with paused(*self.pause):
+            accuracy = evaluate(self.model, test_batches(self.data, self.cfg.test_images, self.dev))
+        wall, clocks, fresh = self.clock.wall_s, self.clocks, self.counters.fresh_examples
+        self.curve.append((steps, accuracy, fresh, wall, *([list(clocks.now)] if clocks else [])))
+        if self.log is not None:
+            self.log(step=steps, fresh=fresh, accuracy=accuracy, wall_s=wall, echo=factor)
+        if self.target is not None and self.reached is None and accuracy >= self.target:
+            self.reached = (fresh, steps, wall)
+            self.clock_reached = list(clocks.now) if clocks is not None else None
+            return self.stop_at_target
+        return False
+
+
+class SweepInput:
+    """A run's batches on the device (:meth:`device_batches`) from its upstream: the in-memory
+    set behind a slow source (``storage``, ``SlowStorage`` as ``source`` says) or modelled
+    clocks, shards in a store (``upstream``), or a stream (``EchoStage`` over the loader
+    ``stream(seed)`` gives, epoch after epoch); echoed by ``factor`` and augmented, the fresh
+    examples counted (``counters``)."""
+
+    def __init__(self, cfg: SweepConfig, data: MemoryData, spec: RunSpec, factor, buffer, dev,
+                 source: Source | None, clocks: ModelledClocks | None, upstream: ShardSource | None,
+                 stream: Callable[[int], ShardLoader] | None) -> None:
+        self.cfg, self.data, self.spec, self.dev, self.clocks, self.upstream = cfg, data, spec, dev, clocks, upstream
+        self.counters, self.stage, self.storage = EchoCounters(), None, None
+        if source is not None:
+            self.storage = SlowStorage(IdentityStore(), latency_s=source.latency_s,
+                                       link_bytes_per_s=source.link_bytes_per_s,
+                                       size_of=lambda part: int(data.wire_bytes[part % len(data.train)].sum()))
+        if stream is not None:
+            # (AutoEcho's buffer follows e inside the stage, as auto_shuffle_buffer does here.)
+            self.stage = EchoStage(stream(spec.seed), factor, variant=spec.variant, with_copies=True,
+                                   shuffle_buffer=None if callable(buffer) else buffer)
+            self.counters = self.stage.counters
+            self.batches = _epochs(self.stage)
+        else:
+            n = len(data.train)
+            self.fresh = (upstream.keys(spec.seed) if upstream is not None
+                          else fresh_keys(n, spec.seed, self.storage, source))
+            self.train_images = upstream.images if upstream is not None else data.train  # (the arrived pixels)
+            self.batches = pipeline(clocks.items(self.fresh) if clocks is not None else self.fresh, spec, factor,
+                                    buffer, cfg.batch_size, self.counters,
+                                    clock=clocks.time if clocks is not None else None)
+
+    def device_batches(self, clock: InputClock, more: Callable[[], bool]):
+        """Batches while ``more()``, with what the step's bookkeeping needs: (x, y, keys, copy
+        numbers, seconds waited, modelled seconds waited). Fetching a batch is waiting;
+        preparing it (augmentation, the copy to the device) is stepping, until the step's end."""
+        dev, clocks, n = self.dev, self.clocks, len(self.data.train)
+        mean, std = torch.tensor(MEAN, device=dev), torch.tensor(STD, device=dev)
+        labels = torch.from_numpy(self.data.train_labels)
+        while more():
+            clock.waiting.start()
             before = clocks.waited[0] if clocks is not None else 0.0
-            batch = next(batches)
-            waited = waiting.stop()
-            stepping.start()
-            if stage is not None:  # augmented by the stage (example-before) or the loader
+            batch = next(self.batches)
+            waited = clock.waiting.stop()
+            clock.stepping.start()
+            if self.stage is not None:  # augmented by the stage (example-before) or the loader
                 images, y, keys, numbers = batch
                 x, y, keys, numbers = normalize(images.to(dev), mean, std), y.to(dev), keys.numpy(), numbers.numpy()
             else:
                 keys, copies, numbers = batch
-                counters.record_batch(keys.tolist())
+                self.counters.record_batch(keys.tolist())
                 idx = keys % n
-                images = keyed_crop_flip(train_images[idx], keys, seed=spec.seed, copies=copies, pad=cfg.pad)
+                images = keyed_crop_flip(self.train_images[idx], keys, seed=self.spec.seed, copies=copies,
+                                         pad=self.cfg.pad)
                 x = normalize(torch.from_numpy(images).permute(0, 3, 1, 2).to(dev), mean, std)
                 y = labels[torch.from_numpy(idx)].to(dev)
             modelled_wait = clocks.waited[0] - before if clocks is not None else 0.0
             yield x, y, keys, numbers, waited, modelled_wait
 
-    def scheduled_lr(s) -> None:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(steps, spec.steps, spec.lr, cfg.warmup)
+    def close(self) -> None:
+        self.batches.close()
+        if self.upstream is not None:
+            self.fresh.close()  # (the stages hold it until they are freed): its reader stops now, not later
 
-    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # per example: AutoEcho reads them
-        return F.cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none")
 
-    def repeat_value(s) -> None:
-        # What a repeat is worth on this task (hasten.echo.repeat_value), at the step's weights.
-        if auto is not None and spec.variant != "batch" and auto.value_due():
-            dots = gradient_dots(model, smoothed_loss, s.x, s.y, torch.from_numpy(s.extra[1]), generator=value_rng)
-            if dots is not None:
-                auto.report_repeat_gradients(*dots)
-
-    def after_step(s) -> bool:
-        nonlocal steps, reached, clock_reached
-        keys, numbers, waited, modelled_wait = s.extra
-        if auto is not None and spec.variant != "batch":
-            observe_repeat_losses(auto, s.loss, torch.from_numpy(numbers))  # the value of repeats
-        stepped = stepping.stop()
-        if clocks is not None:
-            clocks.advance(waited + stepped)  # the pipeline's own time and the step, both measured
-        if auto is not None and stage is None:  # (the stage reports its batches itself)
-            auto.record_step(waited + modelled_wait, stepped, len(keys))
-        steps = s.number
-        factors.append(auto.factor if auto is not None else float(spec.echo))
-        if steps in eval_steps:
-            with (storage.paused() if storage is not None else nullcontext()), \
-                    (auto.paused() if auto is not None else nullcontext()):
-                accuracy = evaluate(model, test_batches(data, cfg.test_images, dev))
-            wall = waiting.elapsed + stepping.elapsed
-            curve.append((steps, accuracy, counters.fresh_examples, wall, *([list(clocks.now)] if clocks else [])))
-            if log is not None:
-                log(step=steps, fresh=counters.fresh_examples, accuracy=accuracy, wall_s=wall, echo=factors[-1])
-            if target is not None and reached is None and accuracy >= target:
-                reached = (counters.fresh_examples, steps, wall)
-                clock_reached = list(clocks.now) if clocks is not None else None
-                return stop_at_target
-        return False
-
-    try:
-        train_loop(model, opt, inputs(), loss_fn, device=dev, before_forward=scheduled_lr, before_update=repeat_value,
-                   after_step=after_step)
-    finally:
-        batches.close()  # ends the reads in flight (outside the clocks)
-        if upstream is not None:
-            fresh.close()  # (the stages hold it until they are freed): its reader stops now, not later
-    wait_s, step_s = waiting.elapsed, stepping.elapsed
+def _report(spec: RunSpec, source, buffer, budget: Budget, clock: InputClock, evals: Evaluations,
+            counters: EchoCounters, auto: AutoEcho | None, run_input: SweepInput, clocks, upstream, stream,
+            target, final_eval: bool) -> dict:
+    wait_s, step_s = clock.waiting.elapsed, clock.stepping.elapsed
+    steps, factors, reached, curve, stage = budget.steps, budget.factors, evals.reached, evals.curve, run_input.stage
     full = steps >= spec.steps
     measured = source is not None or upstream is not None or stream is not None  # (wall times that mean something)
     return {
@@ -218,7 +281,8 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         "wall_time_to_target_s": reached[2] if reached and measured else None,
         "fresh_examples": counters.fresh_examples, "steps": steps, "wall_time_s": wait_s + step_s,
         "end_accuracy": curve[-1][1] if full and curve else None,
-        "final_accuracy": evaluate(model, test_batches(data, None, dev)) if full and final_eval else None,
+        "final_accuracy": (evaluate(evals.model, test_batches(evals.data, None, evals.dev))
+                           if full and final_eval else None),
         "curve": curve, "idle_fraction": wait_s / (wait_s + step_s) if steps else 0.0,
         "step_time_s": step_s / max(steps, 1), "duplicate_rate": counters.duplicate_rate,
         "autoecho_cap": auto.cap if auto is not None else None,
@@ -231,7 +295,7 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
                                       "upstream_skipped_count": len(stage.skipped)}),
         **({} if clocks is None else {
             "clock_per_example_s": clocks.per_example_s, "clock_lead": clocks.lead, "clock_wall_s": list(clocks.now),
-            "clock_waited_s": list(clocks.waited), "clock_wall_to_target_s": clock_reached}),
+            "clock_waited_s": list(clocks.waited), "clock_wall_to_target_s": evals.clock_reached}),
     }
 
 

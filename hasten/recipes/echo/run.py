@@ -28,8 +28,8 @@ streaming training.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from itertools import count
 
 import numpy as np
@@ -38,18 +38,17 @@ from torch import nn
 
 from hasten.data.normalize import normalize
 from hasten.echo import AutoEcho, check_factor, check_variant, default_shuffle_buffer, warn_if_small_buffer
-from hasten.echo.repeat_value import gradient_dots, observe_repeat_losses
 from hasten.errors import ConfigError, DataError
-from hasten.nn.precision import autocast, batchnorm_in_float32, cross_entropy
+from hasten.nn.precision import batchnorm_in_float32, cross_entropy
 from hasten.nn.tta import evaluate
 from hasten.recipes.echo.eval_set import EvalSet
+from hasten.recipes.echo.loop_hooks import InputClock, RepeatValue, paused
 from hasten.recipes.echo.network import MEAN, STD, SmallNet, fast_formats, mean_std_on  # noqa: F401 (handed on)
 from hasten.recipes.loop import train_loop
 from hasten.stream.echo_stage import EchoStage
 from hasten.stream.shard_loader import ShardLoader
 from hasten.stream.slow_storage import SlowStorage
 from hasten.stream.sources import open_source
-from hasten.timing import Stopwatch
 
 
 # ----------------------------------------------------------------------------- Hyperparameters
@@ -191,10 +190,6 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
                          workers=cfg.workers, prefetch=4, crop="pad-crop", device=dev)
     loader = EchoStage(shards, auto if auto is not None else cfg.echo, variant=cfg.variant,
                        shuffle_buffer=shuffle_size(cfg), with_copies=True)
-    # What a repeat is worth, measured on this task (hasten.echo.repeat_value) instead of
-    # AutoEcho's constant; batch echoing puts no repeat beside its first copy, so not there.
-    measure = auto is not None and cfg.variant != "batch"
-    value_rng = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     memory_format, bf16 = fast_formats(dev)
     model = make_model(cfg, len(store.classes)).to(dev, memory_format=memory_format)
@@ -202,73 +197,40 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         batchnorm_in_float32(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True,
                           weight_decay=cfg.weight_decay)
-    mean, std = mean_std_on(dev)
-    waiting, stepping = Stopwatch(dev), Stopwatch(dev)  # the run's clock is their sum
-    steps = 0
-    reached = False
-    factors = []
-    untimed_s = 0.0  # step time of the first untimed_steps steps
-    channels_last = memory_format == torch.channels_last
-
-    def inputs():
-        """The stage's batches on the device, epoch after epoch; fetching one is waiting."""
-        for epoch in count():
-            loader.set_epoch(epoch)
-            it = iter(loader)
-            epoch_start = steps
-            try:
-                while True:
-                    waiting.start()
-                    batch = next(it, None)
-                    waiting.stop()
-                    if batch is None:
-                        if steps == epoch_start:  # else the next epoch would be as empty, forever
-                            raise DataError(f"{cfg.data}: an epoch gave no training batch: {sum(store.examples)} "
-                                            f"training image(s), {len(loader.skipped)} of them unreadable, batches "
-                                            f"of {cfg.batch_size}")
-                        break
-                    stepping.start()
-                    x, y, copies = batch
-                    yield normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last), y.to(dev), copies
-            finally:
-                it.close()
+    clock = InputClock(dev)  # the run's clock is its waiting and stepping
+    # What a repeat is worth, measured on this task (hasten.echo.repeat_value) instead of
+    # AutoEcho's constant; batch echoing puts no repeat beside its first copy, so not there.
+    value = RepeatValue(auto, cfg.variant, model, partial(cross_entropy, label_smoothing=cfg.label_smoothing),
+                        cfg.seed, device=dev, bf16=bf16)
+    reached, factors, untimed_s = False, [], 0.0  # untimed_s: step time of the first untimed_steps steps
 
     def loss_fn(logits, y):  # per example when AutoEcho reads what repeats are worth
-        return cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none" if measure else "mean")
-
-    def repeat_value(s) -> None:
-        if auto.value_due():
-            with autocast(dev, bf16):  # at the step's weights, before its update
-                dots = gradient_dots(model, lambda out, t: cross_entropy(
-                    out, t, label_smoothing=cfg.label_smoothing), s.x, s.y, s.extra[0], generator=value_rng)
-            if dots is not None:
-                auto.report_repeat_gradients(*dots)
+        return cross_entropy(logits, y, label_smoothing=cfg.label_smoothing, reduction="none" if value.on else "mean")
 
     def after_step(s) -> bool:
-        nonlocal steps, untimed_s, reached
-        if measure:
-            observe_repeat_losses(auto, s.loss, s.extra[0])  # repeats memorised: the cap on e comes down
-        stepped = stepping.stop()
+        nonlocal untimed_s, reached
+        value.observe(s.loss, s.extra[0])  # repeats memorised: the cap on e comes down
+        stepped = clock.stepping.stop()
         if s.number <= untimed_steps:
             untimed_s += stepped
-        steps = s.number
         factors.append(auto.factor if auto is not None else cfg.echo)
-        if steps % cfg.eval_every == 0:
-            # Neither the storage nor AutoEcho's measurement runs on during an evaluation.
-            with storage.paused(), (auto.paused() if auto is not None else nullcontext()):
+        if s.number % cfg.eval_every == 0:
+            with paused(storage, auto):  # neither the storage nor AutoEcho's measurement runs on meanwhile
                 accuracy = evaluate(model, eval_set.batches(cfg.eval_images))
             if log is not None:
-                log(step=steps, fresh=loader.counters.fresh_examples, accuracy=accuracy,
-                    wall_s=waiting.elapsed + stepping.elapsed, echo=factors[-1])
+                log(step=s.number, fresh=loader.counters.fresh_examples, accuracy=accuracy, wall_s=clock.wall_s,
+                    echo=factors[-1])
             if accuracy >= cfg.target:
                 reached = True
                 return True
         return loader.counters.fresh_examples >= cfg.max_fresh
 
-    train_loop(model, opt, inputs(), loss_fn, device=dev, bf16=bf16, before_forward=repeat_value if measure else None,
-               after_step=after_step)
+    steps = train_loop(model, opt, _device_batches(cfg, store, loader, clock, dev, memory_format), loss_fn,
+                       device=dev, bf16=bf16, after_step=after_step,
+                       # what a repeat is worth, at the step's weights, before its forward
+                       before_forward=(lambda s: value.probe(s.x, s.y, s.extra[0])) if value.on else None)
+    wait_s, step_s = clock.waiting.elapsed, clock.stepping.elapsed
     c = loader.counters
-    wait_s, step_s = waiting.elapsed, stepping.elapsed
     # The storage's time per batch over step time: the part of R the slow storage adds (decoding adds
     # more), from the reads of every process (the decode workers read through the shared storage).
     storage_ratio = (storage.link_busy_s / max(storage.items, 1)) * cfg.batch_size / (step_s / max(steps, 1))
@@ -299,3 +261,31 @@ def train_to_target(cfg: EchoRunConfig, *, eval_set: EvalSet | None = None, log=
         "seed": cfg.seed,
         "config": asdict(cfg),
     }
+
+
+def _device_batches(cfg: EchoRunConfig, store, loader: EchoStage, clock: InputClock, dev, memory_format):
+    """The stage's batches on the device, normalised, epoch after epoch, with each item's copy
+    number; fetching one is waiting, and from then on the step is stepping (until its end)."""
+    mean, std = mean_std_on(dev)
+    channels_last = memory_format == torch.channels_last
+    for epoch in count():
+        loader.set_epoch(epoch)
+        it = iter(loader)
+        batches = 0
+        try:
+            while True:
+                clock.waiting.start()
+                batch = next(it, None)
+                clock.waiting.stop()
+                if batch is None:
+                    if batches == 0:  # else the next epoch would be as empty, forever
+                        raise DataError(f"{cfg.data}: an epoch gave no training batch: {sum(store.examples)} "
+                                        f"training image(s), {len(loader.skipped)} of them unreadable, batches "
+                                        f"of {cfg.batch_size}")
+                    break
+                clock.stepping.start()
+                x, y, copies = batch
+                batches += 1
+                yield normalize(x.to(dev, non_blocking=True), mean, std, channels_last=channels_last), y.to(dev), copies
+        finally:
+            it.close()
