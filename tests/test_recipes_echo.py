@@ -359,10 +359,10 @@ def test_autoecho_in_the_sweep_runs_the_budgets_schedule_in_steps(one_thread, mo
     1.36x (the old effective-example budget); now the run ends at the budget's steps and its
     learning rate follows lr_at of the step. With an upstream faster than the step (R < 1) e
     stays 1 and nothing is measured."""
-    from hasten.recipes.echo import budget
+    from hasten.recipes.echo import loop_hooks
     from hasten.recipes.echo.clock import ModelledClocks
 
-    monkeypatch.setattr(budget, "gradient_dots", lambda *a, **k: (0.65, 1.0))  # each report: v = 0.65
+    monkeypatch.setattr(loop_hooks, "gradient_dots", lambda *a, **k: (0.65, 1.0))  # each report: v = 0.65
     lrs = []
     sgd_step = torch.optim.SGD.step
     monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, **k: (lrs.append(self.param_groups[0]["lr"]),
