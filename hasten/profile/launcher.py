@@ -155,7 +155,10 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
         last_steps, last_change, next_warn, told_pace = 0, t0, config.stall_s, False
         try:
             while proc.poll() is None:
-                time.sleep(0.5)
+                try:  # a look every half second; the command's end is seen at once, not up to 0.5 s late
+                    proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
                 now = time.perf_counter()
                 if now - t0 > config.timeout_s:
                     timed_out = True
@@ -198,6 +201,7 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
+        _end_leftovers(proc.pid)
         tee.join(timeout=5)
         if cannot_attach:
             raise ProfileFailed(cannot_attach, 2)
@@ -210,6 +214,17 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+
+
+def _end_leftovers(session: int) -> None:
+    """End what the ended command left in its session: DataLoader workers of a process that left with
+    ``os._exit`` (as every profiled rank does) see their parent gone only at their next check, up to
+    5 s later (torch's MP_STATUS_CHECK_INTERVAL), and meanwhile hold the output pipe open (so the
+    run's wall time and the tee waited for them) and their cores busy (beside the next re-run)."""
+    try:
+        os.killpg(session, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # nothing left
+        pass
 
 
 def _memory_bytes(device: str) -> float:
