@@ -25,25 +25,23 @@ def verify_only(monkeypatch, *applies: str) -> None:
     baseline, in as many rounds): for a test of those fixes' re-runs, the other fixes' re-runs (a
     few seconds each, every round) are other tests' (the device-resident loader's:
     tests/test_profile_resident.py; workers and echo: the launcher's workers-fix test). The others
-    stay in the analysis as they were, unverified, and the fixes are ranked again with them."""
+    are set aside while it runs, then put back, unverified, after the fixes it ranked (no test that
+    uses this reads the order)."""
     from hasten.profile import verify
-    from hasten.profile.ranking import rerank
     real = verify.verify
 
+    def elsewhere(apply) -> bool:
+        return bool(apply) and not apply.startswith(applies)
+
     def only(config, analysis, log, run_instrumented):
-        kept = [(r, r.apply) for r in analysis.recommendations if r.apply and not r.apply.startswith(applies)]
-        kept_rejected = [(r, r["apply"]) for r in analysis.rejected if r.get("apply") and not r["apply"].startswith(applies)]
-        for r, _ in kept:
-            r.apply = None
-        for r, _ in kept_rejected:
-            r["apply"] = None
+        hidden = [r for r in analysis.recommendations if elsewhere(r.apply)]
+        hidden_rejected = [r for r in analysis.rejected if elsewhere(r.get("apply"))]
+        analysis.recommendations = [r for r in analysis.recommendations if not elsewhere(r.apply)]
+        analysis.rejected = [r for r in analysis.rejected if not elsewhere(r.get("apply"))]
         try:
             real(config, analysis, log, run_instrumented)
         finally:
-            for r, apply in kept:
-                r.apply = apply
-            for r, apply in kept_rejected:
-                r["apply"] = apply
-        rerank(analysis)  # the order as if their fixes had been applicable all along
+            analysis.recommendations += hidden
+            analysis.rejected += hidden_rejected
 
     monkeypatch.setattr(verify, "verify", only)

@@ -57,6 +57,7 @@ def null():
 
 
 @SLOW
+@pytest.mark.slow  # the first to use `null`: 7 runs of the command (18 s in a fresh-clone CI run)
 @pytest.mark.parametrize("apply", ["workers=0", "comm=bf16"])
 def test_a_fix_with_no_effect_is_no_measurable_difference_and_not_promoted(null, apply):
     (rec,) = [r for r in null.rejected if r["apply"] == apply]
@@ -90,6 +91,7 @@ def reruns():
 
 
 @SLOW
+@pytest.mark.slow  # the first to use `reruns`: 6 runs of the command (27 s in a fresh-clone CI run)
 def test_a_real_effect_is_measured_with_an_interval_clear_of_1(reruns):
     (res,) = reruns.recommendations
     v = res.verification
