@@ -23,6 +23,8 @@ per loader, model forwards, backward calls, where the main thread spends its
 time). A command that fails, ends before the profile is complete, never calls
 ``optimizer.step()`` or outlasts the timeout raises :class:`ProfileFailed` with
 one clear message and the exit code to return (:mod:`hasten.profile.outcome`).
+Once the command's own process has ended, what it left running in its session
+(the command is started in a session of its own) is ended too.
 
 Changes the training math: no (the verification runs apply fixes that may; they
 are separate, short runs).
