@@ -18,3 +18,30 @@ def verify_rounds(monkeypatch, rounds: int) -> None:
     ranking as 3 would."""
     from hasten.profile import verify
     monkeypatch.setattr(verify, "RERUNS", rounds)
+
+
+def verify_only(monkeypatch, *applies: str) -> None:
+    """``--verify`` re-runs only the fixes whose ``apply`` starts with one of ``applies`` (and the
+    baseline, in as many rounds): for a test of those fixes' re-runs, the other fixes' re-runs (a
+    few seconds each, every round) are other tests' (the device-resident loader's:
+    tests/test_profile_resident.py; workers and echo: the launcher's workers-fix test). The others
+    are set aside while it runs, then put back, unverified, after the fixes it ranked (no test that
+    uses this reads the order)."""
+    from hasten.profile import verify
+    real = verify.verify
+
+    def elsewhere(apply) -> bool:
+        return bool(apply) and not apply.startswith(applies)
+
+    def only(config, analysis, log, run_instrumented):
+        hidden = [r for r in analysis.recommendations if elsewhere(r.apply)]
+        hidden_rejected = [r for r in analysis.rejected if elsewhere(r.get("apply"))]
+        analysis.recommendations = [r for r in analysis.recommendations if not elsewhere(r.apply)]
+        analysis.rejected = [r for r in analysis.rejected if not elsewhere(r.get("apply"))]
+        try:
+            real(config, analysis, log, run_instrumented)
+        finally:
+            analysis.recommendations += hidden
+            analysis.rejected += hidden_rejected
+
+    monkeypatch.setattr(verify, "verify", only)

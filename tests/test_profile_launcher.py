@@ -1,14 +1,18 @@
 """Zero-code mode on constructed plain-PyTorch scripts whose bottleneck is known by construction."""
 
+import os
 import platform
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile
+from hasten.profile.launcher import ProfileConfig, ProfileFailed, profile, run_instrumented
 from hasten.profile.input_fixes import worker_cap
 from hasten.profile.verify import RERUNS
+from profile_helpers import verify_only
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
 
@@ -60,7 +64,8 @@ def test_on_a_cpu_without_bf16_the_autocast_probe_is_dropped_before_it_runs(monk
 
 
 @pytest.mark.slow
-def test_verify_measures_the_workers_fix_close_to_its_prediction():
+def test_verify_measures_the_workers_fix_close_to_its_prediction(monkeypatch):
+    verify_only(monkeypatch, "workers=", "echo=")  # the device-resident loader's: test_profile_resident
     a = profile(_config("input_bound.py", "--item-sleep", "0.005", "--batch", "16", "--step-sleep", "0.02",
                         verify=True), log=lambda m: None)
     workers = next(r for r in a.recommendations if r.apply and r.apply.startswith("workers"))
@@ -147,6 +152,34 @@ def test_a_hanging_command_is_stopped_at_the_timeout():
         profile(cfg, log=lambda m: None)
     assert exc.value.exit_code == 124 and "--timeout" in str(exc.value)
     assert "0 optimizer steps seen" in str(exc.value)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process's state in /proc")
+def test_what_the_command_leaves_running_in_its_session_ends_with_it(tmp_path):
+    # As DataLoader workers of a rank that left with os._exit: they saw their parent gone only at their next
+    # 5 s check, holding the command's output open meanwhile (each such verification re-run took 5 s more).
+    pid_file = tmp_path / "left.pid"
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "open(sys.argv[1], 'w').write(str(p.pid))")
+    run_instrumented(ProfileConfig((sys.executable, "-c", code, str(pid_file)), capture=True, timeout_s=60),
+                     probes=False)
+    left = int(pid_file.read_text())
+    try:
+        for _ in range(100):  # a killed process is gone, or a zombie, within moments
+            if not _running(left):
+                break
+            time.sleep(0.1)
+        assert not _running(left)
+    finally:
+        if _running(left):
+            os.kill(left, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_bad_config_is_rejected_before_running():

@@ -10,7 +10,7 @@ import torch
 
 from hasten.profile.inject import resident
 from hasten.profile.launcher import ProfileConfig, profile
-from profile_helpers import verify_rounds
+from profile_helpers import verify_only, verify_rounds
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
 
@@ -44,6 +44,7 @@ def test_after_the_warm_up_batches_are_gathered_from_the_warm_ups_batches_withou
 @pytest.mark.slow
 def test_verify_measures_the_device_resident_loader(monkeypatch):
     verify_rounds(monkeypatch, 2)  # x5 by construction: 2 rounds verify it
+    verify_only(monkeypatch, "resident")  # the workers and echo fixes' re-runs: test_profile_launcher's
     # 16 items x 2 ms of storage latency a batch against an 8 ms step: gathered from memory, the sleeps are gone
     cmd = (sys.executable, str(SCRIPTS / "input_bound.py"), "--item-sleep", "0.002")
     a = profile(ProfileConfig(cmd, warmup=3, steps=12, probe_steps=4, capture=True, timeout_s=240, verify=True),

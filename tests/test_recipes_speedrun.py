@@ -93,24 +93,26 @@ def _subset(data: ImageDataset, n_train: int, n_test: int) -> ImageDataset:
 @pytest.mark.slow
 @pytest.mark.skipif(not CIFAR_JPEG.exists(), reason=f"{CIFAR_JPEG} not present")
 def test_tiny_run_on_cifar_subset_learns(tmp_path):
-    """Real data, 3 short epochs on 10,000 images. Measured (torch 2.13 CPU, seed 0):
-    0.4745 with flip TTA (0.461 without); chance is 0.10. The threshold, 0.40, leaves a
-    margin of 0.07 and fails a recipe that does not train (a broken optimizer step stays
-    near chance, see the synthetic test below).
+    """Real data, 3 short epochs on 5,000 images (19 steps each). Measured (torch 2.13 CPU,
+    seed 0, 2 threads, AMD EPYC): 0.295 with flip TTA (0.2865 without); chance is 0.10. The
+    threshold, 0.25, leaves a margin of 0.045 (on 10,000 images, as the test ran before for
+    2.3x the CPU time, two CPUs measured 0.4625 and 0.4745 against a threshold of 0.40) and
+    fails a recipe that does not train (a broken optimizer step stays near chance, see the
+    synthetic test below).
 
-    It cannot catch ignored translation, and does not try: with translation off the same
-    run measured 0.4865, higher, because 3 epochs underfit and augmentation pays off only
+    It cannot catch ignored translation, and does not try: with translation off the run on
+    10,000 images measured 0.4865, higher, because 3 epochs underfit and augmentation pays off only
     once a network starts to overfit, which takes many more epochs than a CPU test can
     afford. Ignored translation is caught where it happens: the loaders' batches are
     compared with reference crops (tests/test_data_device_loader.py,
     tests/test_data_host_loader.py), and the synthetic test below learns shifted
     templates only with translation."""
-    data = _subset(load_dataset(CIFAR_JPEG), 10_000, 2_000)
+    data = _subset(load_dataset(CIFAR_JPEG), 5_000, 2_000)
     t0 = time.perf_counter()
     result = train_run(PRESETS["tiny"].replace(epochs=3), data, torch.device("cpu"),
                        mean_std=channel_stats(data.train.images), seed=0)
     elapsed = time.perf_counter() - t0
-    assert result.tta_accuracy >= 0.40, result.epochs
+    assert result.tta_accuracy >= 0.25, result.epochs
     assert result.time_s <= elapsed
     assert [e["epoch"] for e in result.epochs] == [1, 2, 3]
 

@@ -23,6 +23,8 @@ per loader, model forwards, backward calls, where the main thread spends its
 time). A command that fails, ends before the profile is complete, never calls
 ``optimizer.step()`` or outlasts the timeout raises :class:`ProfileFailed` with
 one clear message and the exit code to return (:mod:`hasten.profile.outcome`).
+Once the command's own process has ended, what it left running in its session
+(the command is started in a session of its own) is ended too.
 
 Changes the training math: no (the verification runs apply fixes that may; they
 are separate, short runs).
@@ -155,7 +157,10 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
             timed_out, cannot_attach, hasten_error = False, None, ""
             last_steps, last_change, next_warn, told_pace = 0, t0, config.stall_s, False
             while proc.poll() is None:
-                time.sleep(0.5)
+                try:  # a look every half second; the command's end is seen at once, not up to 0.5 s late
+                    proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
                 now = time.perf_counter()
                 if now - t0 > config.timeout_s:
                     timed_out = True
@@ -200,6 +205,7 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
             # orphan (a --verify re-run, issue 43). Its whole session goes with hasten.
             stop_session(proc)
             raise
+        stop_session(proc)  # what it left in its session (stop_session's docstring)
         tee.join(timeout=5)
         if cannot_attach:
             raise ProfileFailed(cannot_attach, 2)
@@ -217,7 +223,11 @@ def run_instrumented(config: ProfileConfig, apply: str = "", probes: bool = True
 def stop_session(proc: subprocess.Popen) -> None:
     """Kill the command's session (its process group: torchrun's workers and DataLoader workers in it) and
     reap it. SIGKILL, not the signal hasten got: a second Ctrl-C while the command ran its own handlers
-    would end hasten first (hasten.cli), and the command would be left running again."""
+    would end hasten first (hasten.cli), and the command would be left running again. Also after the
+    command ended by itself: DataLoader workers of a process that left with ``os._exit`` (as every
+    profiled rank does) see their parent gone only at their next check, up to 5 s later (torch's
+    MP_STATUS_CHECK_INTERVAL), and meanwhile hold the output pipe open (so the run's wall time and the
+    tee waited for them) and their cores busy (beside the next re-run)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):  # already gone
