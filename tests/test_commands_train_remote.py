@@ -116,7 +116,7 @@ def test_a_store_that_keeps_failing_stops_the_run_in_one_line_naming_the_newest_
 def test_stop_mid_epoch_then_resume_auto_gives_the_weights_of_a_run_that_never_stopped(moto, proxy, tmp_path,
                                                                                        monkeypatch, capsys):
     """...and those are the weights of the same run on the same shards read locally."""
-    import hasten.recipes.train as recipe
+    import hasten.recipes.train_hooks as recipe  # (where the checkpoints are saved)
     from hasten.errors import Terminated
 
     _, _, packed = moto
