@@ -260,14 +260,15 @@ class Busy:
     as the block runs, beside the truth and the profile alike; ended by their own ids, and each ends itself
     within a fraction of a second once the benchmark is gone (a SIGKILL runs no ``__exit__``)."""
 
-    SPIN = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
+    # the benchmark's pid is passed in: one read by the spinner could already be init's, had the benchmark died first
+    SPIN = ("import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n"
             "    for _ in range(100000):\n        pass\n")
 
     def __init__(self, k: int):
         self.k, self.procs = k, []
 
     def __enter__(self):
-        self.procs = [subprocess.Popen([PY, "-c", self.SPIN]) for _ in range(self.k)]
+        self.procs = [subprocess.Popen([PY, "-c", self.SPIN, str(os.getpid())]) for _ in range(self.k)]
         return self
 
     def __exit__(self, *exc):

@@ -131,13 +131,15 @@ def test_a_run_past_its_limit_is_ended_with_its_children(tmp_path):
     _gone(int(pid_file.read_text()))
 
 
-def test_busy_processes_end_themselves_when_the_benchmark_is_killed():
-    # a parent that starts the spinners and dies without cleaning up, as under SIGKILL
+def test_busy_processes_end_themselves_when_the_benchmark_is_killed(tmp_path):
+    # a parent that starts the spinners and dies at once without cleaning up, as under SIGKILL
+    pid_file = tmp_path / "spinner"
     code = ("import sys, os; sys.path.insert(0, sys.argv[1]); import profile_real_scripts as b; "
-            "busy = b.Busy(1).__enter__(); print(busy.procs[0].pid, flush=True); os._exit(0)")
-    p = subprocess.run([sys.executable, "-c", code, str(BENCHMARKS)], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), os.environ.get("PYTHONPATH", "")))})
-    _gone(int(p.stdout.split()[0]))
+            "busy = b.Busy(1).__enter__(); open(sys.argv[2], 'w').write(str(busy.procs[0].pid)); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code, str(BENCHMARKS), str(pid_file)], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=300,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), os.environ.get("PYTHONPATH", "")))})
+    _gone(int(pid_file.read_text()))
 
 
 def _gone(pid: int, within: float = 30) -> None:
