@@ -44,6 +44,9 @@ profiling overhead < 5% per step on the compute-bound cases without ``--verify``
     python benchmarks/profile_real_scripts.py [--repeats 3] [--busy K] [--verify input-bound|all|none] [--only NAME] [--fresh] [--summarize]
     python benchmarks/profile_real_scripts.py --fix-truth-only [--only NAME] [--fix-truth-limit 600] [--busy K]
 
+A piece is stopped with SIGTERM or Ctrl-C (a SIGKILL leaves no process of its own behind either) and
+goes on with the same command; the results file says ``"complete": false`` and ``runs_done`` until then.
+
 **Two conditions** (issue 43): quiet, and ``--busy 2``: two processes spinning on the CPU beside
 each case for the whole of its truth and its profile (the truth is measured in the same
 conditions as the verdict it judges), written to ``profile_real_scripts-busy2.json``; the time
