@@ -74,13 +74,15 @@ def data_fix(fix: dict) -> bool:
     return not str(fix.get("fix", "")).startswith(_NOT_DATA_FIXES)
 
 
-def judge(rows: list[dict]) -> dict:
+def judge(rows: list[dict], repeats: int | None = None) -> dict:
     """Issue 43's figures over the runs of one condition (quiet, or beside --busy K processes):
     right verdicts, the same verdict on every repeat, scripts broken by hasten, #1 predictions above
     their bound (the profile's own, and for a data fix the truth's data-free ceiling), the #1 fix
     verified with an interval on the truly input-bound runs and its distance to the fix's own truth
     (``fix_truth``; a run without one counts as "no fix truth"; the distance to the data-free ceiling
-    beside it, secondary), and the profile's overhead on the compute-bound cases."""
+    beside it, secondary), and the profile's overhead on the compute-bound cases. With ``repeats``, a case
+    with fewer runs (a benchmark stopped part way) is listed under "cases_short_of_repeats" and left out
+    of the same verdict every repeat: 2 runs that agree are not "the same verdict 3 of 3"."""
     by_case = {c.name: [r for r in rows if r["case"] == c.name and "skipped" not in r] for c in CASES}
     cases, crashes, right, judged, same, repeated, overheads = [], [], 0, 0, 0, 0, []
     right_decided = judged_decided = 0
@@ -144,12 +146,14 @@ def judge(rows: list[dict]) -> dict:
                     # (separate processes; medians, as for the truth: contention stalls of seconds hit
                     # either run at random here)
                     overheads.append(statistics.median(p["per_step"]["span_s"]) / t["asrun_s"] - 1)
-        if len(verdicts) >= 2:
+        short = repeats is not None and len(runs) < repeats
+        if len(verdicts) >= 2 and not short:
             repeated += 1
             same += len(set(verdicts)) == 1
         cases.append({"case": case.name, "truth": t, "verdicts": verdicts,
                       "data_shares": [r["profile"].get("data_share") for r in runs],
-                      "exits": [r["profile"]["exit"] for r in runs], "busy": sorted({r.get("busy", 0) for r in runs})})
+                      "exits": [r["profile"]["exit"] for r in runs], "busy": sorted({r.get("busy", 0) for r in runs}),
+                      "runs": len(runs), **({"short_of_repeats": f"{len(runs)} of {repeats} runs"} if short else {})})
     frac = (lambda a, b: a / b if b else None)
     runs_seen = sum(len(r) for r in by_case.values())
     overhead = statistics.median(overheads) if overheads else None
@@ -187,6 +191,7 @@ def judge(rows: list[dict]) -> dict:
         "verified_to_truth_ceiling_within_15pct": f"{within_15}/{len(distances)}",
         "verified_to_truth_ceiling_distances": distances,
         "same_verdict_every_repeat": f"{same}/{repeated}", "same_verdict_fraction": frac(same, repeated),
+        "cases_short_of_repeats": {c["case"]: c["short_of_repeats"] for c in cases if "short_of_repeats" in c},
         "overhead_compute_bound_median": overhead,
         "overhead_compute_bound": overheads,
     }
@@ -198,6 +203,10 @@ def goals_text(summary: dict) -> str:
         shown = "-" if value is None else (f"{value:.0%}" if isinstance(value, float) else str(value))
         lines.append(f"  {name.replace('_', ' ')}: {shown} (goal {goal}: "
                      f"{'met' if met else 'not judged' if met is None else 'MISSED'})")
+    short = summary.get("cases_short_of_repeats")
+    if short:
+        lines.append(f"  {len(short)} case(s) short of their repeats, not in the same verdict every repeat: "
+                     + "; ".join(f"{case} ({runs})" for case, runs in short.items()))
     return "\n".join(lines)
 
 

@@ -21,12 +21,16 @@ made for each) are fetched at pinned commits into a cache outside this repositor
    (``_real_script_fix_truth.py``), at most ``--fix-truth-limit`` seconds. ``--fix-truth-only``
    measures it for the runs already recorded that the goal judges and that have none.
 
-Repeats are interleaved (every case once per repeat, in a shuffled order). Each finished
-(case, repeat) is written at once and skipped on a rerun, so the benchmark resumes where it
-stopped (``--fresh`` starts over): the summary (conditions, the cases, each case's truth and
-verdicts, the goals, a line per run) in ``benchmarks/results/profile_real_scripts.json``, every
-run in full (the truth's step times, the profile's per-step record as columns) in
-``profile_real_scripts.runs.jsonl.gz`` beside it.
+Case by case (``plan``: the cases in a seeded shuffled order, every repeat of a case, each with its
+own truth, before the next), so a benchmark stopped part way leaves whole cases. Each finished
+(case, repeat) is written at once and skipped on a rerun; a run stopped part way (SIGTERM, Ctrl-C,
+SIGKILL) is not recorded and runs again, so the benchmark resumes where it stopped (``--fresh``
+starts over) and runs in pieces over several sessions. Every write is a whole results file: the
+conditions so far, each piece's start, end, commit and conditions (``pieces``), ``complete`` and
+``runs_done`` (of the selected cases' repeats), the summary of the runs so far (a case with fewer
+runs than ``--repeats`` is listed as such, not judged for the same verdict every repeat), a line per
+run, in ``benchmarks/results/profile_real_scripts.json``; every run in full (the truth's step times,
+the profile's per-step record as columns) in ``profile_real_scripts.runs.jsonl.gz`` beside it.
 
 Goals (issue 43, per condition; ``summary.goals`` holds each figure and whether it is met): the
 right verdict on >= 95% of runs; the same verdict 3 of 3 on >= 90% of cases; 0 scripts broken (a
@@ -40,9 +44,13 @@ profiling overhead < 5% per step on the compute-bound cases without ``--verify``
     python benchmarks/profile_real_scripts.py [--repeats 3] [--busy K] [--verify input-bound|all|none] [--only NAME] [--fresh] [--summarize]
     python benchmarks/profile_real_scripts.py --fix-truth-only [--only NAME] [--fix-truth-limit 600] [--busy K]
 
+A piece is stopped with SIGTERM or Ctrl-C (a SIGKILL leaves no process of its own behind either) and
+goes on with the same command; the results file says ``"complete": false`` and ``runs_done`` until then.
+
 **Two conditions** (issue 43): quiet, and ``--busy 2``: two processes spinning on the CPU beside
 each case for the whole of its truth and its profile (the truth is measured in the same
-conditions as the verdict it judges), written to ``profile_real_scripts-busy2.json``. A case may
+conditions as the verdict it judges), written to ``profile_real_scripts-busy2.json``; the time
+limits of the truth, the profile and the fix truth are (1 + K) x the quiet ones (``stretch``). A case may
 add its own (``Case.busy``: one worker beside a busy core). The image-training cases (torchvision,
 timm, Lightning) need the environment of ``_real_script_env.py``; run from anywhere else they are
 skipped and said to be.
@@ -58,7 +66,9 @@ import contextlib
 import importlib.util
 import json
 import os
+import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,7 +79,6 @@ from pathlib import Path
 
 from hasten.cores import usable_cores
 from hasten.profile.verdict import classify
-from hasten.timing import interleaved
 
 from _common import RESULTS, MeasuredConditions, hardware_label, load_results, write_results
 from real_script_cases import CASES, DATA, STUBS, Case
@@ -114,6 +123,30 @@ def _tail(text: str, n: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[-n:])
 
 
+def _run(cmd: list[str], timeout: float, **kw) -> tuple[int, str, str]:
+    """``cmd`` in a process group of its own: on its limit, or when the benchmark is stopped (SIGTERM,
+    Ctrl-C), the whole group is killed (``hasten profile``'s script and its DataLoader workers with it),
+    so no run outlives the one it belongs to. (124, "", "") past the limit."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except BaseException as e:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            return 124, "", ""
+        raise
+
+
+def stretch(busy: int) -> int:
+    """How much longer the time limits are beside ``busy`` spinning processes: 1 + busy. A limit only
+    catches a hang; beside 2 spinners on 2 cores a step took up to 3 x its quiet time (a DataLoader's
+    workers queue behind the spinners too), and minGPT chargpt's truth ran past a quiet 400 s."""
+    return 1 + busy
+
+
 def truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, fix: dict | None = None,
               limit: float = 400) -> dict:
     """The script under ``_real_script_truth.py``: as run against data free, or with ``fix``
@@ -125,11 +158,9 @@ def truth_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, fix: dic
     cmd = [*_pin(case), PY, str(HERE / "_real_script_truth.py"), str(checkout_dir / case.script),
            *_fill(case.args, checkout_dir, scratch)]
     t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=limit)
-        code, err = p.returncode, p.stderr
-    except subprocess.TimeoutExpired:
-        code, err = 124, f"timed out after {limit:.0f} s"
+    code, _, err = _run(cmd, limit, cwd=cwd, env=env)
+    if code == 124 and not err:
+        err = f"timed out after {limit:.0f} s"
     row = json.loads(out.read_text()) if out.exists() else {}
     row.update(exit=code, wall_s=time.perf_counter() - t0)
     if code != 0 or row.get("asrun_s") is None:
@@ -170,22 +201,21 @@ def _verified_interval(rec: dict) -> list[float] | None:
     return None
 
 
-def profile_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, verify: bool) -> dict:
+def profile_run(case: Case, checkout_dir: Path, scratch: Path, cwd: Path, verify: bool, slower: int = 1) -> dict:
+    """``hasten profile --json`` on the case; its own ``--timeout`` and the benchmark's limit ``slower``
+    times the quiet ones (``stretch``)."""
     js = scratch / "profile.json"
     cmd = [*_pin(case), PY, "-m", "hasten", "profile", *case.profile_args, *(["--verify"] if verify else []),
            "--json", str(js), "--quiet",
-           "--timeout", "300", "--", "python", str(checkout_dir / case.script),
+           "--timeout", str(300 * slower), "--", "python", str(checkout_dir / case.script),
            *_fill(case.args, checkout_dir, scratch)]
     # --verify re-runs the command about 3 times per fix (each under hasten's own --timeout): a slow
     # script's verification takes many minutes, which is its cost, not a hang
-    limit = 2400 if verify else 500
+    limit = (2400 if verify else 500) * slower
     t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, cwd=cwd, env=_env(case, checkout_dir, scratch), capture_output=True, text=True,
-                           timeout=limit)
-        code, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired:
-        code, out, err = 124, "", f"timed out after {limit} s (the benchmark's limit, not hasten's)"
+    code, out, err = _run(cmd, limit, cwd=cwd, env=_env(case, checkout_dir, scratch))
+    if code == 124 and not out and not err:
+        err = f"timed out after {limit} s (the benchmark's limit, not hasten's)"
     row = {"exit": code, "wall_s": time.perf_counter() - t0}
     if js.exists():
         a = json.loads(js.read_text())
@@ -230,13 +260,18 @@ def brief(row: dict) -> dict:
 
 class Busy:
     """``k`` processes spinning on the CPU (a pure-Python loop each, as a busy neighbour's would) for as long
-    as the block runs, beside the truth and the profile alike; ended by their own ids."""
+    as the block runs, beside the truth and the profile alike; ended by their own ids, and each ends itself
+    within a fraction of a second once the benchmark is gone (a SIGKILL runs no ``__exit__``)."""
+
+    # the benchmark's pid is passed in: one read by the spinner could already be init's, had the benchmark died first
+    SPIN = ("import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n"
+            "    for _ in range(100000):\n        pass\n")
 
     def __init__(self, k: int):
         self.k, self.procs = k, []
 
     def __enter__(self):
-        self.procs = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(self.k)]
+        self.procs = [subprocess.Popen([PY, "-c", self.SPIN, str(os.getpid())]) for _ in range(self.k)]
         return self
 
     def __exit__(self, *exc):
@@ -295,14 +330,15 @@ def run_case(case: Case, repeat: int, verify: str, busy: int = 0, verify_repeats
         return {"case": case.name, "repeat": repeat, "skipped": why}
     with prepared(case) as (checkout_dir, scratch, cwd, origin):
         row = {"case": case.name, "repeat": repeat, "fetched_from": origin, "busy": busy + case.busy}
+        slower = stretch(busy + case.busy)
         with Busy(busy + case.busy):
-            row["truth"] = truth_run(case, checkout_dir, scratch, cwd)
+            row["truth"] = truth_run(case, checkout_dir, scratch, cwd, limit=400 * slower)
             verified = repeat < verify_repeats and (
                 verify == "all" or (verify == "input-bound" and truth_says_input(row["truth"])))
             row["verify"] = verified
-            row["profile"] = profile_run(case, checkout_dir, scratch, cwd, verified)
+            row["profile"] = profile_run(case, checkout_dir, scratch, cwd, verified, slower)
             if wants_fix_truth(row):
-                row["fix_truth"] = fix_truth_run(case, checkout_dir, scratch, cwd, row, fix_limit)
+                row["fix_truth"] = fix_truth_run(case, checkout_dir, scratch, cwd, row, fix_limit * slower)
         return row
 
 
@@ -311,7 +347,8 @@ def add_fix_truth(case: Case, row: dict, fix_limit: float) -> None:
     many busy processes as the run had; marked as measured later than its profile."""
     with prepared(case) as (checkout_dir, scratch, cwd, _):
         with Busy(row.get("busy", 0)):
-            row["fix_truth"] = fix_truth_run(case, checkout_dir, scratch, cwd, row, fix_limit)
+            limit = fix_limit * stretch(row.get("busy", 0))
+            row["fix_truth"] = fix_truth_run(case, checkout_dir, scratch, cwd, row, limit)
     # not right after the run's profile (the machine's load may differ), and perhaps with another hasten
     row["fix_truth"].update(later=True, hasten=_hasten_commit())
 
@@ -354,10 +391,11 @@ def fix_truth_only(result: dict, out: Path, only: str | None, limit: float) -> i
     about = sum(min(limit, 1.3 * r["truth"].get("wall_s", 0)) for r in todo)
     print(f"fix truth of {len(todo)} run(s) in {out.name}, at most {limit:.0f} s each; about {about / 60:.0f} min "
           "quiet (1.3 x each run's truth), and the making of each case's data", flush=True)
+    piece = {"started": _now(), "hasten": _hasten_commit(), "fix_truth_only": True}
     with MeasuredConditions("cpu") as cond:
         for i, r in enumerate(todo, 1):
             add_fix_truth(cases[r["case"]], r, limit)
-            result["summary"] = judge(result["runs"])
+            result["summary"] = judge(result["runs"], result.get("repeats"))
             result["runs_brief"] = [brief(x) for x in result["runs"]]
             write_results(out, result)
             ft = r["fix_truth"]
@@ -365,14 +403,14 @@ def fix_truth_only(result: dict, out: Path, only: str | None, limit: float) -> i
                      if ft.get("measured") else f"not measured: {str(ft.get('why'))[-200:]}")
             print(f"[{i}/{len(todo)}] {r['case']} (repeat {r['repeat']}): {ft.get('apply')}: {shown}; "
                   f"verified x{r['profile']['top_fix']['verified']:.2f}; {ft.get('wall_s', 0):.0f} s", flush=True)
-    result.setdefault("conditions_per_session", []).append({**cond.as_dict(), "fix_truth_only": True})
-    result["summary"] = judge(result["runs"])
+    result.setdefault("pieces", []).append({**piece, "ended": _now(), "conditions": cond.as_dict()})
+    result["summary"] = judge(result["runs"], result.get("repeats"))
     write_results(out, result)
     print(goals_text(result["summary"]))
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs per case (the goal: the same verdict 3 of 3)")
     ap.add_argument("--verify", choices=("input-bound", "all", "none"), default="input-bound",
@@ -397,7 +435,7 @@ def main() -> int:
                          "(truly input-bound, #1 fix verified) and have none measured yet, each written as it finishes")
     ap.add_argument("--fix-truth-limit", type=float, default=600, metavar="S",
                     help="the most seconds one fix truth may take (default 600); past it, that run has none")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.busy < 0:
         ap.error("--busy takes a number of processes, 0 or more")
     if args.fix_truth_limit <= 0:
@@ -411,7 +449,7 @@ def main() -> int:
                  "another --out, or --fresh")
     result["busy"] = args.busy
     if args.summarize:
-        result["summary"] = judge(result["runs"])
+        result["summary"] = judge(result["runs"], result.get("repeats"))
         result["runs_brief"] = [brief(r) for r in result["runs"]]
         write_results(out, result)
         print(table(result["summary"]))
@@ -419,48 +457,42 @@ def main() -> int:
         return 0
     if args.fix_truth_only:
         return fix_truth_only(result, out, args.only, args.fix_truth_limit)
-    done = {(r["case"], r["repeat"]) for r in result["runs"]}
-    todo = [(rep, c) for rep, c in interleaved([c for c in CASES if args.only is None or args.only in c.name],
-                                               args.repeats, args.seed) if (c.name, rep) not in done]
-    t_start, n_done = time.perf_counter(), 0
-    print(f"{len(todo)} runs to go ({len(done)} already in {out.name}, {args.busy} busy processes beside); "
-          f"about {estimate(todo, _load(OUT)['runs'], args.busy) / 60:.0f} min", flush=True)
+    selected = [c for c in CASES if args.only is None or args.only in c.name]
+    todo = plan(selected, args.repeats, args.seed, result["runs"])
+    piece = {"started": _now(), "hasten": _hasten_commit(), "runs_before": len(result["runs"])}
+    result.setdefault("pieces", []).append(piece)
+    result["cases"] = _cases_block()
+    result["skipped"] = {c.name: skip_reason(c) for c in CASES if skip_reason(c)}
+    t_start, n_done, past = time.perf_counter(), 0, _load(OUT)["runs"]
+    print(f"{len(todo)} runs to go ({len(result['runs'])} already in {out.name}, {args.busy} busy processes beside, "
+          f"time limits x{stretch(args.busy)}); about {estimate(todo, past, args.busy) / 60:.0f} min", flush=True)
+    # a SIGTERM unwinds as an exception: the busy processes and the run under way are ended, and the
+    # run is not recorded (only a finished run is), so a resumed benchmark runs it again
+    signal.signal(signal.SIGTERM, _stop)
     with MeasuredConditions("cpu") as cond:
-        for rep, case in todo:
+        checkpoint(out, result, piece, cond, selected, args.repeats)
+        for i, (rep, case) in enumerate(todo):
             row = run_case(case, rep, args.verify, args.busy, args.verify_repeats, args.fix_truth_limit)
             if "skipped" in row:
                 print(f"{case.name}: skipped, {row['skipped']}", flush=True)
                 continue
-            row["hasten"] = _hasten_commit()
-            row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            row["hasten"] = piece["hasten"]
+            row["finished"] = _now()
             result["runs"].append(row)
-            result["summary"] = judge(result["runs"])
-            result["runs_brief"] = [brief(r) for r in result["runs"]]
-            write_results(out, result)
+            checkpoint(out, result, piece, cond, selected, args.repeats)
             n_done += 1
             elapsed = time.perf_counter() - t_start
-            left = elapsed / n_done * (len(todo) - n_done)
+            # the estimate of the runs to go, scaled by how the runs so far kept to theirs
+            pace = elapsed / max(1e-9, estimate(todo[:i + 1], past, args.busy))
+            left = estimate(todo[i + 1:], past, args.busy) * pace
             p, t = row["profile"], row["truth"]
             print(f"[{n_done}/{len(todo)}] {case.name} (repeat {rep}): as run "
                   f"{(t.get('asrun_s') or 0) * 1e3:.0f} ms, data free "
                   f"{(t.get('datafree_s') or 0) * 1e3:.0f} ms{' ' + t['error'][-150:] if t.get('error') else ''}; "
                   f"hasten exit {p['exit']}, "
                   f"{p.get('verdict') or p.get('error', '')[:200]} (data {_pct(p.get('data_share'))}); "
-                  f"{elapsed / 60:.1f} min in, about {left / 60:.1f} min left", flush=True)
-    # said in the results too: a case skipped here (its package missing) counts in no figure
-    result["skipped"] = {c.name: skip_reason(c) for c in CASES if skip_reason(c)}
-    result["conditions"] = cond.as_dict()
-    # a resumed benchmark ran in several sessions: each one's conditions are kept
-    result.setdefault("conditions_per_session", []).append(result["conditions"])
-    result["hardware"] = hardware_label(result["conditions"]["environment"])
-    result["cases"] = [{"case": c.name, "repo": c.source.name, "commit": c.source.commit, "licence": c.source.licence,
-                        "script": c.script, "args": list(c.args), "variant": c.variant, "cwd": c.cwd,
-                        "pythonpath": c.pythonpath, "taskset": c.taskset, "data": c.data, "data_fn": c.data_fn,
-                        "stubs": list(c.stubs), "env": dict(c.env), "needs": c.needs, "busy": c.busy, "skipped": skip_reason(c)}
-                       for c in CASES]
-    result["summary"] = judge(result["runs"])
-    result["runs_brief"] = [brief(r) for r in result["runs"]]
-    write_results(out, result)
+                  f"{elapsed / 60:.1f} min in, about {left / 60:.1f} min left; {result['runs_done']}", flush=True)
+    checkpoint(out, result, piece, cond, selected, args.repeats)
     s = result["summary"]
     print(table(s))
     print(f"beside {args.busy} busy processes:\n{goals_text(s)}")
@@ -468,8 +500,71 @@ def main() -> int:
           f"crashes {s['crashes']}, same verdict every repeat "
           f"{s['same_verdict_every_repeat']}, overhead on compute-bound cases (median) "
           f"{_pct(s['overhead_compute_bound_median'])}")
+    if not result["complete"]:
+        print(f"not complete: {result['runs_done']}; run the same command again to go on", flush=True)
     return 0
 
+
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def plan(cases: list[Case], repeats: int, seed: int, runs: list[dict]) -> list[tuple[int, Case]]:
+    """``(repeat, case)`` to run, case by case: every repeat of a case (each with its own truth) before
+    the next case, so a benchmark stopped part way leaves whole cases. The cases in an order shuffled by
+    ``seed`` (a case's place in the session's drift of load is not its name's), a case already begun (a
+    piece stopped inside it) first; the runs already recorded left out."""
+    done = {(r["case"], r["repeat"]) for r in runs}
+    order = cases[:]
+    random.Random(seed).shuffle(order)
+    begun = {name for name, _ in done}
+    order.sort(key=lambda c: c.name not in begun)  # stable: the shuffled order otherwise
+    return [(rep, c) for c in order for rep in range(repeats) if (c.name, rep) not in done]
+
+
+def _conditions_now(cond: MeasuredConditions) -> dict:
+    """The conditions from the piece's start until now: the load and the matmul rate measured again
+    (about a second), as at the end of a measurement, so each write carries a whole conditions block."""
+    cond.__exit__(None, None, None)
+    return cond.as_dict()
+
+
+def checkpoint(out: Path, result: dict, piece: dict, cond: MeasuredConditions, cases: list[Case],
+               repeats: int) -> None:
+    """Write ``result`` as a valid results file after every run, not only at the end: the conditions so far
+    (this piece's, under "conditions"; every piece's, with its start, end, commit and runs, under "pieces"),
+    whether it is complete (the runs done of all the selected cases' repeats) and the summary of the runs so far."""
+    result["conditions"] = _conditions_now(cond)
+    result["hardware"] = hardware_label(result["conditions"]["environment"])
+    piece.update(ended=_now(), runs_after=len(result["runs"]), conditions=result["conditions"])
+    wanted = {(c.name, rep) for c in cases if not skip_reason(c) for rep in range(repeats)}
+    done = wanted & {(r["case"], r["repeat"]) for r in result["runs"]}
+    result["repeats"] = repeats
+    result["complete"] = len(done) == len(wanted)
+    skipped = sum(1 for c in cases if skip_reason(c))
+    result["runs_done"] = (f"{len(done)} of {len(wanted)} runs ({len(cases) - skipped} cases x {repeats} repeats"
+                           + (f"; {skipped} case(s) skipped here)" if skipped else ")"))
+    result["summary"] = judge(result["runs"], repeats)
+    result["runs_brief"] = [brief(r) for r in result["runs"]]
+    # a SIGTERM waits for the files to be written (each is renamed into place, but a stop between the
+    # write and the rename would leave a temporary file behind)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        write_results(out, result)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _cases_block() -> list[dict]:
+    return [{"case": c.name, "repo": c.source.name, "commit": c.source.commit, "licence": c.source.licence,
+             "script": c.script, "args": list(c.args), "variant": c.variant, "cwd": c.cwd,
+             "pythonpath": c.pythonpath, "taskset": c.taskset, "data": c.data, "data_fn": c.data_fn,
+             "stubs": list(c.stubs), "env": dict(c.env), "needs": c.needs, "busy": c.busy, "skipped": skip_reason(c)}
+            for c in CASES]
 
 if __name__ == "__main__":
     sys.exit(main())
