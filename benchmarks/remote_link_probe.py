@@ -4,25 +4,25 @@
 (0.93 of 0.1 Gbit/s). This probe sets up the same link and servers (its ``Store``, on
 ``hasten.harness.netns``) and fetches the same shards with each of ``--clients``, every
 fetch a fresh process in the reader's namespace:
-- ``curl``: ``curl -o /dev/null`` of every shard, one after another over one connection;
+- ``curl``: ``curl -o /dev/null`` of every shard, one after another over one connection
+  (whole files: the server copies them 64 KiB at a time, ranged answers 16 KiB at a time);
 - ``obstore``: a plain client as hasten's (obstore, ranged GETs of ``PART_BYTES``, streamed
-  in ``CHUNK_BYTES`` chunks), with hasten's requests in flight (its loader's 2 shards ahead,
-  at most ``CONNECTIONS``), the bodies dropped: no file, no hash;
+  in ``CHUNK_BYTES`` chunks, hasten's requests in flight), the bodies dropped: no file, no hash;
 - ``hasten``: hasten's fetch path without decoding (``open_remote_shards``, the loader's
   ``plan_records``: each shard streamed into its cache file, hashed, scanned);
 - ``hasten-loader``: the whole ``ShardLoader`` with decode workers, as remote_shards.py reads.
 For each fetch: the fraction of the link carried (wire bytes into the reader's namespace
 over the fetch's wall time), the client's CPU seconds per GB (its process and children)
-and the server's (``/proc/<pid>/stat`` of the store's processes: servers and relay).
+and the server's (``/proc/<pid>/stat`` of the store's processes: servers and relay), and
+both as cores busy (the server is one Python process: near 1.0 it is the bound).
 
 The shaping is checked too. Each configuration runs under each of ``--bursts``: ``tc``, tc's
 default htb burst (what remote_shards.py used until this probe: 1375 bytes at 1 Gbit/s, 11
 microseconds of the rate), and a burst of N ms of the rate (``hasten.harness.netns.BURST_S``
 says why). The JSON keeps each setting's ``tc -d class`` lines and, per fetch, the qdiscs'
 drops, overlimits and requeues on the store's upload and the reader's download. Also the
-bandwidth-delay product at ``--rtt-ms`` beside the reader's bytes in flight (requests in
-flight x request size). Runs in a fresh shuffled order per repeat (``hasten.timing.interleaved``);
-each run is written as it finishes and a stopped run resumes from ``--out``.
+bandwidth-delay product at ``--rtt-ms`` beside hasten's bytes in flight (GETs in flight x
+their size). A fresh shuffled order per repeat; each run written as it finishes (resumable).
 
     python benchmarks/remote_link_probe.py [--rate 1] [--rtt-ms 20] [--shard-mib 16] [--images 4000]
         [--bursts tc,4] [--clients curl,obstore,hasten,hasten-loader] [--repeats 5] [--smoke] [--out ...]
@@ -139,9 +139,9 @@ def parse_bursts(text: str) -> list[float | None]:
     try:
         out = [None if b.strip() == "tc" else float(b) / 1e3 for b in text.split(",") if b.strip()]
     except ValueError:
-        raise SystemExit(f"--bursts: comma-separated milliseconds or 'tc' (tc's default); got {text!r}") from None
+        out = []
     if not out or any(b is not None and not 0 < b < 1 for b in out):
-        raise SystemExit(f"--bursts: each in (0, 1000) ms or 'tc'; got {text!r}")
+        raise SystemExit(f"--bursts: comma-separated ms in (0, 1000), or 'tc' (tc's default); got {text!r}")
     return out
 
 
@@ -152,29 +152,30 @@ def burst_label(burst_s: float | None) -> str:
 # --- the table -------------------------------------------------------------------------------------
 
 def summarize(runs: list[dict], rate_gbit: float) -> dict:
-    bits = rate_gbit * 1e9
     summary = {}
     for config in dict.fromkeys(r["config"] for r in runs):
         per = [r for r in runs if r["config"] == config]
         summary[config] = {
-            "link_fraction": mean_ci([r["link_bytes"] * 8 / r["wall_s"] / bits for r in per]),
-            "data_fraction": mean_ci([r["data_bytes"] * 8 / r["wall_s"] / bits for r in per]),
+            "link_fraction": mean_ci([r["link_bytes"] * 8 / r["wall_s"] / (rate_gbit * 1e9) for r in per]),
+            "data_fraction": mean_ci([r["data_bytes"] * 8 / r["wall_s"] / (rate_gbit * 1e9) for r in per]),
             "client_cpu_s_per_gb": mean_ci([r["client_cpu_s"] / (r["data_bytes"] / 1e9) for r in per]),
             "server_cpu_s_per_gb": mean_ci([r["server_cpu_s"] / (r["data_bytes"] / 1e9) for r in per]),
-            **{k: mean_ci([r["tc"]["download"][k] for r in per]) for k in COUNTERS},
-            "upload_dropped": mean_ci([r["tc"]["upload"]["dropped"] for r in per]),
+            "client_cores": mean_ci([r["client_cpu_s"] / r["wall_s"] for r in per]),
+            "server_cores": mean_ci([r["server_cpu_s"] / r["wall_s"] for r in per]),
+            **{k: mean_ci([r["tc"]["upload"][k] + r["tc"]["download"][k] for r in per]) for k in COUNTERS},  # both ends
         }
     return summary
 
 
 def print_table(summary: dict) -> None:
     print(f"{'client, burst':<30} {'of link':>12} {'client CPU-s/GB':>16} {'server CPU-s/GB':>16} "
-          f"{'drops':>7} {'overlimits':>11}")
+          f"{'cores: client':>13} {'server':>6} {'drops':>6} {'overlimits':>10}")
     for config, s in summary.items():
         print(f"{config:<30} {plus_minus(s['link_fraction']['mean'], s['link_fraction']['ci95']):>12} "
               f"{plus_minus(s['client_cpu_s_per_gb']['mean'], s['client_cpu_s_per_gb']['ci95'], '.1f'):>16} "
               f"{plus_minus(s['server_cpu_s_per_gb']['mean'], s['server_cpu_s_per_gb']['ci95'], '.1f'):>16} "
-              f"{s['dropped']['mean']:>7.0f} {s['overlimits']['mean']:>11.0f}")
+              f"{s['client_cores']['mean']:>13.2f} {s['server_cores']['mean']:>6.2f} "
+              f"{s['dropped']['mean']:>6.0f} {s['overlimits']['mean']:>10.0f}")
 
 
 def main() -> None:
@@ -188,14 +189,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="96 images in 1 MiB shards, one repeat: checks it runs")
-    ap.add_argument("--out", type=Path, default=RESULTS / "remote_link_probe.json")
+    ap.add_argument("--out", type=Path, help="default: results/remote_link_probe.json (--smoke: in the cache)")
     ap.add_argument("--netns-prefix", default=PREFIX, help="names of the namespaces made (a test needs its own)")
     for hidden in ("--fetch", "--url", "--names", "--store-pids", "--work"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.fetch:
-        fetch(args)
-        return
+        return fetch(args)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     unknown = sorted(set(clients) - set(CLIENTS))
     if unknown or not clients:
@@ -215,6 +215,7 @@ def main() -> None:
     if args.smoke:
         args.images, args.shard_mib, args.repeats = 96, 1, 1
     cache = Path(os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
+    args.out = args.out or (cache / "link_probe_smoke.json" if args.smoke else RESULTS / "remote_link_probe.json")
     folder, shard_dir = make_dataset(cache, args.images, 4 if args.smoke else 100, 2, args.seed, procs=2)
     if args.shard_mib != 64:  # remote_shards.py's smaller shards, packed once beside the default ones
         resized = shard_dir.parent / f"shards-{args.shard_mib}mib"
@@ -226,10 +227,9 @@ def main() -> None:
     in_flight = requests_in_flight(sizes)
     setup = {"rate_gbit": args.rate, "rtt_ms": args.rtt_ms, "shard_mib": args.shard_mib, "images": args.images,
              "shards": len(names), "data_bytes": sum(sizes), "bursts": [burst_label(b) for b in bursts],
-             "clients": clients, "seed": args.seed, "loader": dict(LOADER),
+             "clients": clients, "seed": args.seed, "loader": dict(LOADER), "connections": CONNECTIONS,
              "bdp_bytes": args.rate * 1e9 / 8 * args.rtt_ms / 1e3, "requests_in_flight": in_flight,
-             "part_bytes": PART_BYTES, "connections": CONNECTIONS,
-             "reader_bytes_in_flight": in_flight * min(PART_BYTES, max(sizes))}
+             "part_bytes": PART_BYTES, "reader_bytes_in_flight": in_flight * min(PART_BYTES, max(sizes))}
     kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
     runs = kept.get("runs", []) if kept.get("setup") == setup else []
     if runs:
