@@ -61,13 +61,13 @@ COUNTERS = ("dropped", "overlimits", "requeues")
 
 # --- one fetch (a fresh process in the reader's namespace) ---------------------------------------
 
-def tree_cpu_s(pids: list[int]) -> float:
+def processes_cpu_s(pids: list[int]) -> float:  # these processes and their descendants, all threads
     return sum(pid_cpu_s(p) or 0.0 for p in {*pids, *(d for p in pids for d in descendants(p))})
 
 
 def client_cpu_s() -> float:
     """This process, its exited children (curl) and its live ones (decode workers)."""
-    return own_cpu_s() + tree_cpu_s(descendants(os.getpid()))
+    return own_cpu_s() + processes_cpu_s(descendants(os.getpid()))
 
 
 def requests_in_flight(sizes: list[int]) -> int:
@@ -100,7 +100,7 @@ def fetch(args) -> None:
             name, start, end = p
             body = obstore.get(http, name, options={"range": (start, end)})
             return sum(len(c) for c in body.stream(min_chunk_size=min(end - start, CHUNK_BYTES)))
-    t0, c0, s0, r0 = time.perf_counter(), client_cpu_s(), tree_cpu_s(store_pids), rx_bytes()
+    t0, c0, s0, r0 = time.perf_counter(), client_cpu_s(), processes_cpu_s(store_pids), rx_bytes()
     if client == "curl":
         argv = ["curl", "-sS", "--fail", "-w", "%{size_download}\n",
                 *(a for n in names for a in ("-o", "/dev/null", url + n))]
@@ -114,7 +114,7 @@ def fetch(args) -> None:
     else:
         got["examples"] = sum(len(y) for _, y in loader)
     wall = time.perf_counter() - t0
-    cpu, server, link = client_cpu_s() - c0, tree_cpu_s(store_pids) - s0, rx_bytes() - r0
+    cpu, server, link = client_cpu_s() - c0, processes_cpu_s(store_pids) - s0, rx_bytes() - r0
     if client.startswith("hasten"):
         data = loader.shards.store.bytes_read  # body bytes received (every shard's SHA-256 checked)
     print(json.dumps({"data_bytes": data, "wall_s": wall, "client_cpu_s": cpu, "server_cpu_s": server,
