@@ -3,7 +3,9 @@
 The ImageNet-like shards of ``benchmarks/imagenet_pipeline.py`` (made once, cached)
 sit in one network namespace, the readers in another, joined by a link of each of
 ``--rates`` Gbit/s (``hasten.harness.netns``: veth pairs, a bridge, tc htb on both
-ends; the rate changed in place between readings). In the store's namespace:
+ends, a burst of 4 ms of the rate; the rate changed in place between readings). Results
+written before that burst was set had tc's default burst, 1375 bytes at 1 Gbit/s: less
+than one full frame (``benchmarks/remote_link_probe.py`` compares the two). In the store's namespace:
 RangeHTTPServer (``rangehttpserver``) serves the tar shards and their index, and the
 moto S3 server (``moto[server]``) holds the same shards and LitData's conversion of
 the same JPEG bytes (``remote_peers.convert_litdata``: LitData reads ``s3://``, not
@@ -382,7 +384,7 @@ def main() -> None:
     unknown = sorted(set(readers) - set(READERS))
     if unknown or not readers:
         raise SystemExit(f"--readers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(READERS)}")
-    from hasten.harness.netns import EmulatedCluster, probe
+    from hasten.harness.netns import BURST_S, EmulatedCluster, probe
 
     reason = probe(args.netns_prefix)
     if reason is not None:
@@ -422,9 +424,9 @@ def main() -> None:
             runs.update({c: r for c, r in kept["runs"].items() if c in runs})
             print(f"resuming: {sum(map(len, runs.values()))} reading(s) kept from {partial}", file=sys.stderr)
     index = json.loads((shard_dir / "index.json").read_text())
-    link = (f"tc htb rate on veth + bridge; request RTT +{args.rtt_ms:g} ms by a userspace relay "
+    link = (f"tc htb rate (burst {BURST_S * 1e3:g} ms of it) on veth + bridge; request RTT +{args.rtt_ms:g} ms by a userspace relay "
             "(hasten.harness.delay_relay; no sch_netem: not packet-level delay), no loss" if args.rtt_ms > 0
-            else "tc htb rate on veth + bridge; no added latency, no loss")
+            else f"tc htb rate (burst {BURST_S * 1e3:g} ms of it) on veth + bridge; no added latency, no loss")
     with MeasuredConditions("cpu", seconds=0.2 if args.smoke else 1.0) as cond, \
             tempfile.TemporaryDirectory() as tmp, \
             EmulatedCluster(2, rate_gbit=rates[0], prefix=args.netns_prefix) as cluster:

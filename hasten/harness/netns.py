@@ -14,6 +14,16 @@ no address is given to the root namespace, so traffic cannot leave the
 namespaces. Everything is torn down on exit (context manager and atexit), and
 leftovers from a killed earlier run are removed before setting up.
 
+Burst: each htb class may send ``burst_s`` of its rate at once (``BURST_S``, 4 ms: one
+kernel tick at HZ=250, the usual rule for a token bucket's burst, rate/HZ). htb's tokens
+never exceed the burst, so a dequeue that comes later than burst/rate after the last one
+(a late timer or softirq on a busy CPU) loses that link time for good. tc's default burst
+is rate/HZ + MTU with HZ read from /proc/net/psched, which is 10^9 on a kernel with
+high-resolution timers: 1375 bytes at 1 Gbit/s, 11 microseconds of the rate, so a shaped
+link under CPU load fell short of its rate (``benchmarks/remote_link_probe.py`` compares
+the two; ``burst_s=None`` is tc's default). The burst lets at most ``burst_s`` of the
+rate through faster than the rate: 0.4% of a one-second reading.
+
 Latency: the kernel here has no sch_netem, so only the rate is shaped; a link's
 latency is whatever the veth/bridge path costs (tens of microseconds).
 
@@ -35,6 +45,7 @@ PREFIX = "hst"  # every namespace, veth and bridge made here starts with this
 SUBNET = "10.213"
 _QUANTUM = "60000"
 _LEAF_PACKETS = "100"  # htb's per-class quantum; its default is too big at Gbit rates and warns
+BURST_S = 0.004  # seconds of the rate an htb class may send at once (module docstring)
 
 
 class NetnsUnavailable(HastenError, RuntimeError):
@@ -96,27 +107,38 @@ def _gbit(rate: float) -> str:
     return f"{int(rate * 1000)}mbit"
 
 
+def _burst(rate: float, burst_s: float | None) -> list[str]:
+    """tc's burst and cburst arguments for an htb class of ``rate`` Gbit/s (none: tc's default)."""
+    if burst_s is None:
+        return []
+    size = str(max(int(rate * 1e9 / 8 * burst_s), 3000))  # bytes; at least two full frames
+    return ["burst", size, "cburst", size]
+
+
 class EmulatedCluster:
     """``with EmulatedCluster(8, rate_gbit=1.0) as cl: spawn(fn, 8, placement=cl.placement)``.
 
     rate_gbit: each rank's link, both directions. inter_rate_gbit with local_size:
     the rate to ranks of other nodes (nodes = consecutive groups of local_size ranks).
+    burst_s: seconds of the rate a link may send at once (module docstring); None: tc's default.
     """
 
     def __init__(self, world_size: int, rate_gbit: float = 1.0, *,
                  inter_rate_gbit: float | None = None, local_size: int | None = None,
-                 prefix: str = PREFIX):
+                 prefix: str = PREFIX, burst_s: float | None = BURST_S):
         if world_size < 1 or world_size > 250:
             raise ValueError(f"world_size must be in 1..250, got {world_size}")
         if rate_gbit <= 0 or (inter_rate_gbit is not None and inter_rate_gbit <= 0):
             raise ValueError(f"link rates must be positive, got {rate_gbit}, {inter_rate_gbit}")
+        if burst_s is not None and not 0 < burst_s < 1:
+            raise ValueError(f"burst_s must be in (0, 1) seconds or None (tc's default), got {burst_s}")
         if (inter_rate_gbit is None) != (local_size is None):
             raise ValueError("inter_rate_gbit and local_size go together (two-level network)")
         if local_size is not None and (local_size < 1 or world_size % local_size):
             raise ValueError(f"local_size must divide world_size {world_size}, got {local_size}")
         self.world_size, self.rate_gbit = world_size, rate_gbit
         self.inter_rate_gbit, self.local_size = inter_rate_gbit, local_size or world_size
-        self.prefix = prefix
+        self.prefix, self.burst_s = prefix, burst_s
         self.bridge = f"{prefix}br"
         self.placement: list[RankPlacement] = []
         self._up = False
@@ -131,7 +153,7 @@ class EmulatedCluster:
         slow = self.inter_rate_gbit if self.inter_rate_gbit is not None else self.rate_gbit
         for cls, rate in (("1:10", self.rate_gbit), ("1:20", slow)):
             _ip(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb",
-                "rate", _gbit(rate), "ceil", _gbit(rate), "quantum", _QUANTUM)
+                "rate", _gbit(rate), "ceil", _gbit(rate), *_burst(rate, self.burst_s), "quantum", _QUANTUM)
             # A short queue: htb's default leaf queues 1000 packets (12 ms at 1 Gbit/s), which
             # delays the ACKs of the opposite direction and halves two-way throughput.
             _ip(*tc, "qdisc", "add", "dev", dev, "parent", cls, "pfifo", "limit", _LEAF_PACKETS)
@@ -192,7 +214,8 @@ class EmulatedCluster:
             for cmd, dev in ((["ip", "netns", "exec", ns, "tc"], inner), (["tc"], host)):
                 for cls in ("1:10", "1:20"):
                     _ip(*cmd, "class", "change", "dev", dev, "parent", "1:", "classid", cls, "htb",
-                        "rate", _gbit(rate_gbit), "ceil", _gbit(rate_gbit), "quantum", _QUANTUM)
+                        "rate", _gbit(rate_gbit), "ceil", _gbit(rate_gbit), *_burst(rate_gbit, self.burst_s),
+                        "quantum", _QUANTUM)
         self.rate_gbit = rate_gbit
         self.inter_rate_gbit = None if self.inter_rate_gbit is None else rate_gbit
 
@@ -201,4 +224,5 @@ class EmulatedCluster:
         if self.inter_rate_gbit is not None:
             text += (f" inside nodes of {self.local_size}, {self.inter_rate_gbit:g} Gbit/s "
                      "between nodes")
-        return text + " (tc htb; no added latency)"
+        burst = "tc's default burst" if self.burst_s is None else f"burst {self.burst_s * 1e3:g} ms of the rate"
+        return text + f" (tc htb, {burst}; no added latency)"
