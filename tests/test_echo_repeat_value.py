@@ -159,7 +159,7 @@ def test_measurements_grow_sparse_once_the_value_stands_and_dense_again_when_it_
     auto = AutoEcho(value_every=16)
     _window(auto)
     assert not any(auto.value_due() for _ in range(100))  # e = 1: no repeats, never measured
-    auto.factor = 4.0
+    auto.factor = auto.base = 4.0  # (e and the rule's base, as observe would set them)
 
     def steps_between_measurements(value, blocks):
         gaps, since = [], 0

@@ -84,6 +84,9 @@ from hasten.timing import Stopwatch
 # of benchmarks/echo_repeat_value.py on a CIFAR-10-JPEG subset held out from the echo sweep.
 # Above 1/2, so ``value_bound`` bounds nothing until the run's own gradients say otherwise.
 REPEAT_VALUE = 0.57
+# The most e runs above R^ (``AutoEcho.headroom``): half again, reached at a measured
+# repeat value of 3/4. e = 2R (e = 4 at R = 2) cost no steps against the real source.
+HEADROOM = 0.5
 
 
 RULE_FILES = ("auto.py", "factor_rule.py", "ranks.py", "repeat_value.py")
@@ -138,7 +141,7 @@ class AutoEcho:
         repeat_tolerance: float = 0.1,
         loss_smoothing: float = 0.05,
         repeat_value: float = REPEAT_VALUE,
-        value_every: int = 16,
+        value_every: int = 8,
         sync: bool = True,
     ):
         if not (isinstance(e_max, (int, float)) and math.isfinite(e_max) and e_max >= 1):
@@ -180,6 +183,7 @@ class AutoEcho:
         self.off_below = off_below
         self.sync = sync
         self.factor = 1.0
+        self.base = 1.0  # R^ as the rule last set it; e is the base with its headroom
         self.rule = FactorRule(probe=probe, hysteresis=hysteresis, off_below=off_below)
         self.windows = 0
         self._paused_s = 0.0  # time inside paused() since the last window
@@ -275,22 +279,36 @@ class AutoEcho:
             self.value_history.append(self.repeat_value)
         self.history.append((self.factor, estimate))
         # (The ranks' agreed estimate against the factor they share: every rank decides alike.)
-        target = self.rule.decide(self.factor, estimate)
+        target = self.rule.decide(self.base, estimate)
         bound = min(self.cap, self.value_bound)
-        if target is None:
-            if self.factor <= bound:
-                return self.factor
-            target = bound  # the cap or the value bound came down below e: e follows it now
-        if target < self.off_below:
-            new = 1.0
-        else:
-            step_limit = 2 * self.factor if self._measured else self.e_max  # one outlier cannot reach e_max
-            new = max(1.0, min(self.e_max, bound, step_limit, target))
+        if target is not None:
+            if target < self.off_below:
+                self.base = 1.0
+            else:
+                step_limit = 2 * self.base if self._measured else self.e_max  # one outlier cannot reach e_max
+                self.base = max(1.0, min(self.e_max, step_limit, target))
+        self.base = min(self.base, max(1.0, bound))  # the cap or the value bound came down: the base follows
+        new = self.base if self.base <= 1.0 or self.rule.probing else self.base * (1.0 + self.headroom)
+        new = max(1.0, min(self.e_max, bound, new))
+        if target is None and self.factor <= bound and abs(new - self.factor) <= self.hysteresis * self.factor:
+            return self.factor  # the headroom moved within the band (its value is re-measured): hold
         self._measured = self._measured or new > 1.0
         if new != self.factor:
             self.rule.moved()
         self.factor = new
         return new
+
+    @property
+    def headroom(self) -> float:
+        """The share by which e runs above R^ while echoing: 2v - 1 of the *measured* value v
+        of a repeat, at most ``HEADROOM``; 0 before the run has measured v, and where v <= 1/2.
+        Bursts make a loop at e = R wait (Kingman: waiting grows with the arrivals'
+        variability at any load near 1), and a copy above R costs a step only what a repeat
+        is worth less than a fresh example; measured against the real source (issue 44)
+        e = 4 at R = 2 reached the target in the steps of e = 2 (v 0.6-0.9) and waited less.
+        Where v <= 1/2 repeats are mostly memorised (``value_bound``): e stays at R."""
+        v = self.measured_value
+        return 0.0 if v is None else min(HEADROOM, max(0.0, 2 * v - 1))
 
     @property
     def ratio_estimate(self) -> float | None:
