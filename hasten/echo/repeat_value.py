@@ -160,8 +160,9 @@ class RepeatValueEstimate:
     - Cost: the loop measures every ``every`` steps until the value stands (``MIN_BLOCKS``
       blocks: the first dozen reports come within about a hundred steps of e leaving 1);
       from then on each measurement while the last block was steady (it left the
-      measurement within ``TOLERANCE`` of where it was, and itself lay within three spreads
-      of it) doubles the interval, up to ``MAX_SPREAD`` times ``every`` (geometric backoff:
+      measurement within ``TOLERANCE`` or two standard errors of where it was, and itself
+      lay within three spreads of it: a small batch's dots are noisy, and a block moves the
+      median by its noise) doubles the interval, up to ``MAX_SPREAD`` times ``every`` (geometric backoff:
       a 700-step run measures about 17 times, against 40 at a fixed 16); a block that is
       not steady brings it back to ``every`` (a change shows in one block, long before the
       median).
@@ -220,7 +221,7 @@ class RepeatValueEstimate:
         spread = 1.4826 * _median(sorted(abs(v - median) for v in values))  # a robust std of one block
         se = max(self.SE_FLOOR, 1.2533 * spread / math.sqrt(k))
         before = median if self.measurement is None else self.measurement  # (the first: against itself)
-        self.steady = (abs(median - before) < self.TOLERANCE
+        self.steady = (abs(median - before) < max(self.TOLERANCE, 2 * se)
                        and abs(value - before) <= 3 * max(spread, self.TOLERANCE))
         if not self.steady:  # the value moved, or this block is far out: look again soon
             self.interval = self.every
