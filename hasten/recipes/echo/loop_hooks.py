@@ -61,9 +61,10 @@ class RepeatValue:
     def probe(self, x: torch.Tensor, y: torch.Tensor, copies: torch.Tensor) -> None:
         if self.on and self.auto.value_due():
             with autocast(self.device, self.bf16):
-                # Parts of an eighth of the batch: 3/8 of a step's forward and backward.
+                # Parts of an eighth of the batch (16 items at least: smaller ones are mostly noise):
+                # 3/8 of a step's forward and backward at the recipes' batch of 256.
                 dots = gradient_dots(self.model, self.loss_of, x, y, copies, generator=self.generator,
-                                     max_items=max(4, len(x) // 8))
+                                     max_items=max(16, len(x) // 8))
             if dots is not None:
                 self.auto.report_repeat_gradients(*dots)
 
