@@ -68,10 +68,10 @@ def test_the_journal_keys_fixed_runs_as_before_and_autoecho_runs_by_its_rule():
     from hasten.recipes.echo.sweep import auto_settings
 
     cfg = echo_link.sweep_config("x", None)
-    assert (cfg.seeds, cfg.ratios, cfg.value_every) == (3, (2.0, 4.0), 16)
+    assert (cfg.seeds, cfg.ratios, cfg.value_every) == (3, (2.0, 4.0), 8)
     assert echo_link.sweep_config("x", 32).value_every == 32
     assert auto_settings(cfg, RunSpec(echo=4.0)) == {}  # fixed factors: keyed as before
-    assert auto_settings(cfg, RunSpec(echo="auto")) == {"value_every": 16, "autoecho_rule": rule_digest()}
+    assert auto_settings(cfg, RunSpec(echo="auto")) == {"value_every": 8, "autoecho_rule": rule_digest()}
     # The committed journal's AutoEcho runs have no rule digest in their keys: rerun, not reused.
     journal = Path(echo_link.__file__).parent / "results" / "echo_link_stage.runs.jsonl"
     if journal.is_file():

@@ -159,7 +159,7 @@ def test_measurements_grow_sparse_once_the_value_stands_and_dense_again_when_it_
     auto = AutoEcho(value_every=16)
     _window(auto)
     assert not any(auto.value_due() for _ in range(100))  # e = 1: no repeats, never measured
-    auto.factor = 4.0
+    auto.factor = auto.base = 4.0  # (e and the rule's base, as observe would set them)
 
     def steps_between_measurements(value, blocks):
         gaps, since = [], 0
@@ -263,3 +263,25 @@ def test_the_steps_own_backward_still_runs_after_it():
     assert gradient_dots(model, F.cross_entropy, x, y, torch.arange(32) % 2) is not None
     loss.backward()
     assert model.lin.weight.grad is not None
+
+
+def test_a_measurement_forwards_three_equal_parts_of_at_most_max_items():
+    # The cost of a measurement: three parts of k = min(first copies / 2, repeats, max_items)
+    # items each, whatever the share of repeats (all repeats and both halves: a whole batch).
+    seen = []
+
+    class Counting(torch.nn.Linear):
+        def forward(self, x):
+            seen.append(len(x))
+            return super().forward(x)
+
+    model = Counting(4, 3)
+    x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    copies = torch.tensor([0 if i % 4 == 0 else 1 for i in range(64)])  # e = 4: 16 first copies
+    assert gradient_dots(model, F.cross_entropy, x, y, copies, max_items=5) is not None
+    assert seen == [5, 5, 5]
+    seen.clear()
+    gradient_dots(model, F.cross_entropy, x, y, copies)
+    assert seen == [8, 8, 8]  # half the first copies, and as many repeats
+    with pytest.raises(ValueError, match="max_items"):
+        gradient_dots(model, F.cross_entropy, x, y, copies, max_items=2)

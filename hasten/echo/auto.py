@@ -8,19 +8,23 @@ while training and follows it. Pass it wherever an echo factor is accepted.
 The rule, once per window of ``interval`` fresh items (``observe`` has it in full):
 
     R = (emitted / fresh) x (1 + wait / downstream)    a window in which the echo stage waits
-    R^ = the mean over the last 16 windows at this e,  (a window without waiting counts as e;
-         without the largest                           one burst moves nothing)
-    e = min(e_max, cap, value_bound, R^) when R^ leaves e x (1 +- hysteresis); 1 while R^ < off_below
+    R^ = the mean over the last 16 windows at this     (a window without waiting counts as the
+         base, without the largest                     base; one burst moves nothing)
+    base = R^ when R^ leaves base x (1 +- hysteresis); 1 while R^ < off_below
+    e = min(e_max, cap, value_bound, base x (1 + headroom)),  headroom = min(1/2, 2v - 1)
 
-Below R a copy removes waiting; above R it only adds steps. Behind a prefetch buffer only a
+Below R a copy removes waiting; above R it costs a step only what a repeat v is worth less
+than a fresh example, and it absorbs the upstream's bursts, which make a loop at e = R wait:
+so e runs above the base by a headroom that the run's own measurement of v grants (none
+before v is measured or where v <= 1/2; ``headroom``). Behind a prefetch buffer only a
 sustained shortfall of the upstream costs time, so R^ pools the run's windows rather than
 reading one (``hasten.echo.factor_rule``, where the reasoning and its sources are). Whether
-the top copy pays is measured, not assumed: after a few windows without waiting, e steps
-down by ``probe``; if R^ then brings it back up, the copy was paying (and the next probe
-waits twice as long); if not, e keeps stepping down. The cap comes
-down while the loss on repeats falls below the loss on fresh items (``observe_loss``: the
-repeats are being memorised), and e stays within ``value_bound``, set by what a repeat is
-worth as measured from the run's gradients (``report_repeat_gradients``,
+the base still stands is measured, not assumed: after a few windows without waiting, e drops
+its headroom and steps down by ``probe``; if the loop then waits, the copy was paying (the
+headroom comes back; the next probe waits twice as long); if not, e keeps stepping down. The
+cap comes down while the loss on repeats falls below the loss on fresh items
+(``observe_loss``: the repeats are being memorised), and e stays within ``value_bound``, set
+by what a repeat is worth as measured from the run's gradients (``report_repeat_gradients``,
 ``hasten.echo.repeat_value.RepeatValueEstimate``). Under ``torch.distributed`` the ranks
 agree on one e. AutoEcho needs an upstream that runs concurrently (DataLoader workers, a
 prefetch thread), as any real input pipeline has.
@@ -31,32 +35,17 @@ schedule on *effective examples*, a repeat counting its measured first-order val
 (g_repeat . grad L / |grad L|^2), which stretched an echoed run's schedule by
 1 / (1/e + (1 - 1/e) v). Why a step, not v:
 
-- The evidence. Through hasten's whole pipeline on CIFAR-10-JPEG (speedrun network,
-  example-before) the fixed factors e = 1, 2 and 4 reached 75% in the same steps (684-733
-  of a 977-step schedule), so there a repeat did in a step what a fresh example did; v
-  read 0.53-0.69, and AutoEcho's stretched schedule (its learning rate still high where
-  e = 4's had decayed) took 791-832 steps, at 0.60 to 0.79 of the best fixed factor's
-  speed. Stretching is never free: at a given e more steps are more fresh examples, read at
-  the upstream's pace.
-- The theory does not make v the value of a step. Take a step's progress at learning rate
-  lr (McCandlish et al., "An Empirical Model of Large-Batch Training", arXiv:1812.06162):
-  lr g.G - lr^2/2 L'' (|g|^2 + tr(Sigma)/B), on a batch whose mean gradient is m G,
-  m = 1/e + (1 - 1/e) v its first-order value, with noise tr(Sigma)/B and nu =
-  tr(Sigma) / (B |G|^2) (B_simple / B). At the learning rate that is best for fresh
-  batches the step is worth 1 - ((1 - m)^2 + 2 nu (1 - m)) / (1 + nu) of a fresh one:
-  m (2 - m) when curvature limits the step (nu -> 0; 0.93 at e = 4, v = 0.65), 2m - 1
-  when noise does (nu -> inf; 0.48 there); m only far below the optimum. The value of a
-  step depends on nu and on where lr stands against its optimum, neither of which the
-  schedule knows, so the schedule cannot take it from v. The measured steps (a repeat's
-  step about a fresh one's at v 0.53-0.69) fit the curvature-limited end, where a smaller
-  mean gradient at the same lr loses little.
-  A noise term measured from the same halves (|g_a - g_b|^2 estimates tr(Sigma)) would
-  give nu, but the model then needs the learning rate's optimum, and the measure stays
-  first-order: it sees a memorised repeat's smaller, less aligned gradient, not how
-  correlated a re-augmented copy's noise is with its first copy's.
-- The paper measures echoing this way. Choi et al. (arXiv:1907.05550) keep the training
-  algorithm and compare fresh examples and wall time to a target, each run with its own
-  (fixed or tuned) step budget; the step budget is the user's, and a fixed factor keeps it.
+- The evidence. Through hasten's whole pipeline on CIFAR-10-JPEG the fixed factors e = 1, 2
+  and 4 reached 75% in the same steps (684-733 of 977), at v 0.53-0.69; AutoEcho's
+  stretched schedule (its learning rate still high where e = 4's had decayed) took 791-832
+  steps, at 0.60 to 0.79 of the best fixed factor's speed.
+- The theory does not make v the value of a step. In the large-batch model of McCandlish
+  et al. (arXiv:1812.06162), at the learning rate best for fresh batches a batch of mean
+  gradient m G (m = 1/e + (1 - 1/e) v) is worth m (2 - m) of a fresh step when curvature
+  limits the step (0.93 at e = 4, v = 0.65) and 2m - 1 when noise does (0.48 there): the
+  value of a step depends on the noise scale and on where lr stands against its optimum,
+  which the schedule does not know. The measured steps fit the curvature-limited end.
+- The paper keeps the training algorithm and each run's own step budget (Choi et al.).
 
 What the measured v still decides is how far e may go (``value_bound``): by the same model,
 a step with repeats makes progress even where noise limits it only while 2m - 1 > 0 (m > 1/2), so
@@ -84,6 +73,9 @@ from hasten.timing import Stopwatch
 # of benchmarks/echo_repeat_value.py on a CIFAR-10-JPEG subset held out from the echo sweep.
 # Above 1/2, so ``value_bound`` bounds nothing until the run's own gradients say otherwise.
 REPEAT_VALUE = 0.57
+# The most e runs above R^ (``AutoEcho.headroom``): half again, reached at a measured
+# repeat value of 3/4. e = 2R (e = 4 at R = 2) cost no steps against the real source.
+HEADROOM = 0.5
 
 
 RULE_FILES = ("auto.py", "factor_rule.py", "ranks.py", "repeat_value.py")
@@ -138,7 +130,7 @@ class AutoEcho:
         repeat_tolerance: float = 0.1,
         loss_smoothing: float = 0.05,
         repeat_value: float = REPEAT_VALUE,
-        value_every: int = 16,
+        value_every: int = 8,
         sync: bool = True,
     ):
         if not (isinstance(e_max, (int, float)) and math.isfinite(e_max) and e_max >= 1):
@@ -180,6 +172,7 @@ class AutoEcho:
         self.off_below = off_below
         self.sync = sync
         self.factor = 1.0
+        self.base = 1.0  # R^ as the rule last set it; e is the base with its headroom
         self.rule = FactorRule(probe=probe, hysteresis=hysteresis, off_below=off_below)
         self.windows = 0
         self._paused_s = 0.0  # time inside paused() since the last window
@@ -275,22 +268,32 @@ class AutoEcho:
             self.value_history.append(self.repeat_value)
         self.history.append((self.factor, estimate))
         # (The ranks' agreed estimate against the factor they share: every rank decides alike.)
-        target = self.rule.decide(self.factor, estimate)
+        target = self.rule.decide(self.base, estimate)
         bound = min(self.cap, self.value_bound)
-        if target is None:
-            if self.factor <= bound:
-                return self.factor
-            target = bound  # the cap or the value bound came down below e: e follows it now
-        if target < self.off_below:
-            new = 1.0
-        else:
-            step_limit = 2 * self.factor if self._measured else self.e_max  # one outlier cannot reach e_max
-            new = max(1.0, min(self.e_max, bound, step_limit, target))
+        if target is not None:
+            if target < self.off_below:
+                self.base = 1.0
+            else:
+                step_limit = 2 * self.base if self._measured else self.e_max  # one outlier cannot reach e_max
+                self.base = max(1.0, min(self.e_max, step_limit, target))
+        self.base = min(self.base, max(1.0, bound))  # the cap or the value bound came down: the base follows
+        new = self.base if self.base <= 1.0 or self.rule.probing else self.base * (1.0 + self.headroom)
+        new = max(1.0, min(self.e_max, bound, new))
+        if target is None and self.factor <= bound and abs(new - self.factor) <= self.hysteresis * self.factor:
+            return self.factor  # the headroom moved within the band (its value is re-measured): hold
         self._measured = self._measured or new > 1.0
         if new != self.factor:
             self.rule.moved()
         self.factor = new
         return new
+
+    @property
+    def headroom(self) -> float:
+        """The share by which e runs above the base: 2v - 1 of the *measured* value v of a
+        repeat, at most ``HEADROOM``; 0 before v is measured and where v <= 1/2 (module
+        docstring; ``value_bound`` takes over below 1/2)."""
+        v = self.measured_value
+        return 0.0 if v is None else min(HEADROOM, max(0.0, 2 * v - 1))
 
     @property
     def ratio_estimate(self) -> float | None:

@@ -36,7 +36,12 @@ as a trimmed mean is robust to one outlier; Tukey, 1962). Then:
   next probe waits twice as long (up to ``MAX_PATIENCE`` windows). If as many quiet windows
   follow, the copy bought nothing and e steps down again, the next time after half as
   many (down to 2). Not after one quiet window: after a probe below R the buffer the
-  surplus filled drains first, and the loop waits only then.
+  surplus filled drains first, and the loop waits only then. A probe whose windows wait
+  but leave R^ within the band found e at R: the copy was paying, likewise.
+
+``factor`` here is AutoEcho's base, its estimate of R; the e it runs is the base with its
+headroom (``hasten.echo.auto``), without it while a probe is pending (``probing``): a
+probe tests the base, and a window that does not wait counts as the base.
 
 Changes the training math: no (it decides e; see ``hasten.echo.auto`` for what e changes).
 """
@@ -101,6 +106,12 @@ class FactorRule:
                 return low
             if high < factor * (1 - self.hysteresis):
                 return high
+        if self.probing and len(self.readings) >= self.patience and self.slack < len(self.readings):
+            # The loop waits at the probe's e, but R^ stays within the band: e is at R, the
+            # copy the probe removed was paying (AutoEcho puts its headroom back on).
+            self.probing = False
+            self.patience = min(2 * self.patience, MAX_PATIENCE)
+            return None
         if waited or self.slack < self.patience:
             return None
         if self.probing:

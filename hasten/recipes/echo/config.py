@@ -47,10 +47,10 @@ class SweepConfig:
     in_flight_grid: tuple[int, ...] = (1, 2, 4, 8, 16)  # the baseline's loader search
     prefetch_grid: tuple[int, ...] = (0, 8)  # requests read ahead of the consumer
     e_max: float = 8.0  # AutoEcho's largest factor
-    # AutoEcho measures what a repeat is worth on the task every this many steps
-    # (hasten.echo.repeat_value; about one more forward and backward each; it bounds e, not
-    # the schedule); 0: its prior REPEAT_VALUE throughout.
-    value_every: int = 16
+    # AutoEcho measures what a repeat is worth on the task every this many steps at first,
+    # less often once it stands (hasten.echo.repeat_value; 3/8 of a step's forward and
+    # backward each; it bounds e and its headroom, not the schedule); 0: its prior throughout.
+    value_every: int = 8
     # The sweep at a target (hasten.recipes.echo.target) only: the test accuracy to reach (the
     # paper-regime sweep sets its own, the baseline's mean minus one std) and the modelled
     # source's read-ahead in batches (hasten.recipes.echo.clock).

@@ -45,7 +45,8 @@ class RepeatValue:
     with batch echoing (``variant == "batch"``), which puts no repeat beside its first copy.
 
     :meth:`probe` (at the step's weights, before its update): every ``auto.value_due()``
-    step, ``gradient_dots`` of ``loss_of`` (the mean loss) under bf16 autocast when
+    step, ``gradient_dots`` of ``loss_of`` (the mean loss; parts of at most an eighth of the
+    batch) under bf16 autocast when
     ``bf16``, reported to ``auto``; the examples it compares are drawn from a generator
     seeded with ``seed``. :meth:`observe` (after the step): the step's per-item losses on
     first copies and repeats (repeats memorised: the cap on e comes down)."""
@@ -60,7 +61,10 @@ class RepeatValue:
     def probe(self, x: torch.Tensor, y: torch.Tensor, copies: torch.Tensor) -> None:
         if self.on and self.auto.value_due():
             with autocast(self.device, self.bf16):
-                dots = gradient_dots(self.model, self.loss_of, x, y, copies, generator=self.generator)
+                # Parts of an eighth of the batch (16 items at least: smaller ones are mostly noise):
+                # 3/8 of a step's forward and backward at the recipes' batch of 256.
+                dots = gradient_dots(self.model, self.loss_of, x, y, copies, generator=self.generator,
+                                     max_items=max(16, len(x) // 8))
             if dots is not None:
                 self.auto.report_repeat_gradients(*dots)
 

@@ -83,8 +83,9 @@ class EchoRunConfig:
     # (e_max for AutoEcho) and the batch by hasten.echo.default_shuffle_buffer, ~1% duplicates.
     shuffle_buffer: int | None = None
     # AutoEcho measures what a repeat is worth on this task every this many steps
-    # (hasten.echo.repeat_value; one more forward and backward each time); 0: its constant.
-    value_every: int = 16
+    # at first, less often once it stands (hasten.echo.repeat_value; 3/8 of a step's
+    # forward and backward each time); 0: its constant.
+    value_every: int = 8
 
     def __post_init__(self) -> None:
         try:
