@@ -65,7 +65,7 @@ def test_on_a_cpu_without_bf16_the_autocast_probe_is_dropped_before_it_runs(monk
 
 @pytest.mark.slow
 def test_verify_measures_the_workers_fix_close_to_its_prediction(monkeypatch):
-    verify_only(monkeypatch, "workers=", "echo=")  # the device-resident loader's: test_profile_resident
+    verify_only(monkeypatch, "workers=", "echo=")  # the device-resident loader's: test_profile_verify
     a = profile(_config("input_bound.py", "--item-sleep", "0.005", "--batch", "16", "--step-sleep", "0.02",
                         verify=True), log=lambda m: None)
     workers = next(r for r in a.recommendations if r.apply and r.apply.startswith("workers"))
