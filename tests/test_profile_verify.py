@@ -19,7 +19,7 @@ from hasten.profile.verdict import analyse
 from test_profile_report import _analysis as report_analysis
 from hasten.profile.verify import BLOCK_STEPS, PAIRS, RERUNS, judge, ratio_interval, verify
 from hasten.timing import interleaved
-from profile_helpers import verify_only
+from profile_helpers import verify_only, verify_rounds
 
 SCRIPTS = Path(__file__).parent / "profile_scripts"
 # A verification runs the command up to 7 times here, each a few seconds; on a machine loaded 10-fold
@@ -52,14 +52,21 @@ def null():
     # A clock that only the script's sleeps advance: an unchanged step takes exactly as long in every run and
     # block, so these fixes' effect is exactly none. workers=0 (re-runs) where no DataLoader is built, and
     # comm=bf16 (switched between steps) without DDP, change nothing.
+    # Rounds: NULL_ROUNDS, not RERUNS (whose runs are `reruns`' below): every sample is the same, so a
+    # round more adds nothing but its two runs.
     a = _analysis([], [_null_fix("workers=0"), _null_fix("comm=bf16")])
-    verify(_config("autocast_sleep.py", "--virtual-clock"), a, log=lambda m: None,
-           run_instrumented=run_instrumented)
+    with pytest.MonkeyPatch.context() as mp:
+        verify_rounds(mp, NULL_ROUNDS)
+        verify(_config("autocast_sleep.py", "--virtual-clock"), a, log=lambda m: None,
+               run_instrumented=run_instrumented)
     return a
 
 
+NULL_ROUNDS = 2
+
+
 @SLOW
-@pytest.mark.slow  # the first to use `null`: 7 runs of the command (18 s in a fresh-clone CI run)
+@pytest.mark.slow  # the first to use `null`: 5 runs of the command
 @pytest.mark.parametrize("apply", ["workers=0", "comm=bf16"])
 def test_a_fix_with_no_effect_is_no_measurable_difference_and_not_promoted(null, apply):
     (rec,) = [r for r in null.rejected if r["apply"] == apply]
@@ -72,10 +79,10 @@ def test_a_fix_with_no_effect_is_no_measurable_difference_and_not_promoted(null,
 @SLOW
 def test_the_report_prints_each_verification_with_its_interval_n_and_cost(null):
     text = format_report(null)
-    assert f"n = {RERUNS} re-runs of each, interleaved" in text
+    assert f"n = {NULL_ROUNDS} re-runs of each, interleaved" in text
     assert f"n = {PAIRS} pairs of {BLOCK_STEPS}-step blocks in one run, interleaved" in text
     assert text.count("95% interval x") == 2 and text.count("no measurable difference") == 2
-    runs = 2 * RERUNS + 1  # the baseline's and the fix's re-runs, and one run switching comm=bf16
+    runs = 2 * NULL_ROUNDS + 1  # the baseline's and the fix's re-runs, and one run switching comm=bf16
     assert f"({runs} runs)" in text and null.cost["verify_runs"] == runs and null.cost["verify_runs_s"] > 0
 
 
