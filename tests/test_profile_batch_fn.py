@@ -112,9 +112,10 @@ def test_an_echoed_batch_function_hands_out_each_batch_e_times_per_arguments():
 
 @pytest.mark.slow
 def test_verify_applies_the_rows_and_workers_fixes_to_the_scripts_get_batch(tmp_path, monkeypatch):
-    verify_rounds(monkeypatch, 2)  # each fix still verified with an interval, in a round of runs fewer
-    # the rows and workers fixes' re-runs only: batch echoing's (batch_fn=echo:E, two runs more) is the unit
-    # test's above, and every other fix's re-run is its own test's
+    # One round: this test reads what each fix's re-run applied, not the verification's statistics (those are
+    # test_profile_verify's); the rows and workers fixes' re-runs only: batch echoing's (batch_fn=echo:E) is
+    # the unit test's above, and every other fix's re-run is its own test's
+    verify_rounds(monkeypatch, 1)
     verify_only(monkeypatch, "batch_fn=rows", "batch_fn=workers:")
     tokens, counts = tmp_path / "tokens.bin", tmp_path / "counts"
     counts.mkdir()
@@ -126,8 +127,9 @@ def test_verify_applies_the_rows_and_workers_fixes_to_the_scripts_get_batch(tmp_
     applied = {r.apply: r for r in fixes if getattr(r, "apply", None)}
     assert "batch_fn=rows" in applied and any(k.startswith("batch_fn=workers:") for k in applied)
     for apply, r in applied.items():
-        if apply.startswith(("batch_fn=rows", "batch_fn=workers:")):
-            assert r.verified_speedup is not None, (apply, a.notes)
+        if apply.startswith(("batch_fn=rows", "batch_fn=workers:")):  # its re-run ran and was measured
+            assert f"verification of {r.fix}: 1 pair(s) of runs measured, too few for an interval (unverified)" \
+                in a.notes, (apply, a.notes)
     runs = {}
     for p in counts.glob("*.json"):
         apply = p.name.split(".", 1)[1][:-5]
