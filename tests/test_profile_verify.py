@@ -47,6 +47,9 @@ def _null_fix(apply):
 
 # ---------------------------------------------------------------- a fix with no effect
 
+NULL_ROUNDS = 2  # the no-effect verification's rounds (below)
+
+
 @pytest.fixture(scope="module")
 def null():
     # A clock that only the script's sleeps advance: an unchanged step takes exactly as long in every run and
@@ -60,9 +63,6 @@ def null():
         verify(_config("autocast_sleep.py", "--virtual-clock"), a, log=lambda m: None,
                run_instrumented=run_instrumented)
     return a
-
-
-NULL_ROUNDS = 2
 
 
 @SLOW
