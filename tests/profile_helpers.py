@@ -15,7 +15,8 @@ def verify_rounds(monkeypatch, rounds: int) -> None:
     the verification's statistics (those are tests/test_profile_verify.py's and the launcher's
     workers-fix test's). A round is a run of the command per fix and one of the baseline, seconds
     each; 2 rounds still give a verified speed-up with an interval, which may move the fix in the
-    ranking as 3 would."""
+    ranking as 3 would; 1 round runs each re-run once and verifies nothing (too few for an interval:
+    a note says so), for a test that reads only what a re-run applied or saw."""
     from hasten.profile import verify
     monkeypatch.setattr(verify, "RERUNS", rounds)
 
@@ -24,7 +25,7 @@ def verify_only(monkeypatch, *applies: str) -> None:
     """``--verify`` re-runs only the fixes whose ``apply`` starts with one of ``applies`` (and the
     baseline, in as many rounds): for a test of those fixes' re-runs, the other fixes' re-runs (a
     few seconds each, every round) are other tests' (the device-resident loader's:
-    tests/test_profile_resident.py; workers and echo: the launcher's workers-fix test). The others
+    tests/test_profile_verify.py; workers and echo: the launcher's workers-fix test). The others
     are set aside while it runs, then put back, unverified, after the fixes it ranked (no test that
     uses this reads the order)."""
     from hasten.profile import verify

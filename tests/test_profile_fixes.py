@@ -40,16 +40,18 @@ def test_the_echo_fix_under_accumulation_is_the_code_its_verification_ran(tmp_pa
     # makes each step's two micro-batches one batch twice, while --verify had put the copies in
     # different steps. Now both echo whole steps, and are one call.
     monkeypatch.setenv("ACCUM_LOG", str(tmp_path / "steps"))
-    verify_rounds(monkeypatch, 2)  # still several re-runs of the fix, verified with an interval
+    # One round: the fix's re-run (and the baseline's) is what this test reads, not the verification's
+    # statistics (too few runs for an interval: unverified, wherever its prediction put it)
+    verify_rounds(monkeypatch, 1)
     verify_only(monkeypatch, "echo=")  # this test is about echo's re-runs
     a = profile(_config("accum_echo.py", verify=True), log=lambda m: None)
     assert a.micro_batches == 2
-    # Its verified gain is small (x1.1 to x1.15 here): on a loaded machine it can verify below x1.05 and be
-    # moved to the rejected fixes, which keep the code and the verification; this test is about those.
+    # Its gain is small (x1.1 to x1.15 here): it may be recommended or rejected; this test is about its code
     fixes = [*(vars(r) for r in a.recommendations), *a.rejected]
     echo = SimpleNamespace(**next(f for f in fixes if (f.get("apply") or "").startswith("echo=")))
     factor, group = echo_arguments(echo.apply)
-    assert group == 2 and f"group={group}" in echo.how and echo.verified_speedup is not None
+    assert group == 2 and f"group={group}" in echo.how
+    assert any(n.startswith(f"verification of {echo.fix}: 1 pair(s) of runs") for n in a.notes), a.notes  # it ran
 
     # The printed code applied to the script's loader (one pass), two batches per step.
     monkeypatch.syspath_prepend(str(SCRIPTS))
@@ -60,10 +62,9 @@ def test_the_echo_fix_under_accumulation_is_the_code_its_verification_ran(tmp_pa
     assert all(a != b for a, b in printed)  # a step's micro-batches are distinct
     assert printed[1] == printed[0] and printed[2] != printed[0]  # and whole steps repeat
 
-    # Each verification re-run (several, interleaved with the baseline's) logged what each of its steps
-    # trained on: the same steps.
+    # The verification's re-run logged what each of its steps trained on: the same steps.
     logs = list(tmp_path.glob(f"steps.{echo.apply}.*"))
-    assert logs
+    assert len(logs) == 1
     for log in logs:
         verified = [json.loads(line) for line in log.read_text().splitlines()]
         assert len(verified) >= a.steps and verified == printed[:len(verified)]
@@ -110,7 +111,7 @@ def test_workers_that_all_yield_the_same_items_are_named_in_the_report(shard):
 
 @pytest.mark.slow
 def test_the_workers_fix_re_run_says_when_its_workers_repeat_each_other(monkeypatch):
-    verify_rounds(monkeypatch, 2)  # the note comes from the fix's first re-run; 2 rounds still rank the fix
+    verify_rounds(monkeypatch, 1)  # the note comes from the fix's first re-run (one: unverified, not ranked)
     verify_only(monkeypatch, "workers=")  # this test is about the workers fix's re-run
     # Issue 34: without workers the loop is fine; the workers fix's re-run trained on each batch
     # once per worker (an IterableDataset that ignores get_worker_info()) and nothing said so.
