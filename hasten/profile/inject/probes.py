@@ -16,7 +16,10 @@ writes its report and exits:
   workers' CPU per batch from /proc;
 - :func:`handoff`: for a loop without workers, the time to receive a batch from one
   worker process (a DataLoader of :class:`Repeat`): the cost that moving the batches
-  into workers would add.
+  into workers would add;
+- :func:`handout`: for a loop whose batch function was timed, the time to hand out a batch
+  kept in a fixed set (the wrapper of ``batch_fn=pool:N``, a fresh copy each): the cost that
+  the set's every step pays in place of making a batch.
 
 Changes the training math: no (the process trains no further).
 """
@@ -176,3 +179,32 @@ def handoff_time(batch, n: int) -> float:
         times.append(time.perf_counter() - t)
     del it
     return statistics.median(times)
+
+
+HANDOUT_CALLS, HANDOUT_BLOCKS = 20, 5  # a block's mean per call, the median over the blocks
+
+
+def handout(st: State) -> None:
+    """Seconds a batch kept in a fixed set takes to be handed out (:func:`handout_time`), and its bytes (the
+    set's memory), for a loop whose batch function was timed (its result, kept for the hand-off probe)."""
+    from hasten.profile.inject.batches import batch_nbytes
+    if st.batch_fn_result is None:
+        return
+    st.loader_probe["handout_s"] = handout_time(st.batch_fn_result)
+    st.loader_probe["batch_fn_bytes"] = batch_nbytes(st.batch_fn_result)
+
+
+def handout_time(batch) -> float:
+    """Median seconds per call of :func:`hasten.profile.inject.batch_fn.pooled`'s wrapper handing out ``batch``
+    from a set of one (the call, the lookup, a fresh copy of its tensors), over blocks of calls, each block's
+    run-queue wait taken out (another job holding the core is not the copy's cost)."""
+    from hasten.profile.inject.batch_fn import pooled
+    hand_out = pooled(lambda: batch, 1)
+    hand_out()  # the set made
+    per_call = []
+    for _ in range(HANDOUT_BLOCKS):
+        t, rq = time.perf_counter(), runqueue_s()
+        for _ in range(HANDOUT_CALLS):
+            hand_out()
+        per_call.append(max(0.0, time.perf_counter() - t - (runqueue_s() - rq)) / HANDOUT_CALLS)
+    return statistics.median(per_call)
