@@ -198,10 +198,10 @@ def test_the_hand_out_probe_times_handing_out_a_copy_of_the_batch_functions_resu
     from types import SimpleNamespace
 
     from hasten.profile.inject import probes
-    st = SimpleNamespace(batch_fn_result=(torch.zeros(32, 4), torch.zeros(32, 1)), loader_probe={})
+    st = SimpleNamespace(batch_fn_result=(torch.zeros(32, 4), torch.zeros(32, 1)), loader_probe={}, device="cpu")
     probes.handout(st)
     assert st.loader_probe["handout_s"] > 0 and st.loader_probe["batch_fn_bytes"] == 32 * 5 * 4
-    none = SimpleNamespace(batch_fn_result=None, loader_probe={})
+    none = SimpleNamespace(batch_fn_result=None, loader_probe={}, device="cpu")
     probes.handout(none)
     assert none.loader_probe == {}  # no batch function timed: no fixed set to predict
 

@@ -31,7 +31,7 @@ import statistics
 import time
 
 from hasten.cpu_time import pid_cpu_s, runqueue_s
-from hasten.profile.inject import messages
+from hasten.profile.inject import device_sync, messages
 from hasten.profile.inject.settings import NEEDS_REPLAY
 from hasten.profile.inject.state import State
 
@@ -190,14 +190,18 @@ def handout(st: State) -> None:
     from hasten.profile.inject.batches import batch_nbytes
     if st.batch_fn_result is None:
         return
-    st.loader_probe["handout_s"] = handout_time(st.batch_fn_result)
-    st.loader_probe["batch_fn_bytes"] = batch_nbytes(st.batch_fn_result)
+    try:
+        st.loader_probe["handout_s"] = handout_time(st.batch_fn_result, lambda: device_sync.sync(st))
+        st.loader_probe["batch_fn_bytes"] = batch_nbytes(st.batch_fn_result)
+    except Exception as exc:  # a batch that cannot be copied: no estimate (the fixed set is then not predicted)
+        st.loader_probe["handout_error"] = repr(exc)
 
 
-def handout_time(batch) -> float:
+def handout_time(batch, sync=lambda: None) -> float:
     """Median seconds per call of :func:`hasten.profile.inject.batch_fn.pooled`'s wrapper handing out ``batch``
     from a set of one (the call, the lookup, a fresh copy of its tensors), over blocks of calls, each block's
-    run-queue wait taken out (another job holding the core is not the copy's cost)."""
+    run-queue wait taken out (another job holding the core is not the copy's cost); ``sync`` waits for the
+    device's copies at each block's end."""
     from hasten.profile.inject.batch_fn import pooled
     hand_out = pooled(lambda: batch, 1)
     hand_out()  # the set made
@@ -206,5 +210,6 @@ def handout_time(batch) -> float:
         t, rq = time.perf_counter(), runqueue_s()
         for _ in range(HANDOUT_CALLS):
             hand_out()
+        sync()
         per_call.append(max(0.0, time.perf_counter() - t - (runqueue_s() - rq)) / HANDOUT_CALLS)
     return statistics.median(per_call)
