@@ -90,7 +90,8 @@ def input_fixes(a: Analysis, s: RankSummary, d0: dict, memory_bytes: float) -> l
         per_row = per_row_fix(lines, m.data, m.step)
         if per_row is not None:
             recs.append(per_row)
-        once = prepare_once(d0, lines, m.data_cpu, m.data, m.free, bound, a.data_interval[0], batch_function(a, d0))
+        once = prepare_once(d0, lines, m, bound, a.data_interval[0], batch_function(a, d0), s.handout_s,
+                            memory_bytes)
         if once is not None and per_row is None:
             recs.append(Recommendation(**once))
     return recs

@@ -115,4 +115,4 @@ def summarise_rank(d: dict) -> RankSummary:
         comm_bf16_s=probe_median(records.get("comm_bf16", [])),
         autocast_s=probe_median(records.get("autocast", [])),
         host_fraction=host, loader_batch_s=loader_probe.get("batch_s"), worker_cpu_per_batch_s=per_batch,
-        handoff_s=loader_probe.get("handoff_s"), excluded=excluded)
+        handoff_s=loader_probe.get("handoff_s"), handout_s=loader_probe.get("handout_s"), excluded=excluded)

@@ -120,6 +120,7 @@ class RankSummary:
     worker_cpu_per_batch_s: float | None
     handoff_s: float | None
     excluded: dict
+    handout_s: float | None = None  # a batch kept in a fixed set, handed out again (probes.handout)
     data_s: float = 0.0  # the data wait per step: the loader's, or the time making the batch (no DataLoader)
     data_lo: float = 0.0  # ... its share of the step, about 95% interval
     data_hi: float = 1.0

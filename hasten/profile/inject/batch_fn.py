@@ -13,7 +13,7 @@ and the fix is applied at the model's first training forward, in the warm-up:
 - ``batch_fn=echo:E``: each batch handed out ``E`` times, a fresh copy each time;
 - ``batch_fn=rows``: the function's per-row comprehensions rewritten as one index of every
   row (:func:`rows_at_once.rewrite_rows`);
-- ``batch_fn=pool:N``: its first ``N`` results made once and handed out in turn (:func:`pooled`).
+- ``batch_fn=pool:N``: ``N`` results made at its first call and handed out in turn (:func:`pooled`).
 
 In a profiling run (no fix applied), the function's calls are timed instead (:func:`time_calls`).
 
@@ -159,19 +159,20 @@ def echoed(fn, factor: int):
 
 
 def pooled(fn, batches: int):
-    """``fn``'s first ``batches`` results per arguments made once, then handed out in turn (a fresh copy
-    each): the fixed set of batches made once that the report prints for a function drawing its data at
-    random each call (:mod:`hasten.profile.prepare_once`)."""
+    """``fn``'s first ``batches`` results per arguments, all made at its first call with them, then handed out
+    in turn (a fresh copy each): the fixed set of batches made once, before the steps that use it, that the
+    report prints for a function drawing its data at random each call (:mod:`hasten.profile.prepare_once`).
+    The set is made inside the call that first needs it, a warm-up step of a verification run (the fix is
+    installed there), so that its measured steps are the set's steady state, not its making."""
     kept: dict = {}
 
     def batch(*args, **kwargs):
         key = _key(args, kwargs)
-        pool = kept.setdefault(key, [])
-        if len(pool) < batches:
-            pool.append(fn(*args, **kwargs))
-            return fresh_copy(pool[-1])
-        i = kept.setdefault((key, "next"), 0)
-        kept[(key, "next")] = (i + 1) % batches
+        if key not in kept:
+            kept[key] = [[fn(*args, **kwargs) for _ in range(batches)], 0]
+        entry = kept[key]
+        pool, i = entry
+        entry[1] = (i + 1) % batches
         return fresh_copy(pool[i])
 
     return batch

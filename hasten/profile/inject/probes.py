@@ -16,7 +16,10 @@ writes its report and exits:
   workers' CPU per batch from /proc;
 - :func:`handoff`: for a loop without workers, the time to receive a batch from one
   worker process (a DataLoader of :class:`Repeat`): the cost that moving the batches
-  into workers would add.
+  into workers would add;
+- :func:`handout`: for a loop whose batch function was timed, the time to hand out a batch
+  kept in a fixed set (the wrapper of ``batch_fn=pool:N``, a fresh copy each): the cost that
+  the set's every step pays in place of making a batch.
 
 Changes the training math: no (the process trains no further).
 """
@@ -28,7 +31,7 @@ import statistics
 import time
 
 from hasten.cpu_time import pid_cpu_s, runqueue_s
-from hasten.profile.inject import messages
+from hasten.profile.inject import device_sync, messages
 from hasten.profile.inject.settings import NEEDS_REPLAY
 from hasten.profile.inject.state import State
 
@@ -176,3 +179,37 @@ def handoff_time(batch, n: int) -> float:
         times.append(time.perf_counter() - t)
     del it
     return statistics.median(times)
+
+
+HANDOUT_CALLS, HANDOUT_BLOCKS = 20, 5  # a block's mean per call, the median over the blocks
+
+
+def handout(st: State) -> None:
+    """Seconds a batch kept in a fixed set takes to be handed out (:func:`handout_time`), and its bytes (the
+    set's memory), for a loop whose batch function was timed (its result, kept for the hand-off probe)."""
+    from hasten.profile.inject.batches import batch_nbytes
+    if st.batch_fn_result is None:
+        return
+    try:
+        st.loader_probe["handout_s"] = handout_time(st.batch_fn_result, lambda: device_sync.sync(st))
+        st.loader_probe["batch_fn_bytes"] = batch_nbytes(st.batch_fn_result)
+    except Exception as exc:  # a batch that cannot be copied: no estimate (the fixed set is then not predicted)
+        st.loader_probe["handout_error"] = repr(exc)
+
+
+def handout_time(batch, sync=lambda: None) -> float:
+    """Median seconds per call of :func:`hasten.profile.inject.batch_fn.pooled`'s wrapper handing out ``batch``
+    from a set of one (the call, the lookup, a fresh copy of its tensors), over blocks of calls, each block's
+    run-queue wait taken out (another job holding the core is not the copy's cost); ``sync`` waits for the
+    device's copies at each block's end."""
+    from hasten.profile.inject.batch_fn import pooled
+    hand_out = pooled(lambda: batch, 1)
+    hand_out()  # the set made
+    per_call = []
+    for _ in range(HANDOUT_BLOCKS):
+        t, rq = time.perf_counter(), runqueue_s()
+        for _ in range(HANDOUT_CALLS):
+            hand_out()
+        sync()
+        per_call.append(max(0.0, time.perf_counter() - t - (runqueue_s() - rq)) / HANDOUT_CALLS)
+    return statistics.median(per_call)

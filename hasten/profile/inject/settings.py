@@ -19,7 +19,7 @@ PROBES = {
     "replay": "the step alone, on the first batch replayed (R's denominator)",
     "autocast": "the replayed step under bf16 autocast",
     "comm": "DDP: the replayed step without gradient averaging and with bf16-compressed averaging",
-    "loader": "the training loader alone, and a batch's hand-off through a worker",
+    "loader": "the training loader alone, a batch's hand-off through a worker, and a kept batch's hand-out",
 }
 # autocast and comm are replays, compared with the plain replayed step: they need it.
 NEEDS_REPLAY = ("autocast", "comm")

@@ -97,7 +97,7 @@ class State:
         self.batch_lines: dict | None = None  # code object -> lines that make the batch (batch_source)
         self.batch_fn_shape: dict = {}  # what it does with its data (batch_shape.function_shape)
         self.batch_fn_code = None  # the code of the script's batch function, whose calls are timed (batch_fn)
-        self.batch_fn_result = None  # a copy of one of its results, the batch a hand-off probe sends (probes.handoff)
+        self.batch_fn_result = None  # a copy of one of its results, for the hand-off and hand-out probes
         self.batch_call_only = False  # the lines that make the batch only call it (batch_source.only_the_call)
         self.cpu_window: dict = {}  # the measured window's cores: allowed, ours, other processes', free
         self.bf16: dict = {}  # native bf16 as torch and the CPU say, and the timed products (autocast_check)

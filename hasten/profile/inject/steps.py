@@ -157,6 +157,7 @@ def end_step(st: State) -> None:
     fixes.switch_fix(st)
     if st.phase == "loader_alone":
         probes.guarded(st, "loader", probes.loader_alone)
+        probes.guarded(st, "loader", probes.handout)
         probes.guarded(st, "loader", probes.handoff)
         st.phase = "done"
     if st.phase == "done":
