@@ -238,11 +238,14 @@ def test_measured_ratio_follows_the_links_bandwidth(one_thread):
 
 
 def test_best_loader_finds_enough_requests_in_flight_to_hide_latency():
-    cfg, data = _sweep_cfg(in_flight_grid=(1, 8), prefetch_grid=(0,), latency_s=0.03), _memory_data()
-    chosen, trials = best_loader(cfg, data, Source(0.03, 1e9, 32), step_s=0.001, batches=4)
+    # Wall time, so the gap must dwarf another job's burst: 16 batches at 50 ms of latency are 0.8 s one
+    # request at a time against about 0.1 s eight at once. Four batches at 30 ms (0.12 s against 0.03 s)
+    # picked one in flight in 3 runs of 8 beside two busy processes: one late wake-up of the eight's run.
+    cfg, data = _sweep_cfg(in_flight_grid=(1, 8), prefetch_grid=(0,), latency_s=0.05), _memory_data()
+    chosen, trials = best_loader(cfg, data, Source(0.05, 1e9, 32), step_s=0.001, batches=16)
     assert chosen.in_flight == 8 and len(trials) == 2
     one = next(t for t in trials if t["in_flight"] == 1)
-    assert one["s_per_batch"] >= 0.03  # one 32-example request per batch, each paying the latency
+    assert one["s_per_batch"] >= 0.05  # one 32-example request per batch, each paying the latency
 
 
 def test_comparison_sets_the_delay_from_the_ratio_or_keeps_it():
