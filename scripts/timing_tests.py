@@ -46,6 +46,7 @@ TIMING_TESTS = [
     "tests/test_profile_loops.py",
     "tests/test_profile_shares.py",
     "tests/test_profile_fixes.py",  # verified speedups are re-runs timed
+    "tests/test_profile_verify.py",  # --verify's speed-ups: re-runs of a command, timed
     "tests/test_profile_launcher.py",
     "tests/test_profile_profiler.py",
     "tests/test_commands_profile.py",

@@ -223,14 +223,17 @@ def test_train_budget_learns_and_the_slow_source_changes_timing_not_math(one_thr
 
 def test_measured_ratio_follows_the_links_bandwidth(one_thread):
     cfg, data = _sweep_cfg(eval_points=(1.0,)), _memory_data()
-    # 32 examples x 900 bytes at 144 kB/s: 0.2 s per batch, far above a step on 16x16 images
-    # even beside other jobs (a step there takes milliseconds; the asserts allow up to 0.1 s).
-    source = Source(latency_s=0.01, link_bytes_per_s=144_000, request_examples=32, in_flight=4)
+    # 32 examples x 900 bytes at 72 kB/s: 0.4 s per batch, one request at a time (no read while the
+    # step runs), far above a step on 16x16 images even beside other jobs: a step there takes
+    # milliseconds, and the asserts allow up to 0.4 s. The step's time is wall time: beside two busy
+    # processes it took about 0.14 s, and with 4 requests in flight at 0.2 s a batch (the reads went
+    # on during the step) it read R = 1.45.
+    source = Source(latency_s=0.01, link_bytes_per_s=72_000, request_examples=32, in_flight=1)
     t0 = time.perf_counter()
-    r = train_budget(cfg, data, _spec(steps=8), source=source)
+    r = train_budget(cfg, data, _spec(steps=6), source=source)
     assert r["upstream_ratio"] > 2 and r["idle_fraction"] > 0.5
-    assert time.perf_counter() - t0 >= 8 * 0.2 - 0.05
-    echoed = train_budget(cfg, data, _spec(steps=8, echo=4.0, shuffle_buffer=0), source=source)
+    assert time.perf_counter() - t0 >= 6 * 0.4 - 0.05
+    echoed = train_budget(cfg, data, _spec(steps=6, echo=4.0, shuffle_buffer=0), source=source)
     # A quarter of the reads: seconds waited for input, not the wall time, which a slow step
     # beside other jobs would make up for both runs alike.
     waited = [run["idle_fraction"] * run["wall_time_s"] for run in (r, echoed)]
@@ -238,11 +241,14 @@ def test_measured_ratio_follows_the_links_bandwidth(one_thread):
 
 
 def test_best_loader_finds_enough_requests_in_flight_to_hide_latency():
-    cfg, data = _sweep_cfg(in_flight_grid=(1, 8), prefetch_grid=(0,), latency_s=0.03), _memory_data()
-    chosen, trials = best_loader(cfg, data, Source(0.03, 1e9, 32), step_s=0.001, batches=4)
+    # Wall time, so the gap must dwarf another job's burst: 16 batches at 50 ms of latency are 0.8 s one
+    # request at a time against about 0.1 s eight at once. Four batches at 30 ms (0.12 s against 0.03 s)
+    # picked one in flight in 3 runs of 8 beside two busy processes: one late wake-up of the eight's run.
+    cfg, data = _sweep_cfg(in_flight_grid=(1, 8), prefetch_grid=(0,), latency_s=0.05), _memory_data()
+    chosen, trials = best_loader(cfg, data, Source(0.05, 1e9, 32), step_s=0.001, batches=16)
     assert chosen.in_flight == 8 and len(trials) == 2
     one = next(t for t in trials if t["in_flight"] == 1)
-    assert one["s_per_batch"] >= 0.03  # one 32-example request per batch, each paying the latency
+    assert one["s_per_batch"] >= 0.05  # one 32-example request per batch, each paying the latency
 
 
 def test_comparison_sets_the_delay_from_the_ratio_or_keeps_it():

@@ -20,11 +20,13 @@ steps on one batch, so call it on a copy of the model or at the end of training)
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hasten.cores import affinity_cores
+from hasten.cpu_time import runqueue_s
 from hasten.profile.inject.probes import handoff_time
 from hasten.profile.verdict import Analysis, analyse
 from hasten.timing import synchronize
@@ -97,16 +99,22 @@ class Profiler:
         for _ in range(getattr(it, "_prefetch_factor", 0) * getattr(loader, "num_workers", 0)):
             next(it)  # prefetched batches would come for free
         t0, c0 = time.perf_counter(), time.process_time()
-        got = 0
-        for _ in range(batches):
+        times = []
+        while len(times) < batches:
+            t, rq = time.perf_counter(), runqueue_s()
             try:
                 next(it)
             except StopIteration:
                 break
-            got += 1
+            times.append(time.perf_counter() - t - (runqueue_s() - rq))
+        got = len(times)
         if not got:
             raise ValueError("probe_loader: the loader ran out of batches; pass a loader with more of them")
-        wall = (time.perf_counter() - t0) / got
+        # As the zero-code probe (inject.probes.loader_alone): each batch less the time this thread waited
+        # for a core, and without workers the median batch, so that another job's burst on a loaded machine
+        # is not read as batch making (a mean of wall times read R = 13 and 41 for a true 4 beside load).
+        # Workers hand batches out unevenly (prefetched ones come at once): their rate is the whole span's.
+        wall = statistics.median(times) if not getattr(loader, "num_workers", 0) else (time.perf_counter() - t0) / got
         self.loader_probe = {"batches": got, "batch_s": wall, "main_cpu_s": (time.process_time() - c0) / got,
                              "worker_cpu_s": None}
         if not getattr(loader, "num_workers", 0):  # what a worker would cost each batch, for a workers fix
@@ -118,8 +126,6 @@ class Profiler:
 
     def probe_step(self, step_fn: Callable[[Any], Any], batch: Any, steps: int = 8, autocast: bool = False) -> float:
         """Median seconds of ``step_fn(batch)`` replayed on one cached batch: the pure step time."""
-        import statistics
-
         import torch
 
         phase = "autocast" if autocast else "step_alone"
