@@ -64,8 +64,9 @@ def test_a_plain_list_of_tensors(tmp_path):
 @pytest.mark.multiproc
 def test_ddp_with_no_sync_accumulation(tmp_path):
     # One bucket (width 64): one slow exchange per optimizer step, a third of it: a moderate share,
-    # so a communication threshold set far too high would be caught.
-    accum, device, link = 4, 0.01, 0.02
+    # so a communication threshold set far too high would be caught. Sleeps of 25 and 50 ms: at 10 and 20
+    # a loaded CI machine's late wake-ups (four in compute to one in the exchange) read the share 0.20.
+    accum, device, link = 4, 0.025, 0.05
     cmd = (*TORCHRUN, SCRIPTS / "ddp_accum.py", "--accum", accum, "--width", 64, "--device-sleep", device,
            "--link-sleep", link)
     a = run_profile(cmd, steps=6)
