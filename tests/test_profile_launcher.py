@@ -83,9 +83,15 @@ def test_verify_measures_the_workers_fix_close_to_its_prediction(input_bound_ver
     assert workers.verified_speedup is not None and workers.verified_speedup > 1.5
     assert workers.verification["n"] == RERUNS and workers.verification["interval"][0] > 1
     assert workers.verified_speedup == pytest.approx(workers.predicted_speedup, rel=0.35)
-    echo = next(r for r in a.recommendations if r.apply and r.apply.startswith("echo"))
-    # batch echoing, applied from outside: fewer waits per step, discounted by echo's data efficiency
-    assert echo.verified_speedup == pytest.approx(echo.predicted_speedup, rel=0.35)
+    # batch echoing, applied from outside: fewer waits per step, discounted by echo's data efficiency. Its
+    # verification is what is tested, wherever the ranking put it: in a fresh-clone run beside load it was not
+    # among the recommendations (a StopIteration here; a fix verified below x1.05 goes to the rejected ones).
+    echo = [(r.predicted_speedup, r.verified_speedup) for r in a.recommendations if (r.apply or "").startswith("echo")]
+    echo += [(r.get("predicted_speedup"), r.get("verified_speedup")) for r in a.rejected
+             if (r.get("apply") or "").startswith("echo")]
+    assert len(echo) == 1
+    predicted, verified = echo[0]
+    assert verified == pytest.approx(predicted, rel=0.35)
 
 
 @pytest.mark.multiproc
