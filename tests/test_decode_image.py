@@ -1,6 +1,7 @@
 """decode_image: agrees with Pillow, turns every decoder failure into BadImageError."""
 
 import io
+import math
 
 import numpy as np
 import pytest
@@ -198,6 +199,28 @@ def test_fitted_scale_is_the_smallest_eighth_that_covers_the_size():
         smaller = [k for k in range(1, 8) if k / 8 < n / d]
         assert all(min(header.scaled((k, 8))) < size for k in smaller)
     assert fit_scale(read_header(_encode(_photo(375, 500), "PNG"), "x"), 32) == (1, 1)  # PNGs do not scale
+
+
+def test_fitted_scale_holds_for_every_shape_and_size():
+    """The closed form against its definition over a grid of sides and sizes, small and
+    odd ones included (off-by-one at ceil(side * n / 8) == size is where it would break)."""
+    for h in range(1, 300, 7):
+        for w in range(1, 300, 11):
+            header = Header("jpeg", h, w)
+            for size in (1, 2, 7, 8, 9, 16, 31, 32, 33, 64, 127, 224):
+                n, d = fit_scale(header, size)
+                covers = [k for k in range(1, 8) if min(header.scaled((k, 8))) >= size]
+                assert (n, d) == ((covers[0] // math.gcd(covers[0], 8), 8 // math.gcd(covers[0], 8))
+                                  if covers else (1, 1)), (h, w, size)
+
+
+@pytest.mark.parametrize("use_simplejpeg", DECODERS)
+def test_fitted_decode_refuses_decompression_bombs_too(monkeypatch, use_simplejpeg):
+    if not use_simplejpeg:
+        monkeypatch.setattr(backends, "simplejpeg", None)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    with pytest.raises(BadImageError, match="big.jpg"):
+        decode_fitted(_encode(_photo()), "big.jpg", 8)
 
 
 def test_header_reads_format_size_and_subsampling_and_names_bad_files(monkeypatch):
