@@ -24,8 +24,11 @@ threads):
   (torchvision's algorithm, one numpy generator per worker), crops and resizes
   (bilinear), flips and makes a uint8 tensor; ``DataLoader(shuffle=True,
   num_workers=k)``;
-- ``DALI CPU``: NVIDIA DALI's CPU-only pipeline (``benchmarks/pipeline_peers.py``;
-  ``pip install nvidia-dali-cuda120``, a benchmark-only peer, skipped when absent);
+- ``DALI CPU``: NVIDIA DALI's CPU-only pipeline (``benchmarks/pipeline_peers.py``; a
+  benchmark-only peer, skipped when absent: DALI 2.4 goes into a folder of its own with
+  ``pip install --target DIR nvidia-dali-cuda120==2.4.0``, then ``pip install --target DIR
+  optree astunparse gast nvtx makefun libcst nvidia-libnvcomp-cu12``, and the benchmark runs
+  with ``PYTHONPATH=<checkout>:DIR``);
 - ``decode only``: full-size decode of each file in one process, no crop (the
   floor under any pipeline that decodes whole images), with simplejpeg and Pillow.
 

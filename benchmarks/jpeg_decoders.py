@@ -31,7 +31,10 @@ Pillow BILINEAR, in ms per image. Every route's output is compared with ``Pillow
 full`` (the reference resampling) as a mean absolute difference in levels of 255.
 
 Routes whose package is missing are skipped and named; only hasten's required
-dependencies are needed. Timed configurations run in a fresh shuffled order each
+dependencies are needed. DALI (a benchmark-only extra) goes into a folder of its own:
+``pip install --target DIR nvidia-dali-cuda120==2.4.0``, then ``pip install --target DIR
+optree astunparse gast nvtx makefun libcst nvidia-libnvcomp-cu12``, run with
+``PYTHONPATH=<checkout>:DIR``. Timed configurations run in a fresh shuffled order each
 repeat (``hasten.timing.interleaved``).
 
     python benchmarks/jpeg_decoders.py [--images 300] [--repeats 3] [--sizes 224,128] [--folder DIR] [--smoke]
