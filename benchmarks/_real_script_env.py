@@ -26,6 +26,7 @@ Without this environment the benchmark skips those cases and says so. The script
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -45,6 +46,16 @@ OTHERS = ("huggingface_hub", "pyyaml", "safetensors", "fsspec[http]", "lightning
           "tqdm", "typing-extensions", "jsonargparse[signatures]>=4.39.0,<4.48.0",
           "tensorboard", "gymnasium")   # the older cases' (makemore logs to TensorBoard; CartPole), so all run here
 REGISTRATIONS = re.compile(r"^.*\b(_meta_registrations|_autograd_registrations)\b.*$\n?", re.M)
+
+
+def skip_reason(case) -> str | None:
+    """Why ``case`` (``real_script_cases.Case``) cannot run from the Python running now, or None: a
+    package it needs is not importable here."""
+    if case.needs and importlib.util.find_spec(case.needs) is None:
+        how = ("run the benchmark from the environment of benchmarks/_real_script_env.py"
+               if case.needs in PACKAGES else f"pip install {case.needs}")
+        return f"needs {case.needs} ({how})"
+    return None
 
 
 def torchvision_for(torch_version: str) -> str:

@@ -24,8 +24,11 @@ threads):
   (torchvision's algorithm, one numpy generator per worker), crops and resizes
   (bilinear), flips and makes a uint8 tensor; ``DataLoader(shuffle=True,
   num_workers=k)``;
-- ``DALI CPU``: NVIDIA DALI's CPU-only pipeline (``benchmarks/pipeline_peers.py``;
-  ``pip install nvidia-dali-cuda120``, a benchmark-only peer, skipped when absent);
+- ``DALI CPU``: NVIDIA DALI's CPU-only pipeline (``benchmarks/pipeline_peers.py``; a
+  benchmark-only peer, skipped when absent: DALI 2.4 goes into a folder of its own with
+  ``pip install --target DIR nvidia-dali-cuda120==2.4.0``, then ``pip install --target DIR
+  optree astunparse gast nvtx makefun libcst nvidia-libnvcomp-cu12``, and the benchmark runs
+  with ``PYTHONPATH=<checkout>:DIR``);
 - ``decode only``: full-size decode of each file in one process, no crop (the
   floor under any pipeline that decodes whole images), with simplejpeg and Pillow.
 
@@ -65,6 +68,7 @@ import argparse
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +80,7 @@ from hasten.progress import progress
 from hasten.rundir import write_json
 from hasten.stream.pack import pack
 from hasten.stream.shard_loader import ShardLoader
-from hasten.stream.shard_store import open_shards
+from hasten.stream.shard_store import ShardFiles, open_shards
 from hasten.timing import interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -92,7 +96,8 @@ from pipeline_peers import (WARMUP_BATCHES, dali_cpu_iter, dali_unavailable_reas
 GOAL_SPEEDUP, GOAL_CACHE, GOAL_OVER_DALI = 2.5, 3.0, 2.0
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--smoke`` replaces the sizes with tiny ones and one repeat."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=20_000, help="training JPEGs to generate")
     ap.add_argument("--classes", type=int, default=100)
@@ -126,10 +131,23 @@ def main(argv: list[str] | None = None) -> dict:
         args.images, args.classes, args.test_per_class = 96, 4, 2
         args.repeats, args.measure_images, args.cache_shards, args.warmup_batches = 1, 40, 2, 0
         args.latency, args.bandwidth_mb, args.workers = 0.02, 50.0, min(args.workers, 1)
-    torch.set_num_threads(1)
-    cache = Path(args.cache_dir or os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
-    out_path = Path(args.out) if args.out else (cache / "imagenet_pipeline_smoke.json" if args.smoke
-                                                 else RESULTS / "imagenet_pipeline.json")
+    return args
+
+
+@dataclass(frozen=True)
+class Data:
+    """What the pipelines read: the image folder and its files (the Pillow DataLoader's, DALI's,
+    torchvision's), its shards (hasten's) and the copy packed with ``--max-side`` (None: not measured)."""
+
+    folder: Path
+    files: list[tuple[str, int]]
+    shards: ShardFiles
+    presized: ShardFiles | None
+
+
+def prepare_data(args: argparse.Namespace, cache: Path) -> Data:
+    """The data set, made or packed once into ``cache``: the generated set or ``--folder``'s, its shards
+    (several small ones under ``--smoke``) and the ``--max-side`` copy."""
     if args.folder:
         folder, shard_dir = packed_folder(cache, Path(args.folder).expanduser(), args.seed)
     else:
@@ -151,33 +169,13 @@ def main(argv: list[str] | None = None) -> dict:
             pack(folder, presized_dir, shard_bytes=64 << 20 if not args.smoke else 400_000, seed=args.seed,
                  max_side=args.max_side)
         presized = open_shards(presized_dir, "train")
-    files = image_files(folder)
-    sizes = [int(s) for s in args.image_sizes.split(",")]
-    k = args.workers
+    return Data(folder, image_files(folder), shards, presized)
 
-    def hasten_iter(size, seed):
-        return lambda: iter(ShardLoader(shards, batch_size=256, image_size=size, workers=k, seed=seed))
 
-    def baseline_iter(size, seed):
-        def make():
-            return iter(torch.utils.data.DataLoader(PillowRRC(files, size), batch_size=256, shuffle=True,
-                                                    num_workers=k, generator=torch.Generator().manual_seed(seed)))
-        return make
-
-    dali_reason = dali_unavailable_reason()
-    if dali_reason:
-        print(f"DALI CPU peer skipped: {dali_reason}", file=sys.stderr)
-
-    def dali_iter(size, seed):
-        return dali_cpu_iter(files, size, 256, threads=k, seed=seed)
-
-    tv_reason = torchvision_unavailable_reason(args.torchvision_python)
-    if tv_reason:
-        print(f"torchvision peer skipped: {tv_reason}", file=sys.stderr)
-    else:
-        files_json = cache / "imagenet-like" / f"files-{len(files)}.json"
-        write_json(files_json, files)
-
+def configurations(sizes: list[int], max_side: int, presized: ShardFiles | None, dali_reason: str | None,
+                   tv_reason: str | None) -> list[tuple[str, str, int | None]]:
+    """``(name, kind, image size)`` of every pipeline measured: the peers that are available, then the
+    decode-only floors (no size)."""
     configs = []
     for size in sizes:
         configs += [(f"hasten fused {size}", "hasten", size), (f"torch DataLoader {size}", "baseline", size)]
@@ -186,39 +184,39 @@ def main(argv: list[str] | None = None) -> dict:
         if not tv_reason:
             configs.append((f"torchvision DataLoader {size}", "torchvision", size))
         if presized is not None:
-            configs.append((f"hasten fused {size}, max side {args.max_side}", "presized", size))
+            configs.append((f"hasten fused {size}, max side {max_side}", "presized", size))
     decoders = ["pillow"] + (["simplejpeg"] if backends.simplejpeg is not None else [])
     configs += [(f"decode only, {d}", d, None) for d in decoders]
-    samples: dict[str, list] = {name: [] for name, *_ in configs}
-    order = []
-    rng = np.random.default_rng(args.seed)
-    floor_paths = [files[i][0] for i in rng.choice(len(files), min(len(files), args.measure_images // 2),
-                                                       replace=False)]
-    with MeasuredConditions("cpu") as cond:
-        for r, (name, kind, size) in progress(list(interleaved(configs, args.repeats, seed=args.seed)),
-                                              desc="throughput", unit="run"):
-            order.append(name)
-            seed = args.seed * 1000 + r
-            sample = (args.measure_images, size, args.warmup_batches)
-            if kind == "hasten":
-                samples[name].append(measure(hasten_iter(size, seed), *sample))
-            elif kind == "baseline":
-                samples[name].append(measure(baseline_iter(size, seed), *sample))
-            elif kind == "presized":
-                samples[name].append(measure(lambda: iter(ShardLoader(presized, batch_size=256, image_size=size,
-                                                                      workers=k, seed=seed)), *sample))
-            elif kind == "dali":
-                samples[name].append(measure(dali_iter(size, seed), *sample))
-            elif kind == "torchvision":
-                samples[name].append(torchvision_sample(args.torchvision_python, files_json, size,
-                                                        args.measure_images, args.warmup_batches, k, seed))
-            else:
-                samples[name].append(decode_only(floor_paths, kind))
-        stages = {str(size): stage_breakdown(shards, size, min(768, shards.total), seed=args.seed) for size in sizes}
-        memory = in_fresh_process(rss_over_epochs, shards, k, args.memory_epochs, sizes[0])
-        cache_test = cache_epochs(shards, min(args.cache_shards, len(shards)), k, sizes[0], args.latency,
-                                  args.bandwidth_mb * 1e6)
+    return configs
 
+
+def throughput(args: argparse.Namespace, data: Data, kind: str, size: int | None, seed: int,
+               files_json: Path | None, floor_paths: list[str]) -> tuple:
+    """One sample of one pipeline (``pipeline_peers.measure``'s tuple; ``decode_only``'s for a floor)."""
+    k, files = args.workers, data.files
+    sample = (args.measure_images, size, args.warmup_batches)
+    if kind == "hasten":
+        return measure(lambda: iter(ShardLoader(data.shards, batch_size=256, image_size=size, workers=k,
+                                                seed=seed)), *sample)
+    if kind == "baseline":
+        def make():
+            return iter(torch.utils.data.DataLoader(PillowRRC(files, size), batch_size=256, shuffle=True,
+                                                    num_workers=k, generator=torch.Generator().manual_seed(seed)))
+        return measure(make, *sample)
+    if kind == "presized":
+        return measure(lambda: iter(ShardLoader(data.presized, batch_size=256, image_size=size,
+                                                workers=k, seed=seed)), *sample)
+    if kind == "dali":
+        return measure(dali_cpu_iter(files, size, 256, threads=k, seed=seed), *sample)
+    if kind == "torchvision":
+        return torchvision_sample(args.torchvision_python, files_json, size, args.measure_images,
+                                  args.warmup_batches, k, seed)
+    return decode_only(floor_paths, kind)
+
+
+def pipeline_rows(configs: list[tuple[str, str, int | None]], samples: dict[str, list], k: int) -> dict:
+    """Each pipeline's figures over its repeats: mean and interval per CPU-second, per wall second, of the
+    loading process alone, and to the first batch."""
     rows = {}
     for name, kind, size in configs:
         rows[name] = {"pipeline": kind, "image_size": size, "workers": k if size else 0,
@@ -227,25 +225,35 @@ def main(argv: list[str] | None = None) -> dict:
                       "loading_process_ms_per_image": mean_ci([s[3] for s in samples[name]]),
                       "seconds_to_first_batch": mean_ci([s[4] for s in samples[name]]) if size else None,
                       "images_per_sample": samples[name][0][2]}
-    def ratio(a: str, b: str) -> dict:
-        """Mean over mean, and per repeat (the repeats ran in the same shuffled rounds)."""
-        x, y = rows[a]["images_per_s_per_core"], rows[b]["images_per_s_per_core"]
-        pairs = paired_ratios(x["values"], y["values"])
-        return {"mean": x["mean"] / y["mean"], "per_repeat": [round(p, 2) for p in pairs]}
+    return rows
 
-    speedup = {str(size): ratio(f"hasten fused {size}", f"torch DataLoader {size}") for size in sizes}
-    over_dali = {str(size): ratio(f"hasten fused {size}", f"DALI CPU {size}") for size in sizes
+
+def ratio(rows: dict, a: str, b: str) -> dict:
+    """Mean over mean, and per repeat (the repeats ran in the same shuffled rounds)."""
+    x, y = rows[a]["images_per_s_per_core"], rows[b]["images_per_s_per_core"]
+    pairs = paired_ratios(x["values"], y["values"])
+    return {"mean": x["mean"] / y["mean"], "per_repeat": [round(p, 2) for p in pairs]}
+
+
+def results(args: argparse.Namespace, data: Data, rows: dict, order: list[str], stages: dict, memory: list,
+            cache_test: dict, dali_reason: str | None, tv_reason: str | None, cond: MeasuredConditions) -> dict:
+    """The results file: the pipelines' rows, their ratios, the stages, memory and cache, against the goals."""
+    sizes = [int(s) for s in args.image_sizes.split(",")]
+    k, shards = args.workers, data.shards
+    speedup = {str(size): ratio(rows, f"hasten fused {size}", f"torch DataLoader {size}") for size in sizes}
+    over_dali = {str(size): ratio(rows, f"hasten fused {size}", f"DALI CPU {size}") for size in sizes
                  if f"DALI CPU {size}" in rows}
-    floor = ratio(f"hasten fused {sizes[0]}", "decode only, simplejpeg") if "decode only, simplejpeg" in rows else None
+    floor = (ratio(rows, f"hasten fused {sizes[0]}", "decode only, simplejpeg")
+             if "decode only, simplejpeg" in rows else None)
     data_mb = sum(shards.sizes) / 1e6
     peaks = [m["rss_mb_peak"] for m in memory]
-    result = {
+    return {
         "benchmark": "imagenet_pipeline",
         "hardware": hardware_label(cond.as_dict()["environment"]),
         "decoder": "simplejpeg" if backends.simplejpeg is not None else "pillow",
         "data": {"train_images": shards.total, "classes": len(shards.classes), "shards": len(shards),
                  "shard_mb": round(data_mb / len(shards), 1), "train_mb": round(data_mb, 1),
-                 "mean_jpeg_kb": round(data_mb * 1e3 / shards.total, 1), "cache_dir_name": folder.parent.name},
+                 "mean_jpeg_kb": round(data_mb * 1e3 / shards.total, 1), "cache_dir_name": data.folder.parent.name},
         "workers": k, "batch_size": 256, "repeats": args.repeats, "run_order": order,
         "measured": {"images_per_sample": args.measure_images, "warmup_batches": args.warmup_batches,
                      "cpu": "user + system of the process's threads and its live worker processes, from /proc, "
@@ -257,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
         "dali": dali_reason or "measured",
         "torchvision": tv_reason or f"measured (torch, torchvision: {torchvision_versions(args.torchvision_python)})",
         "speedup_per_core_over_torchvision": {
-            str(size): ratio(f"hasten fused {size}", f"torchvision DataLoader {size}") for size in sizes
+            str(size): ratio(rows, f"hasten fused {size}", f"torchvision DataLoader {size}") for size in sizes
             if f"torchvision DataLoader {size}" in rows},
         "over_simplejpeg_full_decode": floor,
         "stages": stages,
@@ -284,9 +292,12 @@ def main(argv: list[str] | None = None) -> dict:
         "smoke": args.smoke,
         "conditions": cond.as_dict(),
     }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out_path, result)
 
+
+def print_report(result: dict, sizes: list[int], data_mb: float, cond: MeasuredConditions) -> None:
+    """The table of pipelines and a line per ratio, stage, epoch and the cache, against the goals."""
+    rows, speedup, over_dali = result["pipelines"], result["speedup_per_core"], result["speedup_per_core_over_dali"]
+    floor, stages, cache_test = result["over_simplejpeg_full_decode"], result["stages"], result["cache"]
     print(f"\n{'pipeline':<28}{'images/s/core':>18}{'images/s wall':>18}")
     for name, row in rows.items():
         c, w = row["images_per_s_per_core"], row["images_per_s_wall"]
@@ -309,13 +320,57 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"at {size}: the entropy decode down to the box's last row, {b['floor_ms']:.3f} ms per image, of "
               f"DALI's {b['dali_ms']:.3f}: at most {b['max_over_dali']:.2f}x DALI while every row above the box "
               "is decoded")
-    for m in memory:
+    for m in result["rss_mb"]:
         print(f"epoch {m['epoch']}: {m['images']} images, RSS peak {m['rss_mb_peak']:.0f} MB (mean "
               f"{m['rss_mb_mean']:.0f}), with workers (PSS) {m['pss_mb_with_workers_peak']:.0f} MB; "
               f"train set {data_mb:.0f} MB")
     print(f"shard cache behind SlowStorage: epoch 1 {cache_test['epoch_s'][0]:.1f} s, epoch 2 "
           f"{cache_test['epoch_s'][1]:.1f} s: {cache_test['cache_epoch2_speedup']:.1f}x (goal {GOAL_CACHE}x)")
     print(cond.summary())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """The data made or found, every pipeline measured in shuffled rounds, then the stages, memory and cache,
+    all in one conditions block; the results written and printed."""
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    cache = Path(args.cache_dir or os.environ.get("HASTEN_CACHE") or Path.home() / ".cache" / "hasten").expanduser()
+    out_path = Path(args.out) if args.out else (cache / "imagenet_pipeline_smoke.json" if args.smoke
+                                                 else RESULTS / "imagenet_pipeline.json")
+    data = prepare_data(args, cache)
+    sizes = [int(s) for s in args.image_sizes.split(",")]
+    k = args.workers
+    dali_reason = dali_unavailable_reason()
+    if dali_reason:
+        print(f"DALI CPU peer skipped: {dali_reason}", file=sys.stderr)
+    tv_reason = torchvision_unavailable_reason(args.torchvision_python)
+    files_json = None
+    if tv_reason:
+        print(f"torchvision peer skipped: {tv_reason}", file=sys.stderr)
+    else:
+        files_json = cache / "imagenet-like" / f"files-{len(data.files)}.json"
+        write_json(files_json, data.files)
+    configs = configurations(sizes, args.max_side, data.presized, dali_reason, tv_reason)
+    samples: dict[str, list] = {name: [] for name, *_ in configs}
+    order = []
+    rng = np.random.default_rng(args.seed)
+    n_floor = min(len(data.files), args.measure_images // 2)
+    floor_paths = [data.files[i][0] for i in rng.choice(len(data.files), n_floor, replace=False)]
+    with MeasuredConditions("cpu") as cond:
+        for r, (name, kind, size) in progress(list(interleaved(configs, args.repeats, seed=args.seed)),
+                                              desc="throughput", unit="run"):
+            order.append(name)
+            samples[name].append(throughput(args, data, kind, size, args.seed * 1000 + r, files_json, floor_paths))
+        shards = data.shards
+        stages = {str(size): stage_breakdown(shards, size, min(768, shards.total), seed=args.seed) for size in sizes}
+        memory = in_fresh_process(rss_over_epochs, shards, k, args.memory_epochs, sizes[0])
+        cache_test = cache_epochs(shards, min(args.cache_shards, len(shards)), k, sizes[0], args.latency,
+                                  args.bandwidth_mb * 1e6)
+    rows = pipeline_rows(configs, samples, k)
+    result = results(args, data, rows, order, stages, memory, cache_test, dali_reason, tv_reason, cond)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out_path, result)
+    print_report(result, sizes, sum(data.shards.sizes) / 1e6, cond)
     print(f"wrote {out_path}")
     return result
 

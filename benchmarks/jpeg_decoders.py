@@ -31,7 +31,10 @@ Pillow BILINEAR, in ms per image. Every route's output is compared with ``Pillow
 full`` (the reference resampling) as a mean absolute difference in levels of 255.
 
 Routes whose package is missing are skipped and named; only hasten's required
-dependencies are needed. Timed configurations run in a fresh shuffled order each
+dependencies are needed. DALI (a benchmark-only extra) goes into a folder of its own:
+``pip install --target DIR nvidia-dali-cuda120==2.4.0``, then ``pip install --target DIR
+optree astunparse gast nvtx makefun libcst nvidia-libnvcomp-cu12``, run with
+``PYTHONPATH=<checkout>:DIR``. Timed configurations run in a fresh shuffled order each
 repeat (``hasten.timing.interleaved``).
 
     python benchmarks/jpeg_decoders.py [--images 300] [--repeats 3] [--sizes 224,128] [--folder DIR] [--smoke]
@@ -39,12 +42,14 @@ repeat (``hasten.timing.interleaved``).
 The images: the ImageNet-like set of ``benchmarks/imagenet_pipeline.py`` (made
 once under ``$HASTEN_CACHE`` or ``~/.cache/hasten`` if missing), or the JPEGs under
 ``--folder``. Writes ``benchmarks/results/jpeg_decoders.json`` (``--out``).
+
+This file is the command; its parts beside it: ``_jpeg_decoders_routes.py`` (the decoders' routes
+and the resizes) and ``_jpeg_decoders_dali.py`` (DALI's CPU pipelines).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
 import io
 import os
@@ -64,35 +69,11 @@ from hasten.stream import fused_crop as fc
 from hasten.timing import interleaved
 
 from _common import RESULTS, MeasuredConditions, hardware_label, mean_ci, plus_minus
+from _jpeg_decoders_dali import dali_pipelines, time_dali
+from _jpeg_decoders_routes import make_routes, optional, pillow_resize, torch_resize
 
 PACKAGES = ("torch", "numpy", "pillow", "simplejpeg", "turbojpeg", "opencv-python-headless", "opencv-python",
             "pyturbojpeg", "nvidia-dali-cuda120", "nvidia-nvimgcodec-cu12")
-
-
-def _optional(module: str):
-    try:
-        return importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - any failure to import means the route is skipped, with the reason
-        return None
-
-
-def _pyturbojpeg():
-    """PyTurboJPEG's module, loaded from its file: its module is named ``turbojpeg``, as is
-    the extension module of the ``turbojpeg`` wheel (the one that bundles libturbojpeg 3),
-    and with both installed ``import turbojpeg`` finds the extension, not PyTurboJPEG."""
-    import importlib.util
-
-    try:
-        dist = importlib.metadata.distribution("pyturbojpeg")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    spec = importlib.util.spec_from_file_location("pyturbojpeg_module", dist.locate_file("turbojpeg.py"))
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception:  # noqa: BLE001 - a broken install is a skipped route
-        return None
-    return module
 
 
 def versions() -> dict:
@@ -105,7 +86,7 @@ def versions() -> dict:
     from PIL import features
 
     out["pillow libjpeg-turbo"] = features.version("libjpeg_turbo")
-    cv2 = _optional("cv2")
+    cv2 = optional("cv2")
     if cv2 is not None:
         jpeg = [ln.strip() for ln in cv2.getBuildInformation().splitlines() if ln.strip().startswith("JPEG:")]
         out["opencv libjpeg"] = jpeg[0].split(":", 1)[1].strip() if jpeg else "?"
@@ -113,225 +94,6 @@ def versions() -> dict:
     out["python"] = sys.version.split()[0]
     return out
 
-
-# ----------------------------------------------------------------------------
-# Routes: (data, (H, W), box, size) -> (size, size, 3) RGB uint8
-# ----------------------------------------------------------------------------
-
-def torch_resize(crop: np.ndarray, size: int) -> np.ndarray:
-    t = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
-    return torch.nn.functional.interpolate(t, size=(size, size), mode="bilinear", antialias=True,
-                                           align_corners=False)[0].permute(1, 2, 0).numpy()
-
-
-def pillow_resize(crop: np.ndarray, size: int) -> np.ndarray:
-    return np.asarray(Image.fromarray(np.ascontiguousarray(crop)).resize((size, size), Image.BILINEAR))
-
-
-def _resize_box(array: np.ndarray, box, full_hw: tuple[int, int], size: int) -> np.ndarray:
-    """``box`` (in full-size pixels) of ``array`` (decoded at any scale) resized to ``size``:
-    torch's antialiased kernel for a whole-pixel box (full scale), else Pillow's BILINEAR from
-    the fractional box (hasten's resize before the partial decode)."""
-    h, w = array.shape[:2]
-    sy, sx = h / full_hw[0], w / full_hw[1]
-    if (sy, sx) == (1.0, 1.0):
-        return torch_resize(array[box.top:box.top + box.height, box.left:box.left + box.width], size)
-    region = (box.left * sx, box.top * sy, (box.left + box.width) * sx, (box.top + box.height) * sy)
-    return np.asarray(Image.fromarray(array).resize((size, size), Image.BILINEAR, box=region))
-
-
-def _scaled_box(box, factor: int, sh: int, sw: int) -> tuple[int, int, int, int]:
-    """The box in pixels of an image decoded at 1/factor (sh x sw), rounded to whole pixels."""
-    top, left = min(round(box.top / factor), sh - 1), min(round(box.left / factor), sw - 1)
-    bottom = min(max(top + 1, round((box.top + box.height) / factor)), sh)
-    right = min(max(left + 1, round((box.left + box.width) / factor)), sw)
-    return top, left, bottom, right
-
-
-def make_routes() -> tuple[dict, dict]:
-    """({name: function}, {name: why skipped}) for the installed packages."""
-    routes, skipped = {}, {}
-    simplejpeg = _optional("simplejpeg")
-    cv2 = _optional("cv2")
-    pyturbo = _pyturbojpeg() if hturbo.available() else None
-
-    def pillow_full(data, hw, box, size):
-        with Image.open(io.BytesIO(data)) as img:
-            img = img.convert("RGB")
-            return np.asarray(img.resize((size, size), Image.BILINEAR,
-                                         box=(box.left, box.top, box.left + box.width, box.top + box.height)))
-
-    def pillow_draft(data, hw, box, size):
-        f = fc.dct_scale(box, size)
-        with Image.open(io.BytesIO(data)) as img:
-            img.draft("RGB", (max(1, hw[1] // f), max(1, hw[0] // f)))
-            img = img.convert("RGB")
-            sy, sx = img.height / hw[0], img.width / hw[1]
-            region = (box.left * sx, box.top * sy, (box.left + box.width) * sx, (box.top + box.height) * sy)
-            return np.asarray(img.resize((size, size), Image.BILINEAR, box=region))
-
-    routes["Pillow full"] = pillow_full
-    routes["Pillow draft"] = pillow_draft
-
-    if simplejpeg is not None:
-        def sj_full(data, hw, box, size):
-            a = simplejpeg.decode_jpeg(data, colorspace="RGB")
-            return torch_resize(a[box.top:box.top + box.height, box.left:box.left + box.width], size)
-
-        def sj_scaled(data, hw, box, size):
-            f = fc.dct_scale(box, size)
-            a = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-hw[0] // f), min_width=-(-hw[1] // f))
-            return _resize_box(a, box, hw, size)
-
-        routes["simplejpeg full"] = sj_full
-        routes["simplejpeg DCT-scaled (hasten before)"] = sj_scaled
-    else:
-        skipped["simplejpeg"] = "simplejpeg is not installed"
-
-    if cv2 is not None:
-        cv2.setNumThreads(1)
-        reduced = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-                   8: cv2.IMREAD_REDUCED_COLOR_8}
-
-        def cv2_route(scaled: bool, interp: int):
-            def run(data, hw, box, size):
-                f = fc.dct_scale(box, size) if scaled else 1
-                a = cv2.imdecode(np.frombuffer(data, np.uint8), reduced[f])
-                t, l, b, r = _scaled_box(box, f, a.shape[0], a.shape[1])
-                out = cv2.resize(a[t:b, l:r], (size, size), interpolation=interp)
-                return cv2.cvtColor(out, cv2.COLOR_BGR2RGB)  # cv2 decodes BGR
-            return run
-
-        for scaled in (False, True):
-            for iname, interp in (("AREA", cv2.INTER_AREA), ("LINEAR", cv2.INTER_LINEAR)):
-                routes[f"cv2 {'reduced' if scaled else 'full'} + {iname}"] = cv2_route(scaled, interp)
-    else:
-        skipped["OpenCV"] = "cv2 is not importable (pip install opencv-python-headless)"
-
-    if pyturbo is not None and hasattr(pyturbo, "TurboJPEG"):
-        tj = pyturbo.TurboJPEG(lib_path=hturbo.library_path())
-
-        def pt_scaled(data, hw, box, size):
-            f = fc.dct_scale(box, size)
-            a = tj.decode(data, pixel_format=pyturbo.TJPF_RGB, scaling_factor=(1, f) if f > 1 else None)
-            t, l, b, r = _scaled_box(box, f, a.shape[0], a.shape[1])
-            return torch_resize(a[t:b, l:r], size)
-
-        def pt_crop(data, hw, box, size):
-            # Lossless crop (preserve=False): the origin is rounded down to the iMCU and the
-            # cropped JPEG covers the box; then a (scaled) decode of the cropped JPEG.
-            sub = tj.decode_header(data)[2]
-            y0, x0 = box.top - box.top % pyturbo.tjMCUHeight[sub], box.left - box.left % pyturbo.tjMCUWidth[sub]
-            cropped = tj.crop(data, box.left, box.top, box.width, box.height)
-            f = fc.dct_scale(box, size)
-            a = tj.decode(cropped, pixel_format=pyturbo.TJPF_RGB, scaling_factor=(1, f) if f > 1 else None)
-            inner = fc.Box(box.top - y0, box.left - x0, box.height, box.width)
-            t, l, b, r = _scaled_box(inner, f, a.shape[0], a.shape[1])
-            return torch_resize(a[t:b, l:r], size)
-
-        routes["PyTurboJPEG scaled"] = pt_scaled
-        routes["PyTurboJPEG crop + scaled"] = pt_crop
-    elif not hturbo.available():
-        skipped["PyTurboJPEG"] = "no libturbojpeg 3 (pip install turbojpeg, whose wheel bundles one)"
-    else:
-        skipped["PyTurboJPEG"] = "PyTurboJPEG is not installed (pip install pyturbojpeg)"
-
-    if hturbo.available():
-        def region(resize):
-            # The rows and columns under the box only, at the DCT scale (as fused_crop does when
-            # libturbojpeg 3 loads); the region starts at or left of the box (iMCU columns).
-            def run(data, hw, box, size):
-                f = fc.dct_scale(box, size)
-                t, l, b, r = _scaled_box(box, f, hturbo.scaled(hw[0], 1, f), hturbo.scaled(hw[1], 1, f))
-                out, (_, rl) = hturbo.decode_region(data, (t, l, b - t, r - l), (1, f))
-                return resize(out[:, l - rl:r - rl], size)
-            return run
-
-        routes["hasten region (decode_region)"] = region(torch_resize)
-        if cv2 is not None:
-            routes["hasten region + cv2 AREA"] = region(
-                lambda c, s: cv2.resize(c, (s, s), interpolation=cv2.INTER_AREA))
-            routes["hasten region + cv2 LINEAR"] = region(
-                lambda c, s: cv2.resize(c, (s, s), interpolation=cv2.INTER_LINEAR))
-    else:
-        skipped["hasten region"] = "no libturbojpeg 3 (pip install hasten[turbo])"
-    return routes, skipped
-
-
-# ----------------------------------------------------------------------------
-# DALI's CPU pipeline
-# ----------------------------------------------------------------------------
-
-def dali_pipelines(datas, boxes, sizes, threads_list, batch: int) -> tuple[dict, str | None]:
-    """{name: {size (None: no resize): pipeline}}, built and warmed, or ({}, why not)."""
-    try:
-        from nvidia.dali import fn, pipeline_def, types
-    except Exception as e:  # noqa: BLE001
-        return {}, f"nvidia.dali is not importable ({type(e).__name__}: {e}); pip install nvidia-dali-cuda120"
-    arrays = [np.frombuffer(d, np.uint8) for d in datas]
-    anchors = [np.array([b.left, b.top], np.float32) for b in boxes]
-    shapes = [np.array([b.width, b.height], np.float32) for b in boxes]
-    n = len(arrays) - len(arrays) % batch
-
-    def source(info):
-        i = (info.iteration * batch) % n
-        return arrays[i:i + batch], anchors[i:i + batch], shapes[i:i + batch]
-
-    def jpegs_only(info):
-        i = (info.iteration * batch) % n
-        return arrays[i:i + batch]
-
-    def build(kind, size, threads):
-        # exec_pipelined/async off: run() decodes one batch and returns, so the process CPU time
-        # around run() is that batch's (DALI's worker threads included), not a prefetched one's.
-        @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, exec_pipelined=False,
-                      exec_async=False, seed=1)
-        def pipe():
-            if kind == "slice":
-                jpegs, anchor, shape = fn.external_source(source=source, num_outputs=3, batch=True,
-                                                          batch_info=True)
-            else:
-                jpegs = fn.external_source(source=jpegs_only, batch=True, batch_info=True)
-            if kind == "full":
-                return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-            if kind == "slice":
-                img = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="WH", normalized_anchor=False,
-                                              normalized_shape=False, device="cpu", output_type=types.RGB)
-            else:
-                img = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                                    random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
-                                                    num_attempts=10)
-            return fn.resize(img, resize_x=size, resize_y=size, antialias=True, interp_type=types.INTERP_LINEAR)
-
-        p = pipe()
-        p.build()
-        p.run()  # warm-up: first-call allocations
-        return p
-
-    out: dict[str, dict] = {}
-    try:
-        for threads in threads_list:
-            out[f"DALI decoders.image (full decode only), {threads} thr"] = {None: build("full", None, threads)}
-            for kind, label in (("slice", "image_slice (same boxes)"), ("rrc", "image_random_crop (own boxes)")):
-                out[f"DALI {label} + resize, {threads} thr"] = {s: build(kind, s, threads) for s in sizes}
-    except Exception as e:  # noqa: BLE001 - e.g. a DALI that insists on a GPU
-        return {}, f"DALI's CPU-only pipeline failed: {type(e).__name__}: {str(e).splitlines()[0]}"
-    return out, None
-
-
-def time_dali(pipe, images: int, batch: int) -> tuple[float, float, np.ndarray]:
-    """(images per CPU-second, per wall second, last batch's first image)."""
-    runs = max(1, images // batch)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    for _ in range(runs):
-        out = pipe.run()
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    return runs * batch / cpu, runs * batch / wall, np.asarray(out[0][0])
-
-
-# ----------------------------------------------------------------------------
-# Main
-# ----------------------------------------------------------------------------
 
 def load_sample(args) -> tuple[list[bytes], list[str], str]:
     if args.folder:
@@ -408,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
         routes[fused_name] = None  # timed below through fused_crop itself
 
     # The resize step alone: crops of full decodes, contiguous, made beforehand.
-    cv2 = _optional("cv2")
+    cv2 = optional("cv2")
     crops = []
     for d, b in zip(datas, boxes):
         with Image.open(io.BytesIO(d)) as img:
@@ -420,8 +182,8 @@ def main(argv: list[str] | None = None) -> dict:
         resizers["cv2 INTER_LINEAR"] = lambda c, s: cv2.resize(c, (s, s), interpolation=cv2.INTER_LINEAR)
 
     floors = {"Pillow": lambda d: np.asarray(Image.open(io.BytesIO(d)).convert("RGB"))}
-    if _optional("simplejpeg") is not None:
-        floors["simplejpeg"] = lambda d: _optional("simplejpeg").decode_jpeg(d, colorspace="RGB")
+    if optional("simplejpeg") is not None:
+        floors["simplejpeg"] = lambda d: optional("simplejpeg").decode_jpeg(d, colorspace="RGB")
     if hturbo.available():
         floors["hasten decode_region, whole image"] = lambda d: hturbo.decode_region(d)[0]
 

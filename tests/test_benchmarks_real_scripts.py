@@ -62,7 +62,7 @@ def test_busy_processes_spin_while_inside_and_are_gone_after():
 
 def test_cases_needing_the_environment_are_skipped_with_the_way_to_it(monkeypatch):
     case = next(c for c in cases.CASES if c.needs == "timm")
-    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(env.importlib.util, "find_spec", lambda name: None)
     assert "_real_script_env.py" in bench.skip_reason(case)
     assert bench.run_case(case, 0, verify="none")["skipped"] == bench.skip_reason(case)
     other = next(c for c in cases.CASES if c.needs == "gymnasium")

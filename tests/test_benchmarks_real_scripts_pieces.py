@@ -22,6 +22,7 @@ if str(BENCHMARKS) not in sys.path:  # the scripts import each other, as when ru
     sys.path.insert(0, str(BENCHMARKS))
 
 import profile_real_scripts as bench  # noqa: E402
+import _real_script_pieces as pieces  # noqa: E402
 import real_script_cases as cases  # noqa: E402
 from _common import load_results  # noqa: E402
 
@@ -59,7 +60,7 @@ def bench_on(monkeypatch, tmp_path):
 def test_a_stopped_piece_leaves_a_whole_results_file_and_the_next_piece_reruns_only_the_rest(bench_on):
     out, calls, stop_at = bench_on
     argv = ["--busy", "2", "--repeats", "3", "--out", str(out)]
-    order = [(c.name, rep) for rep, c in bench.plan(PLAIN, 3, 0, [])]
+    order = [(c.name, rep) for rep, c in pieces.plan(PLAIN, 3, 0, [])]
     stop_at.add(order[4])                       # the 5th run (the second case's second repeat) is stopped
     with pytest.raises(SystemExit):
         bench.main(argv)
@@ -85,13 +86,13 @@ def test_a_stopped_piece_leaves_a_whole_results_file_and_the_next_piece_reruns_o
 
 
 def test_the_plan_runs_case_by_case_a_begun_case_first():
-    plan = bench.plan(PLAIN, 3, 0, [])
+    plan = pieces.plan(PLAIN, 3, 0, [])
     names = [c.name for _, c in plan]
     assert sorted(names) == sorted(c.name for c in PLAIN for _ in range(3))
     assert all(names[i] == names[i // 3 * 3] for i in range(len(names)))     # each case's repeats together
     assert [rep for rep, _ in plan] == [0, 1, 2] * 3
     last = plan[-1][1]
-    resumed = bench.plan(PLAIN, 3, 0, [_row(last, 0), _row(last, 2)])
+    resumed = pieces.plan(PLAIN, 3, 0, [_row(last, 0), _row(last, 2)])
     assert [(rep, c.name) for rep, c in resumed[:1]] == [(1, last.name)] and len(resumed) == 7
 
 
@@ -126,7 +127,7 @@ class _Nothing:
 
 def test_a_run_past_its_limit_is_ended_with_its_children(tmp_path):
     pid_file = tmp_path / "child"
-    code, _, _ = bench._run(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], timeout=1)
+    code, _, _ = pieces.run_group(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], timeout=1)
     assert code == 124
     _gone(int(pid_file.read_text()))
 

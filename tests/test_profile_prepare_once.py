@@ -208,7 +208,8 @@ def test_the_hand_out_probe_times_handing_out_a_copy_of_the_batch_functions_resu
 
 def test_a_regression_like_run_names_a_set_it_reuses_and_its_measured_hand_out():
     # pytorch/examples' regression, smaller: random features drawn in get_batch(), 300 steps, then it exits
-    cmd = (sys.executable, str(SCRIPTS / "random_batches.py"), "--steps", "300")
+    cmd = (sys.executable, str(SCRIPTS / "short_run.py"), "--steps", "300",
+           "--batch-sleep", "0", "--draws-per-row", "500")
     a = profile(ProfileConfig(cmd, warmup=3, steps=1000, capture=True, timeout_s=300), log=lambda m: None)
     assert a.ended_early
     _, fix = _fixed_set(a)
