@@ -218,6 +218,9 @@ def summarize(runs: list[dict], ratios, factors) -> list[dict]:
                 "probe_ratio": mean_ci([r["probe_ratio"] for r in these]),
                 "run_ratio": mean_ci([r["upstream_ratio"] for r in these if r["upstream_ratio"]]),
                 "step_ms": mean_ci([r["step_time_s"] * 1e3 for r in these]),
+                # The step time over the run's own calibration: the machine's speed taken out (issue 44:
+                # AutoEcho's runs, made later, stepped at 180-190 ms against calibrations of 180-188 ms).
+                "step_over_calibration": mean_ci([r["step_time_s"] / r["calibration_step_s"] for r in these]),
                 "wall_time_to_target_s": mean_ci([r["wall_time_to_target_s"] for r in reached]),
                 "fresh_examples_to_target": mean_ci([r["fresh_examples_to_target"] for r in reached]),
                 "steps_to_target": mean_ci([r["steps_to_target"] for r in reached]),
@@ -226,6 +229,9 @@ def summarize(runs: list[dict], ratios, factors) -> list[dict]:
                 # AutoEcho: what a repeat was worth at the end, measured on the run (hasten.echo.repeat_value).
                 "repeat_value": mean_ci([r["repeat_value_measured"][-1] for r in these
                                          if r.get("repeat_value_measured")]),
+                # AutoEcho: its gradient_dots measurements (each about 0.4 of a step's work).
+                "value_measurements": mean_ci([r["repeat_value_measurements"] for r in these
+                                               if r.get("repeat_value_measurements") is not None]),
                 "speedup": mean_ci(speedups) if speedups and len(speedups) == len(these) else None,
                 "speedup_per_seed": speedups,
                 "speedup_in_step_times": mean_ci(in_steps) if in_steps and len(in_steps) == len(these) else None})

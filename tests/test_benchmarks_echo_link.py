@@ -91,3 +91,16 @@ def test_the_rule_digest_follows_the_rules_source(monkeypatch, tmp_path):
     assert auto_module.rule_digest() == before
     (tmp_path / "repeat_value.py").write_text((tmp_path / "repeat_value.py").read_text() + "\n# changed\n")
     assert auto_module.rule_digest() != before
+
+
+def test_the_summary_gives_each_runs_step_over_its_calibration_and_autoechos_measurements():
+    """Issue 44: AutoEcho's runs stepped 20% slower than the fixed factors' because the machine
+    was (their calibrations too); the summary shows the step in calibrations, and how many
+    repeat-value measurements AutoEcho made."""
+    runs = [_run(2.0, 1.0, 0, 200, step=0.15),
+            {**_run(2.0, "auto", 0, 120, step=0.15), "step_time_s": 0.18, "repeat_value_measurements": 20}]
+    rows = {r["echo_factor"]: r for r in echo_link.summarize(runs, [2.0], [1.0, "auto"])}
+    assert rows["auto"]["step_over_calibration"]["mean"] == pytest.approx(1.2)
+    assert rows["1.0"]["step_over_calibration"]["mean"] == pytest.approx(1.0)
+    assert rows["auto"]["value_measurements"]["values"] == [20]
+    assert rows["1.0"]["value_measurements"]["n"] == 0  # a fixed factor measures nothing

@@ -183,6 +183,22 @@ def test_measurements_grow_sparse_once_the_value_stands_and_dense_again_when_it_
     assert AutoEcho(value_every=0).value.due() is False  # 0: the constants, never measured
 
 
+def test_a_due_measurement_waits_for_a_step_on_which_the_loop_waits_for_input():
+    """Issue 44: a measurement (about 0.4 of a step) is taken on a step that waits for its
+    input anyway when one comes within as many steps again as the interval; counted, not timed."""
+    def measured_at(free_steps, steps=64):
+        auto = AutoEcho(value_every=8)
+        auto.factor = auto.base = 2.0
+        at = [i for i in range(1, steps + 1) if auto.value_due(free=i in free_steps)]
+        assert auto.value.taken == len(at)
+        return at
+    assert measured_at(set()) == [16, 32, 48, 64]  # never waiting (compute-bound): every 16 steps, not 8
+    # Waiting on some steps: a due measurement goes to the first of them within 8 steps.
+    assert measured_at({3, 10, 13, 30, 50}) == [10, 26, 42, 50]
+    assert measured_at(set(range(1, 65))) == [8, 16, 24, 32, 40, 48, 56, 64]  # input-bound: as before
+    assert AutoEcho(value_every=8).value_due(free=False) is False  # e = 1: never
+
+
 def test_the_ranks_sum_their_reports_and_agree_on_one_value(monkeypatch):
     from tests.test_echo_auto_rules import _FakeRanks
 

@@ -334,12 +334,14 @@ class AutoEcho:
             self.loss_ratio += (1 - (1 - self.loss_smoothing) ** steps) * (ratio - self.loss_ratio)
         return self.cap
 
-    def value_due(self) -> bool:
+    def value_due(self, free: bool = True) -> bool:
         """Call once per training step: whether this step should measure what a repeat is
         worth (``gradient_dots``, then ``report_repeat_gradients``). Never while e is 1 (no
         repeats: echoing off costs no measurement); every ``value_every`` steps at first,
-        less often once the value stands (``RepeatValueEstimate``)."""
-        return self.factor > 1.0 and self.value.due()
+        less often once the value stands (``RepeatValueEstimate``). ``free``: whether the
+        loop is waiting for its input (a measurement then costs it no time); a due
+        measurement waits for such a step, up to as many steps again as its interval."""
+        return self.factor > 1.0 and self.value.due(free)
 
     def report_repeat_gradients(self, repeat_dot: float, fresh_dot: float) -> None:
         """One measurement of what a repeat is worth, from ``hasten.echo.repeat_value.gradient_dots``

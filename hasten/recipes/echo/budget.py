@@ -120,7 +120,9 @@ def train_budget(cfg: SweepConfig, data: MemoryData, spec: RunSpec, *, source: S
         train_loop(model, opt, run_input.device_batches(clock, budget.left), loss_fn, device=dev,
                    before_forward=budget.set_lr, after_step=after_step,
                    # what a repeat is worth, at the step's weights (its gradients computed, not yet applied)
-                   before_update=lambda s: value.probe(s.x, s.y, torch.from_numpy(s.extra[1])))
+                   # (on a step that waited for its batch: the measurement takes time the loop would wait)
+                   before_update=lambda s: value.probe(s.x, s.y, torch.from_numpy(s.extra[1]),
+                                                   s.extra[2] + s.extra[3]))
     finally:
         run_input.close()  # ends the reads in flight (outside the clocks)
     return _report(spec, source, buffer, budget, clock, evals, counters, auto, run_input, clocks, upstream, stream,
@@ -287,6 +289,7 @@ def _report(spec: RunSpec, source, buffer, budget: Budget, clock: InputClock, ev
         "step_time_s": step_s / max(steps, 1), "duplicate_rate": counters.duplicate_rate,
         "autoecho_cap": auto.cap if auto is not None else None,
         "repeat_value_measured": auto.value_history if auto is not None else None,
+        "repeat_value_measurements": auto.value.taken if auto is not None else None,  # gradient_dots calls
         # AutoEcho's windows: (e in force, the window's R or None where it did not wait).
         "autoecho_windows": [[e, None if math.isnan(r) else r] for e, r in auto.history] if auto is not None else None,
         **({} if upstream is None else {"upstream_decoded": upstream.arrived, "upstream_skipped": upstream.skipped[:20],

@@ -15,6 +15,7 @@ Changes the training math: no (the probe's gradients are its own; the step's are
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack, contextmanager
 from typing import Callable
 
@@ -48,8 +49,11 @@ class RepeatValue:
     step, ``gradient_dots`` of ``loss_of`` (the mean loss; parts of at most an eighth of the
     batch) under bf16 autocast when
     ``bf16``, reported to ``auto``; the examples it compares are drawn from a generator
-    seeded with ``seed``. :meth:`observe` (after the step): the step's per-item losses on
-    first copies and repeats (repeats memorised: the cap on e comes down)."""
+    seeded with ``seed``. Given the seconds the step waited for its batch, a due measurement
+    is taken on a step that waited at least as long as the last measurement took (it then
+    takes time the loop would have waited; ``AutoEcho.value_due``). :meth:`observe` (after
+    the step): the step's per-item losses on first copies and repeats (repeats memorised:
+    the cap on e comes down)."""
 
     def __init__(self, auto: AutoEcho | None, variant: str, model: torch.nn.Module,
                  loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], seed: int, *,
@@ -57,14 +61,18 @@ class RepeatValue:
         self.auto, self.model, self.loss_of, self.device, self.bf16 = auto, model, loss_of, device, bf16
         self.on = auto is not None and variant != "batch"
         self.generator = torch.Generator().manual_seed(seed)
+        self.cost_s = 0.0  # the last measurement's seconds (its end waits for the device: .tolist())
 
-    def probe(self, x: torch.Tensor, y: torch.Tensor, copies: torch.Tensor) -> None:
-        if self.on and self.auto.value_due():
+    def probe(self, x: torch.Tensor, y: torch.Tensor, copies: torch.Tensor, waited_s: float | None = None) -> None:
+        """``waited_s``: the seconds the step waited for its batch (None: measure whenever due)."""
+        if self.on and self.auto.value_due(free=waited_s is None or waited_s >= self.cost_s):
+            start = time.perf_counter()
             with autocast(self.device, self.bf16):
                 # Parts of an eighth of the batch (16 items at least: smaller ones are mostly noise):
                 # 3/8 of a step's forward and backward at the recipes' batch of 256.
                 dots = gradient_dots(self.model, self.loss_of, x, y, copies, generator=self.generator,
                                      max_items=max(16, len(x) // 8))
+            self.cost_s = time.perf_counter() - start
             if dots is not None:
                 self.auto.report_repeat_gradients(*dots)
 
