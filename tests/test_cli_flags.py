@@ -326,6 +326,24 @@ def test_help_shows_defaults(capsys):
         assert shown in capsys.readouterr().out, argv
 
 
+def test_help_names_every_store_scheme_and_the_retries_default(capsys):
+    """Issue 46: `echo --help` once wrote `http(s)://`, which names neither scheme as a user types it."""
+    import re
+
+    from hasten.stream.store_url import SCHEMES
+
+    for command in ("train", "echo"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+        for kind in sorted(set(SCHEMES.values())):
+            named = [s for s, k in SCHEMES.items() if k == kind and f"{s}://" in text]
+            assert named, f"hasten {command} --help names no scheme of {kind}"
+        assert "http://" in text and "https://" in text, command
+        if command == "train":
+            assert re.search(r"--retries RETRIES .*\(default 8\)", text), text
+
+
 def test_from_the_shell(tmp_path):
     """The real entry point, end to end: no traceback, one line, exit 2 (in-process above, for speed)."""
     proc = subprocess.run([sys.executable, "-m", "hasten", "echo", "--device", "tpu"], capture_output=True,

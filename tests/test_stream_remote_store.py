@@ -157,6 +157,8 @@ def test_without_the_client_library_one_line_names_what_to_install(monkeypatch):
         RemoteShards("s3://shards/set/")
     text = str(e.value)
     assert "\n" not in text and "pip install obstore boto3" in text and "pip install -e '.[remote]'" in text
+    # The checkout's install first: hasten is not on the package index (issue 46).
+    assert text.index("pip install -e '.[remote]'") < text.index("pip install obstore boto3")
     assert "hasten[remote]" not in text
 
 

@@ -72,6 +72,17 @@ def test_bad_policies_are_refused(kwargs):
         RetryPolicy(**kwargs)
 
 
+def test_the_outage_line_names_the_retries_option_only_of_a_command_that_has_one():
+    """Issue 46: `hasten echo` (no --retries) was told to use --retries; `hasten train` has it."""
+    from hasten.stream.retry import Outage
+
+    for flag, end in ((None, "(36-72 s)"), ("--retries", "(36-72 s; --retries)")):
+        said = []
+        Outage("store s3://b/p/", RetryPolicy(retries=8, flag=flag), say=said.append, every_s=30).retrying(
+            "train/shard-000001.tar", "HTTP 503")
+        assert len(said) == 1 and said[0].endswith(end), said
+
+
 def test_an_outage_is_said_at_its_start_every_interval_and_at_its_end_and_no_more():
     from hasten.stream.retry import Outage
 
@@ -81,7 +92,7 @@ def test_an_outage_is_said_at_its_start_every_interval_and_at_its_end_and_no_mor
     assert said == []
     outage.retrying("train/shard-000001.tar", "HTTP 503")
     assert said == ["store s3://b/p/: train/shard-000001.tar: HTTP 503; retrying, up to 8 times per request "
-                    "(36-72 s; --retries)"]
+                    "(36-72 s)"]  # no option named where the command has none (hasten echo, a program)
     for t in (105.0, 120.0, 131.0, 140.0):  # one more line once 30 s have passed since the last
         now[0] = t
         outage.retrying("train/shard-000001.tar", "connection refused")

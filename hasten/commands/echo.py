@@ -29,14 +29,13 @@ from hasten.echo import VARIANTS
 from hasten.environment import hardware_label, pick_device
 from hasten.errors import ConfigError
 from hasten.rundir import RunDir, RunJournal, stable_run_path, write_json
-from hasten.stream.store_url import data_argument
+from hasten.stream.store_url import HELP_SCHEMES, data_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=data_argument, default=os.environ.get("HASTEN_DATA") or None,
                    help="image folder or archive with train/<class>/* and test/<class>/*, a directory of shards "
-                        "(hasten data pack) or their URL (s3://, gs://, az://, http(s)://; docs/remote.md; default "
-                        "$HASTEN_DATA)")
+                        f"(hasten data pack) or their URL ({HELP_SCHEMES}; docs/remote.md; default $HASTEN_DATA)")
     p.add_argument("--echo", type=t.echo_factor, default="auto", help="echo factor: a number >= 1 or 'auto'")
     p.add_argument("--variant", default="example-before", choices=VARIANTS, help="where examples are repeated")
     delay = p.add_mutually_exclusive_group()

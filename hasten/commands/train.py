@@ -20,7 +20,7 @@ from hasten.distributed.hooks import HOOKS
 from hasten.models.resnet import MODELS
 from hasten.recipes.train import (DEFAULT_BASE_LR, DEFAULT_LR_SCALING, LOADERS, LR_SCALINGS, OPTIMIZERS,
                                   TrainConfig)
-from hasten.stream.store_url import data_argument
+from hasten.stream.store_url import HELP_SCHEMES, data_argument
 
 _D = TrainConfig()
 
@@ -28,9 +28,8 @@ _D = TrainConfig()
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=data_argument, default=os.environ.get("HASTEN_DATA") or None,
                    help="dataset: image folder or archive (ImageNet layout too), CIFAR-10 binary, or with --loader "
-                   "stream a directory of tar shards (hasten data pack), also at a URL: s3://BUCKET/PREFIX/, "
-                   "gs://..., az://..., http(s)://... (docs/remote.md); default $HASTEN_DATA or the CIFAR-10 "
-                   "download")
+                   f"stream a directory of tar shards (hasten data pack), also at a URL ({HELP_SCHEMES}; "
+                   "docs/remote.md); default $HASTEN_DATA or the CIFAR-10 download")
     p.add_argument("--model", default=_D.model, choices=sorted(MODELS))
     p.add_argument("--width", type=t.positive_int, default=_D.width, help="channels of the first stage")
     p.add_argument("--image-size", type=t.positive_int, default=None, help="resize image folders to SxS")

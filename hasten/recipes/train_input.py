@@ -129,7 +129,7 @@ def stream_input(cfg, device, rank, world, local_batch) -> TrainInput:
     from hasten.stream.sources import open_source
 
     # A URL: each request retried --retries times (hasten.stream.remote_store); local files ignore it.
-    retry = RetryPolicy(retries=cfg.retries)
+    retry = RetryPolicy(retries=cfg.retries, flag="--retries")
     train_shards, test_shards = (open_source(cfg.data, split, retry=retry) for split in ("train", "test"))
     # Without --image-size: 224, or the images' own size when smaller (32 px CIFAR-10 is not upsampled).
     native = default_image_size(train_shards, largest=LARGE_IMAGES)

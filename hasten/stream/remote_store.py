@@ -55,6 +55,7 @@ import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from hasten.errors import DataError, StoreError
 from hasten.stream.retry import Outage, RetriesExhausted, RetryPolicy, call as call_with_retries
@@ -344,7 +345,7 @@ class RemoteShards:
     def _first_policy(self) -> RetryPolicy:
         # At most 2 retries: a store that does not answer at the start is most often a wrong
         # URL or endpoint, to be said at once; mid-run, the full policy rides out a restart.
-        return RetryPolicy(min(self.policy.retries, 2), self.policy.first_s, self.policy.max_s)
+        return replace(self.policy, retries=min(self.policy.retries, 2))
 
     def _answers_ranges(self) -> bool:
         """Whether the web server answers a Range request with the range (one byte of the index)."""

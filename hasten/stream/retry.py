@@ -38,11 +38,14 @@ DEFAULT_RETRIES = 8
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """``retries`` tries after the first; sleeps of ``first_s`` doubling up to ``max_s`` (jittered)."""
+    """``retries`` tries after the first; sleeps of ``first_s`` doubling up to ``max_s`` (jittered).
+    ``flag``: the command's option that sets ``retries``, named in the line an outage says
+    (None: no command has one, as for ``hasten echo`` or a program)."""
 
     retries: int = DEFAULT_RETRIES
     first_s: float = 0.5
     max_s: float = 20.0
+    flag: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= 1000:
@@ -132,7 +135,7 @@ class Outage:
                 least, most = policy.total_s()
                 times = "1 time" if policy.retries == 1 else f"{policy.retries} times"
                 self.say(f"{self.what}: {name}: {reason}; retrying, up to {times} per request "
-                         f"({least:.0f}-{most:.0f} s; --retries)")
+                         f"({least:.0f}-{most:.0f} s{'; ' + policy.flag if policy.flag else ''})")
             else:
                 self.say(f"{self.what}: still retrying ({name}: {reason}); {self.retries} retries in "
                          f"{now - self.since:.0f} s")

@@ -19,7 +19,7 @@ from hasten.stream.store_errors import one_line
 from hasten.stream.store_url import StoreURL
 
 # hasten is installed from its source folder (it is not on the package index); the client alone also does.
-EXTRA = "pip install obstore boto3 (or, in hasten's source folder, pip install -e '.[remote]')"
+EXTRA = "in hasten's source folder, pip install -e '.[remote]' (or the client alone: pip install obstore boto3)"
 
 
 def store_client(url: StoreURL, timeout_s: float):

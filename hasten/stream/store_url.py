@@ -6,7 +6,7 @@ read from object storage or a web server by its URL (``hasten.stream.remote_stor
     s3://BUCKET/PREFIX/          (also s3a://; S3-compatible servers via AWS_ENDPOINT_URL)
     gs://BUCKET/PREFIX/          Google Cloud Storage
     az://CONTAINER/PREFIX/       Azure Blob Storage (also azure://, abfs://, abfss://, adl://)
-    https://HOST/PATH/           any web server that answers Range requests (also http://)
+    https://HOST/PATH/           any web server that serves files (also http://; with or without Range)
 
 ``parse_store_url`` turns a mistake into one ``DataError`` line before anything is
 read: an unknown scheme, a missing bucket or host, and credentials written into the
@@ -30,6 +30,8 @@ from hasten.errors import DataError
 # scheme -> the kind of store (what the client library calls it)
 SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gcs", "az": "azure", "azure": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure", "http": "http", "https": "http"}
+# The schemes --help names (one per kind of store; the aliases above are accepted too).
+HELP_SCHEMES = "s3://, gs://, az://, http://, https://"
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # Where each kind of store looks for credentials, for the message that says none were found.
 CREDENTIALS = {
