@@ -2,8 +2,9 @@
 
 From the run's own measurements (:func:`input_model`): T the step, D its data wait, T_free the
 step with its data made free (:func:`hasten.profile.attribution.data_free_step`), k the training
-loader's batches per optimizer step, P one producer's time for a step's batches, c their CPU
-(the workers' /proc times, or the main process's CPU outside compute), m the main process's
+loader's batches per optimizer step, P one producer's time for a step's batches (the loader
+probe's; without it, at least the workers' CPU), c their CPU (the workers' /proc times, or for a
+loop without workers the main process's CPU outside compute), m the main process's
 other CPU per step, C the cores measured available. With w workers and echo factor e:
 
     step = max(T_free + hand-off + (receive + delay) / e,  P / (e w),  (c / e + m) / C)
@@ -75,6 +76,12 @@ def input_model(a: Analysis, s: RankSummary) -> InputModel:
     if a.loader_driven and workers and a.loader_batch_s:
         producer = a.loader_batch_s * workers * k  # one worker's time for one step's batches
         data_cpu = (s.worker_cpu_per_batch_s or 0.0) * k
+    elif a.loader_driven and workers and s.worker_cpu_per_batch_s:
+        # The loader probe did not run (off, or dropped): the workers' CPU over the window, which a
+        # worker's time for a batch is at least. The loop's own CPU is only its receiving them
+        # (kuangliu/pytorch-cifar's 2 workers: 1.8 ms of it a step against their 19 ms: num_workers=0 was
+        # predicted x2.07 where the model with their CPU has it slower than as run).
+        producer = data_cpu = s.worker_cpu_per_batch_s * k
     else:
         producer = data  # made in the loop: the wait is the production time
         # the loop's CPU outside compute, in the share of that time spent making the batch
