@@ -8,9 +8,9 @@ the run measured them, else in batches as the loop received them.
 
 A dataset whose items are transformed at random (two reads of one index differ:
 ``random_transforms``) loses its augmentation in a loader that stacks its items once: every
-epoch then trains on the same crops and flips (or whatever else an item draws at random: a pair). That fix is labelled as changing the math, and a
-second is offered beside it: the decoded images resident, augmented per batch, as hasten's own
-loaders do (issue 43).
+epoch then trains on the same crops and flips (or whatever else an item draws at random: a
+pair). That fix is labelled as changing the math, and a second is offered beside it: the decoded
+images resident, augmented per batch, as hasten's own loaders do (issue 43).
 
 Changes the training math: no (analysis only); each fix says whether it does.
 """
