@@ -40,6 +40,17 @@ def test_epochs_shorter_than_warmup_window_and_probes_never_get_a_batch_too_many
     assert not [x for x in a.dropped if x["probe"] == "replay"]
 
 
+def test_the_loader_probe_times_the_pass_the_replayed_steps_waited_for():
+    # 7 steps of an 8-batch epoch leave 1 batch: the replayed steps take the next pass whole, each of its
+    # batches a replayed one, its workers' iterator a new one. The loader probe timed the last pass's,
+    # ended, iterator: no batch, nothing said (kuangliu/pytorch-cifar's 20-batch epochs, 2 workers), and
+    # the num_workers=0 fix was predicted from the loop's CPU receiving batches, not the workers' making them
+    a = run_profile("--items", 128, "--workers", 2, "--epochs", 50)
+    assert a.step_alone_s > 0
+    assert not a.dropped
+    assert a.loader_batch_s is not None and a.loader_batch_s > 0
+
+
 def test_a_pass_too_short_for_the_replayed_steps_skips_them_and_says_so():
     # one batch an epoch: no pass holds the two replayed steps the least replay takes
     a = run_profile("--items", 16, "--epochs", 100)

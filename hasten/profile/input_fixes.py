@@ -171,14 +171,14 @@ def _workers_fix(a: Analysis, m: InputModel, d0: dict, handoff_s: float | None =
 def _in_loop_fix(m: InputModel) -> Recommendation:
     # Receiving a batch from a worker costs the loop CPU, and the workers' CPU may take the
     # step's cores: where making a batch costs less than that, the loop is faster making it.
-    step = m.step_with(0)[0]
+    step, limit = m.step_with(0)
     return Recommendation(
         fix="make the batches in the loop (num_workers=0)", how="DataLoader(..., num_workers=0)",
         predicted_speedup=m.speedup(step), changes_math=False, apply="workers=0",
         basis=f"the loop takes {m.receive * 1e3:.1f} ms a step receiving batches from {m.workers} workers, and "
               f"their CPU on the step's cores costs it {m.delay * 1e3:.1f} ms; making a step's batches costs at "
-              f"most their {m.data_cpu * 1e3:.1f} ms of CPU: step {step * 1e3:.1f} ms against "
-              f"{m.now * 1e3:.1f} ms as run")
+              f"most their {m.data_cpu * 1e3:.1f} ms of CPU: step {step * 1e3:.1f} ms, set by {limit}, "
+              f"{m.against()}")
 
 
 def _echo_fix(a: Analysis, m: InputModel, d0: dict) -> Recommendation:

@@ -8,9 +8,9 @@ the run measured them, else in batches as the loop received them.
 
 A dataset whose items are transformed at random (two reads of one index differ:
 ``random_transforms``) loses its augmentation in a loader that stacks its items once: every
-epoch then trains on the same crops and flips. That fix is labelled as changing the math, and a
-second is offered beside it: the decoded images resident, augmented per batch, as hasten's own
-loaders do (issue 43).
+epoch then trains on the same crops and flips (or whatever else an item draws at random: a
+pair). That fix is labelled as changing the math, and a second is offered beside it: the decoded
+images resident, augmented per batch, as hasten's own loaders do (issue 43).
 
 Changes the training math: no (analysis only); each fix says whether it does.
 """
@@ -21,7 +21,10 @@ from hasten.profile.loop_kind import image_loader_code, loop_kind, resident_code
 from hasten.profile.records import Analysis, Recommendation
 
 MEMORY_SHARE = 0.25  # the dataset fits when it takes at most this share of the device's memory
-FROZEN = "freezes random augmentation: every epoch sees the same crops and flips"
+# What is known is that two reads of one index differ, not what differs: random crops and flips, or a
+# random pair (pytorch/examples' siamese_network draws each item's two images and label at random)
+FROZEN = ("freezes what each item draws at random (two reads of one index differ): every epoch sees the same "
+          "draws (random crops and flips, pairs, noise)")
 
 
 def _field(d0: dict, key: str):

@@ -142,6 +142,9 @@ def _timed_next(orig):
                 if handed(it) >= pass_length(it, float("inf")):
                     raise StopIteration  # the pass ends on time: a loop trusts len(loader)
                 batch = fresh_copy(st.cached)  # a copy each time: the loop may change its batch in place
+                # the pass under way is this iterator's, also where every batch of it is a replayed one (the
+                # replayed steps waited for it): the loader probe pulls from it, not the last pass's, ended
+                st.train_iter = (it, orig)
             else:
                 batch = _draw(st, it, orig, training)
         except StopIteration:  # the end of an epoch is no batch; a kept iterator starts afresh

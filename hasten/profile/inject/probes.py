@@ -106,18 +106,37 @@ def drop_unfinite(st: State) -> None:
         drop(st, "loader", "a time of the loader alone is not finite")
 
 
-def loader_alone(st: State) -> None:
-    """Pull batches from the training loader's iterator with no step between: the time to produce one."""
+def loader_alone(st: State) -> str | None:
+    """Pull batches from the training loader's iterator with no step between: the time to produce one.
+
+    From the pass under way; where it ends before a batch is timed (the loop drew its last batch), from
+    a fresh pass of the same loader (the process trains no further). Returns why not, where neither
+    gives a batch (the probe is dropped, said)."""
     if st.train_iter is None:
-        return
+        return None
     it, orig = st.train_iter
+    owner = getattr(it, "_hasten_owner", None)
+    for fresh in (False, True):
+        if fresh:
+            if owner is None:
+                break
+            it = iter(owner)
+        timed = _time_alone(it, orig, max(st.probe_steps, 2))
+        if timed is not None:
+            st.loader_probe = timed
+            return None
+    return "skipped: the training loader's pass ended before a batch was timed alone"
+
+
+def _time_alone(it, orig, n: int) -> dict | None:
+    """Up to ``n`` batches of iterator ``it`` timed, its prefetched ones drained first (they would come
+    for free); None where the pass ends before one is timed."""
     workers = getattr(it, "_num_workers", 0)
-    for _ in range(getattr(it, "_prefetch_factor", 0) * workers):  # prefetched batches would come for free
-        try:
+    try:
+        for _ in range(getattr(it, "_prefetch_factor", 0) * workers):
             orig(it)
-        except StopIteration:
-            return
-    n = max(st.probe_steps, 2)
+    except StopIteration:
+        return None
     times = []
     pids = [w.pid for w in getattr(it, "_workers", [])]
     w0 = [pid_cpu_s(p) for p in pids]
@@ -130,14 +149,12 @@ def loader_alone(st: State) -> None:
             break
         times.append(time.perf_counter() - t - (runqueue_s() - rq))
     wall, cpu, got = time.perf_counter() - t0, time.process_time() - c0, len(times)
+    if not got:
+        return None
     w1 = [pid_cpu_s(p) for p in pids]
-    if got:
-        batch_s = statistics.median(times) if workers == 0 else wall / got
-        wcpu = None
-        if pids and None not in w0 and None not in w1:
-            wcpu = (sum(w1) - sum(w0)) / got
-        st.loader_probe = {"batches": got, "batch_s": batch_s, "main_cpu_s": cpu / got, "worker_cpu_s": wcpu,
-                           "workers": workers}
+    wcpu = (sum(w1) - sum(w0)) / got if pids and None not in w0 and None not in w1 else None
+    return {"batches": got, "batch_s": statistics.median(times) if workers == 0 else wall / got,
+            "main_cpu_s": cpu / got, "worker_cpu_s": wcpu, "workers": workers}
 
 
 class Repeat:
