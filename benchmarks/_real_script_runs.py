@@ -169,7 +169,10 @@ def _columns(records: list[dict] | None) -> dict | None:
 class Busy:
     """``k`` processes spinning on the CPU (a pure-Python loop each, as a busy neighbour's would) for as long
     as the block runs, beside the truth and the profile alike; ended by their own ids, and each ends itself
-    within a fraction of a second once the benchmark is gone (a SIGKILL runs no ``__exit__``)."""
+    within a fraction of a second once the benchmark is gone (a SIGKILL runs no ``__exit__``). Each spins in a
+    session of its own, as another user's job does, and as the profiled scripts run: in the benchmark's session
+    they would share its scheduling group, which the benchmark raises (autogroup nice -20), and take the
+    cores from a script in its own group at the default share (a 1-core UNet truth got 3% of a core for 18 min)."""
 
     # the benchmark's pid is passed in: one read by the spinner could already be init's, had the benchmark died first
     SPIN = ("import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n"
@@ -179,7 +182,8 @@ class Busy:
         self.k, self.procs = k, []
 
     def __enter__(self):
-        self.procs = [subprocess.Popen([PY, "-c", self.SPIN, str(os.getpid())]) for _ in range(self.k)]
+        self.procs = [subprocess.Popen([PY, "-c", self.SPIN, str(os.getpid())], start_new_session=True)
+                      for _ in range(self.k)]
         return self
 
     def __exit__(self, *exc):

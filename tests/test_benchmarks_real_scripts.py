@@ -54,6 +54,9 @@ def test_busy_processes_spin_while_inside_and_are_gone_after():
     with bench.Busy(2) as busy:
         pids = [p.pid for p in busy.procs]
         assert len(pids) == 2 and all(p.poll() is None for p in busy.procs)
+        # each in a session (and so a scheduling group) of its own, as the profiled scripts are:
+        # not in the benchmark's, whose raised share they would otherwise take the cores with
+        assert all(os.getsid(pid) == pid != os.getsid(0) for pid in pids)
     assert all(p.poll() is not None for p in busy.procs)
     for pid in pids:
         with pytest.raises(OSError):
