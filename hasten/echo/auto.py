@@ -335,12 +335,9 @@ class AutoEcho:
         return self.cap
 
     def value_due(self, free: bool = True) -> bool:
-        """Call once per training step: whether this step should measure what a repeat is
-        worth (``gradient_dots``, then ``report_repeat_gradients``). Never while e is 1 (no
-        repeats: echoing off costs no measurement); every ``value_every`` steps at first,
-        less often once the value stands (``RepeatValueEstimate``). ``free``: whether the
-        loop is waiting for its input (a measurement then costs it no time); a due
-        measurement waits for such a step, up to as many steps again as its interval."""
+        """Once per step: whether to measure a repeat's worth (``gradient_dots``, then
+        ``report_repeat_gradients``); never at e = 1; as ``RepeatValueEstimate.due`` says.
+        ``free``: the loop waits for input (a measurement then costs it no time)."""
         return self.factor > 1.0 and self.value.due(free)
 
     def report_repeat_gradients(self, repeat_dot: float, fresh_dot: float) -> None:
